@@ -1,0 +1,353 @@
+"""The layers of a GPT, each with its forward and its hand-written backward side by side.
+
+The Module contract (README.md): forward(...) keeps in self.cache exactly what backward needs;
+backward(dout) returns the input gradient, ADDS (+=) into self.g, and frees the cache. self.p and self.g
+are dicts with the same keys; params()/grads() walk the children and return the live arrays under dotted
+names. A layer keeps the dtype of its parameters (float32 for training, float64 for gradient tests).
+Randomness comes in through an np.random.Generator. Every matmul goes through kernels.py.
+"""
+import math
+
+import numpy as np
+
+from . import kernels as K
+
+
+# ----------------------------------------------------------------------------
+# Module: the contract
+
+class Module:
+    def __init__(self):
+        self.p, self.g = {}, {}
+        self.cache = None
+        self.training = True
+
+    def children(self):                        # [(name, Module)] in forward order
+        return []
+
+    def params(self, prefix=""):
+        out = {prefix + k: v for k, v in self.p.items()}
+        for name, m in self.children():
+            out.update(m.params(f"{prefix}{name}."))
+        return out
+
+    def grads(self, prefix=""):
+        out = {prefix + k: v for k, v in self.g.items()}
+        for name, m in self.children():
+            out.update(m.grads(f"{prefix}{name}."))
+        return out
+
+    def zero_grad(self):
+        for g in self.grads().values():
+            g.fill(0)
+
+    def train(self, mode=True):
+        self.training = mode
+        for _, m in self.children():
+            m.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def _make_grads(self):
+        self.g = {k: np.zeros_like(v) for k, v in self.p.items()}
+
+    def _take_cache(self):
+        if self.cache is None:
+            raise RuntimeError(f"{type(self).__name__}.backward called without a forward before it "
+                               "(each forward allows exactly one backward)")
+        c, self.cache = self.cache, None
+        return c
+
+
+def _normal(rng, shape, std, dtype):
+    return (std * rng.standard_normal(shape)).astype(dtype)
+
+
+# ----------------------------------------------------------------------------
+# Linear, Embedding, PositionalEncoding
+
+class Linear(Module):
+    """y = x @ W + b with W stored (in, out), as GPT-2's Conv1D."""
+
+    def __init__(self, n_in, n_out, rng, bias=True, std=0.02, dtype=np.float32):
+        super().__init__()
+        self.p["weight"] = _normal(rng, (n_in, n_out), std, dtype)      # (in, out)
+        if bias:
+            self.p["bias"] = np.zeros(n_out, dtype)                    # (out,)
+        self._make_grads()
+
+    def forward(self, x):                                              # x (..., in) -> (..., out)
+        x2 = x.reshape(-1, x.shape[-1])                                # (N, in)
+        y = K.matmul(x2, self.p["weight"])                             # (N, out)
+        if "bias" in self.p:
+            y += self.p["bias"]
+        self.cache = x2
+        return y.reshape(*x.shape[:-1], -1)
+
+    def backward(self, dy):                                            # dy (..., out) -> dx (..., in)
+        x2 = self._take_cache()
+        dy2 = dy.reshape(-1, dy.shape[-1])                             # (N, out)
+        K.matmul(x2, dy2, ta=True, out=self.g["weight"], acc=True)     # fwd: y = x W -> dW += x^T dy
+        if "bias" in self.g:
+            self.g["bias"] += dy2.sum(axis=0)                          # fwd: y += b  -> db += sum_N dy
+        dx = K.matmul(dy2, self.p["weight"], tb=True)                  # dx = dy W^T  (N, in)
+        return dx.reshape(*dy.shape[:-1], -1)
+
+
+class Embedding(Module):
+    """Token embedding: row lookup forward, scatter-add (np.add.at) backward."""
+
+    def __init__(self, n, d, rng, std=0.02, dtype=np.float32):
+        super().__init__()
+        self.p["weight"] = _normal(rng, (n, d), std, dtype)            # (V, C)
+        self._make_grads()
+
+    def forward(self, idx):                                            # idx (B, T) ints -> (B, T, C)
+        V = self.p["weight"].shape[0]
+        if idx.size and (idx.min() < 0 or idx.max() >= V):
+            raise ValueError(f"token ids must lie in [0, {V}), got min {idx.min()} max {idx.max()}; "
+                             "encode the text with the model's own tokenizer")
+        self.cache = idx
+        return self.p["weight"][idx]
+
+    def backward(self, dout):                                          # dout (B, T, C); ids have no gradient
+        idx = self._take_cache()
+        C = dout.shape[-1]
+        np.add.at(self.g["weight"], idx.reshape(-1), dout.reshape(-1, C))   # fwd: out = W[idx]
+        return None
+
+
+class PositionalEncoding(Module):
+    """Learned absolute positions: y = x + W[start : start+T]."""
+
+    def __init__(self, n_pos, d, rng, std=0.02, dtype=np.float32):
+        super().__init__()
+        self.p["weight"] = _normal(rng, (n_pos, d), std, dtype)        # (block_size, C)
+        self._make_grads()
+
+    def forward(self, x, start=0):                                     # x (B, T, C) -> (B, T, C)
+        T, n_pos = x.shape[1], self.p["weight"].shape[0]
+        if start + T > n_pos:
+            raise ValueError(f"positions {start}..{start + T - 1} exceed the positional table of length "
+                             f"{n_pos} (block_size); crop the context to its last {n_pos} tokens")
+        self.cache = (start, T)
+        return x + self.p["weight"][start:start + T]
+
+    def backward(self, dout):
+        start, T = self._take_cache()
+        self.g["weight"][start:start + T] += dout.sum(axis=0)          # fwd: y = x + W[t] for every b
+        return dout
+
+
+# ----------------------------------------------------------------------------
+# LayerNorm, GELU, ReLU, Dropout
+
+class LayerNorm(Module):
+    def __init__(self, d, bias=True, eps=1e-5, dtype=np.float32):
+        super().__init__()
+        self.eps = eps
+        self.p["weight"] = np.ones(d, dtype)
+        if bias:
+            self.p["bias"] = np.zeros(d, dtype)
+        self._make_grads()
+
+    def forward(self, x):                                              # x (..., C)
+        mean = x.mean(-1, keepdims=True)                               # (..., 1)
+        xc = x - mean
+        rstd = 1.0 / np.sqrt((xc * xc).mean(-1, keepdims=True) + self.eps)   # (..., 1)
+        xhat = xc * rstd
+        y = xhat * self.p["weight"]
+        if "bias" in self.p:
+            y += self.p["bias"]
+        self.cache = {"x": x, "mean": mean, "rstd": rstd}             # x is the caller's array: no copy
+        return y
+
+    def backward(self, dy):
+        c = self._take_cache()
+        rstd = c["rstd"]
+        xhat = (c["x"] - c["mean"]) * rstd                             # recomputed, not stored
+        C = dy.shape[-1]
+        self.g["weight"] += (dy * xhat).reshape(-1, C).sum(0)          # fwd: y = xhat * w + b
+        if "bias" in self.g:
+            self.g["bias"] += dy.reshape(-1, C).sum(0)
+        dxhat = dy * self.p["weight"]
+        # fwd: xhat = (x - mean) * rstd  ->  dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
+        return rstd * (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True))
+
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+class GELU(Module):
+    """tanh approximation: y = 0.5 x (1 + tanh(c (x + 0.044715 x^3))), as GPT-2."""
+
+    def forward(self, x):
+        t = np.tanh(_GELU_C * (x + 0.044715 * x * x * x))
+        self.cache = (x, t)
+        return 0.5 * x * (1.0 + t)
+
+    def backward(self, dy):
+        x, t = self._take_cache()
+        # dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2)
+        dtanh = _GELU_C * (1.0 + 3 * 0.044715 * x * x)
+        return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dtanh)
+
+
+class ReLU(Module):
+    def forward(self, x):
+        self.cache = x > 0
+        return x * self.cache
+
+    def backward(self, dy):
+        return dy * self._take_cache()
+
+
+class Dropout(Module):
+    """Inverted dropout: in training, keep with prob 1-p and scale by 1/(1-p); identity in eval."""
+
+    def __init__(self, p, rng):
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout must lie in [0, 1), got {p}")
+        self.p_drop, self.rng = p, rng
+
+    def forward(self, x):
+        if not self.training or self.p_drop == 0.0:
+            self.cache = 1                                             # backward is the identity
+            return x
+        keep = self.rng.random(x.shape, dtype=x.dtype) >= self.p_drop
+        mask = keep.astype(x.dtype) * x.dtype.type(1.0 / (1.0 - self.p_drop))
+        self.cache = mask
+        return x * mask
+
+    def backward(self, dy):
+        mask = self._take_cache()
+        return dy if isinstance(mask, int) else dy * mask             # fwd: y = x * mask
+
+
+# ----------------------------------------------------------------------------
+# Attention, MLP, Block
+
+class CausalSelfAttention(Module):
+    def __init__(self, n_embd, n_head, rng, dropout=0.0, bias=True, proj_std=0.02, dtype=np.float32):
+        super().__init__()
+        self.n_head = n_head
+        self.c_attn = Linear(n_embd, 3 * n_embd, rng, bias, dtype=dtype)   # fused q, k, v
+        self.c_proj = Linear(n_embd, n_embd, rng, bias, std=proj_std, dtype=dtype)
+        self.attn_dropout = Dropout(dropout, rng)
+        self.resid_dropout = Dropout(dropout, rng)
+
+    def children(self):
+        return [("c_attn", self.c_attn), ("c_proj", self.c_proj),
+                ("attn_dropout", self.attn_dropout), ("resid_dropout", self.resid_dropout)]
+
+    def forward(self, x):                                              # x (B, T, C)
+        B, T, C = x.shape
+        nh, hs = self.n_head, C // self.n_head
+        qkv = self.c_attn.forward(x)                                   # (B, T, 3C)
+        qkv = qkv.reshape(B, T, 3, nh, hs).transpose(2, 0, 3, 1, 4)    # (3, B, nh, T, hs)
+        q, k, v = (np.ascontiguousarray(a).reshape(B * nh, T, hs) for a in qkv)   # each (L, T, hs), L = B*nh
+        att = K.bmm(q, k, tb=True)                                     # (L, T, T)
+        att *= 1.0 / math.sqrt(hs)
+        att[:, np.triu(np.ones((T, T), bool), k=1)] = -np.inf          # the future gets exactly zero weight
+        att -= att.max(-1, keepdims=True)
+        np.exp(att, out=att)
+        att /= att.sum(-1, keepdims=True)                              # softmax over keys
+        attd = self.attn_dropout.forward(att)
+        y = K.bmm(attd, v)                                             # (L, T, hs)
+        y = y.reshape(B, nh, T, hs).transpose(0, 2, 1, 3).reshape(B, T, C)   # heads side by side
+        self.cache = {"q": q, "k": k, "v": v, "att": att, "attd": attd}
+        return self.resid_dropout.forward(self.c_proj.forward(y))
+
+    def backward(self, dout):                                          # dout (B, T, C)
+        c = self._take_cache()
+        q, k, v, att, attd = c["q"], c["k"], c["v"], c["att"], c["attd"]
+        B, T, C = dout.shape
+        nh, hs = self.n_head, C // self.n_head
+        dy = self.c_proj.backward(self.resid_dropout.backward(dout))  # (B, T, C)
+        dy = np.ascontiguousarray(dy.reshape(B, T, nh, hs).transpose(0, 2, 1, 3)).reshape(B * nh, T, hs)
+        dattd = K.bmm(dy, v, tb=True)                                  # fwd: y = attd v -> d(attd) = dy v^T
+        dv = K.bmm(attd, dy, ta=True)                                  #                    dv = attd^T dy
+        datt = self.attn_dropout.backward(dattd)                       # (L, T, T)
+        # fwd: att = softmax(s) -> ds = att * (datt - sum_j datt * att); masked entries have att = 0
+        ds = att * (datt - (datt * att).sum(-1, keepdims=True))
+        ds *= 1.0 / math.sqrt(hs)                                      # fwd: s = q k^T / sqrt(hs)
+        dq = K.bmm(ds, k)                                              # (L, T, hs)
+        dk = K.bmm(ds, q, ta=True)                                     # (L, T, hs)
+        dqkv = np.stack([dq, dk, dv]).reshape(3, B, nh, T, hs)         # (3, B, nh, T, hs)
+        dqkv = dqkv.transpose(1, 3, 0, 2, 4).reshape(B, T, 3 * C)      # (B, T, 3C)
+        return self.c_attn.backward(dqkv)
+
+
+class MLP(Module):
+    def __init__(self, n_embd, rng, dropout=0.0, bias=True, proj_std=0.02, dtype=np.float32):
+        super().__init__()
+        self.c_fc = Linear(n_embd, 4 * n_embd, rng, bias, dtype=dtype)
+        self.gelu = GELU()
+        self.c_proj = Linear(4 * n_embd, n_embd, rng, bias, std=proj_std, dtype=dtype)
+        self.dropout = Dropout(dropout, rng)
+
+    def children(self):
+        return [("c_fc", self.c_fc), ("gelu", self.gelu), ("c_proj", self.c_proj), ("dropout", self.dropout)]
+
+    def forward(self, x):                                              # (B, T, C) -> (B, T, C)
+        return self.dropout.forward(self.c_proj.forward(self.gelu.forward(self.c_fc.forward(x))))
+
+    def backward(self, dout):
+        return self.c_fc.backward(self.gelu.backward(self.c_proj.backward(self.dropout.backward(dout))))
+
+
+class Block(Module):
+    """Pre-LN transformer block: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))."""
+
+    def __init__(self, n_embd, n_head, rng, dropout=0.0, bias=True, proj_std=0.02, dtype=np.float32):
+        super().__init__()
+        self.ln_1 = LayerNorm(n_embd, bias, dtype=dtype)
+        self.attn = CausalSelfAttention(n_embd, n_head, rng, dropout, bias, proj_std, dtype)
+        self.ln_2 = LayerNorm(n_embd, bias, dtype=dtype)
+        self.mlp = MLP(n_embd, rng, dropout, bias, proj_std, dtype)
+
+    def children(self):
+        return [("ln_1", self.ln_1), ("attn", self.attn), ("ln_2", self.ln_2), ("mlp", self.mlp)]
+
+    def forward(self, x):                                              # (B, T, C) -> (B, T, C)
+        x = x + self.attn.forward(self.ln_1.forward(x))
+        return x + self.mlp.forward(self.ln_2.forward(x))
+
+    def backward(self, dout):
+        dx = dout + self.ln_2.backward(self.mlp.backward(dout))       # fwd: x2 = x1 + mlp(ln_2(x1))
+        return dx + self.ln_1.backward(self.attn.backward(dx))        # fwd: x1 = x + attn(ln_1(x))
+
+
+# ----------------------------------------------------------------------------
+# fused softmax + cross-entropy
+
+class CrossEntropy(Module):
+    """Mean over N of -log softmax(logits)[target], from log-sum-exp; backward gives (softmax - onehot) / N."""
+
+    def forward(self, logits, targets):                                # logits (..., V), targets (...) ints
+        V = logits.shape[-1]
+        l2 = logits.reshape(-1, V)                                     # (N, V)
+        t = targets.reshape(-1)                                        # (N,)
+        if t.shape[0] != l2.shape[0]:
+            raise ValueError(f"targets {targets.shape} do not match logits {logits.shape}")
+        if t.size and (t.min() < 0 or t.max() >= V):
+            raise ValueError(f"targets must lie in [0, {V})")
+        m = l2.max(-1, keepdims=True)                                  # (N, 1) subtract the row max
+        probs = np.exp(l2 - m)                                         # (N, V)
+        s = probs.sum(-1, keepdims=True)
+        lse = m[:, 0] + np.log(s[:, 0])                                # (N,) log-sum-exp
+        loss = float(np.mean(lse - l2[np.arange(t.size), t]))
+        probs /= s
+        self.cache = {"probs": probs, "t": t, "shape": logits.shape}
+        return loss
+
+    def backward(self, scale=1.0):
+        c = self._take_cache()
+        probs, t = c["probs"], c["t"]
+        N = t.size
+        probs[np.arange(N), t] -= 1.0                                  # softmax - onehot, in place
+        probs *= scale / N                                             # fwd: loss = mean over N
+        return probs.reshape(c["shape"])

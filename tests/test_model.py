@@ -1,0 +1,146 @@
+"""Whole-GPT checks: every parameter gradient by finite differences, names, causality, init loss, overfitting."""
+import math
+
+import numpy as np
+import pytest
+
+from minigpt.model import GPT, GPTConfig
+from gradcheck import num_grad, rel_err
+
+TINY = dict(vocab_size=11, block_size=6, n_layer=2, n_head=2, n_embd=8)
+
+
+def tiny_model(seed=0, dtype=np.float64, **kw):
+    cfg = GPTConfig(**{**TINY, **kw})
+    model = GPT(cfg, np.random.default_rng(seed), dtype=dtype)
+    if dtype == np.float64:                                    # larger weights than GPT-2 init: every path matters
+        r = np.random.default_rng(seed + 100)
+        for name, p in model.params().items():
+            p += 0.3 * r.standard_normal(p.shape)
+    return model
+
+
+def batch(rng, B=2, T=5, V=11):
+    return rng.integers(0, V, (B, T)), rng.integers(0, V, (B, T))
+
+
+@pytest.mark.parametrize("tie", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_gpt_grad_every_parameter(tie, bias, dropout):
+    model = tiny_model(tie_weights=tie, bias=bias, dropout=dropout)
+    x, y = batch(np.random.default_rng(1))
+    state = model.rng.bit_generator.state                      # replay the same dropout masks
+
+    def loss():
+        model.rng.bit_generator.state = state
+        return model.forward(x, y)[1]
+
+    model.zero_grad()
+    loss()
+    model.backward()
+    grads = {k: v.copy() for k, v in model.grads().items()}
+    for name, p in model.params().items():
+        err = rel_err(grads[name], num_grad(loss, p))
+        assert err < 1e-6, f"GPT(tie={tie}, bias={bias}) parameter {name!r}: rel err {err:.2e}"
+
+
+def test_gpt_backward_scale_scales_every_gradient():
+    model = tiny_model()
+    x, y = batch(np.random.default_rng(2))
+    model.zero_grad(); model.forward(x, y); model.backward()
+    g1 = {k: v.copy() for k, v in model.grads().items()}
+    model.zero_grad(); model.forward(x, y); model.backward(scale=0.25)
+    for k, v in model.grads().items():
+        np.testing.assert_allclose(v, 0.25 * g1[k], rtol=1e-12, atol=1e-15, err_msg=k)
+
+
+def test_gpt_parameter_names():
+    untied = tiny_model(tie_weights=False)
+    names = set(untied.params())
+    want = {"wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias", "lm_head.weight"}
+    for i in range(2):
+        for part in ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj"):
+            want |= {f"h.{i}.{part}.weight", f"h.{i}.{part}.bias"}
+    assert names == want
+    assert set(untied.grads()) == names
+    tied = tiny_model()
+    assert set(tied.params()) == names - {"lm_head.weight"}
+    assert untied.params()["h.0.mlp.c_fc.weight"].shape == (8, 32)     # Linear weights are (in, out)
+    assert untied.params()["lm_head.weight"].shape == (8, 11)
+    assert tied.num_params() == sum(p.size for p in tied.params().values())
+    nobias = tiny_model(bias=False)
+    assert not any(n.endswith(".bias") for n in nobias.params())
+
+
+def test_gpt_params_are_live_arrays():
+    model = tiny_model()
+    model.params()["h.1.attn.c_proj.weight"][0, 0] = 123.0
+    assert model.h[1].attn.c_proj.p["weight"][0, 0] == 123.0
+
+
+def test_gpt_init_scales():
+    cfg = GPTConfig(vocab_size=65, block_size=64, n_layer=8, n_head=4, n_embd=256)
+    p = GPT(cfg, np.random.default_rng(0)).params()
+    assert abs(p["h.0.attn.c_attn.weight"].std() - 0.02) < 0.001
+    assert abs(p["h.0.mlp.c_proj.weight"].std() - 0.02 / math.sqrt(16)) < 0.0005
+    assert abs(p["wte.weight"].std() - 0.02) < 0.001 and p["wte.weight"].dtype == np.float32
+    assert not p["h.0.attn.c_attn.bias"].any() and (p["ln_f.weight"] == 1).all()
+
+
+def test_gpt_is_causal():
+    model = tiny_model()
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 11, (2, 6))
+    logits, _ = model.forward(x)
+    for t in range(5):
+        x2 = x.copy()
+        x2[:, t + 1:] = rng.integers(0, 11, (2, 5 - t))
+        np.testing.assert_array_equal(model.forward(x2)[0][:, :t + 1], logits[:, :t + 1])
+
+
+def test_gpt_init_loss_is_log_vocab():
+    cfg = GPTConfig(vocab_size=65, block_size=32, n_layer=2, n_head=4, n_embd=64)
+    model = GPT(cfg, np.random.default_rng(0))
+    x, y = batch(np.random.default_rng(0), B=4, T=32, V=65)
+    _, loss = model.forward(x, y)
+    assert abs(loss - math.log(65)) < 0.1
+
+
+def test_gpt_overfits_one_batch():
+    cfg = GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=2, n_embd=32)
+    model = GPT(cfg, np.random.default_rng(0))
+    x, y = batch(np.random.default_rng(4), B=4, T=16)
+    m = {k: np.zeros_like(v) for k, v in model.params().items()}
+    v2 = {k: np.zeros_like(v) for k, v in model.params().items()}
+    for step in range(1, 101):                                  # minimal Adam, lr 1e-2
+        model.zero_grad()
+        _, loss = model.forward(x, y)
+        model.backward()
+        for k, p in model.params().items():
+            g = model.grads()[k]
+            m[k] = 0.9 * m[k] + 0.1 * g
+            v2[k] = 0.999 * v2[k] + 0.001 * g * g
+            p -= 1e-2 * (m[k] / (1 - 0.9 ** step)) / (np.sqrt(v2[k] / (1 - 0.999 ** step)) + 1e-8)
+    assert loss < 0.1, loss
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("n_embd", 9, "divisible by n_head"), ("n_layer", 0, "n_layer"), ("block_size", -1, "block_size"),
+    ("vocab_size", 2.5, "vocab_size"), ("dropout", 1.0, "dropout"), ("dropout", -0.1, "dropout"),
+    ("bias", "yes", "bias"),
+])
+def test_config_errors_name_the_field(field, value, match):
+    with pytest.raises(ValueError, match=match):
+        GPTConfig(**{**TINY, field: value})
+
+
+def test_gpt_rejects_bad_input():
+    model = tiny_model(dtype=np.float32)
+    with pytest.raises(ValueError, match="positional table"):
+        model.forward(np.zeros((1, 7), int))
+    with pytest.raises(ValueError, match=r"\[0, 11\)"):
+        model.forward(np.full((1, 3), 11))
+    with pytest.raises(RuntimeError, match="targets"):
+        model.forward(np.zeros((1, 3), int))
+        model.backward()
