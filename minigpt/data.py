@@ -1,0 +1,93 @@
+"""Text data: load a UTF-8 file, a character tokenizer, a 90/10 train/val split, random (B, T) batches.
+
+Token ids are stored once as compact uint16 (int32 past 65,535 symbols) and batches are gathered from them
+with one fancy-index; the file is never re-read. Every bad input raises a UserError naming the fix.
+"""
+import json
+import os
+
+import numpy as np
+
+from .config import UserError
+
+
+# ----------------------------------------------------------------------------
+# text and tokenizer
+
+def load_text(path):
+    """Read a whole UTF-8 text file, with a clear error for each way it can be unusable."""
+    if not os.path.exists(path):
+        raise UserError(f"data file {path!r} does not exist; pass --data PATH to a UTF-8 text file")
+    if os.path.isdir(path):
+        raise UserError(f"data path {path!r} is a directory; pass --data PATH to a text file inside it")
+    with open(path, "rb") as f:
+        raw = f.read()
+    if not raw:
+        raise UserError(f"data file {path!r} is empty; pass --data PATH to a file with text in it")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"data file {path!r} is not UTF-8 text: byte offset {e.start} "
+                        f"(0x{raw[e.start]:02x}) cannot be decoded; convert the file to UTF-8 "
+                        f"(e.g. iconv -f latin1 -t utf-8) or pass another --data") from None
+
+
+class CharTokenizer:
+    """One token per distinct character, ids in sorted order (as nanoGPT's shakespeare_char)."""
+
+    def __init__(self, chars):
+        self.chars = list(chars)
+        self.stoi = {c: i for i, c in enumerate(self.chars)}
+        self.dtype = np.uint16 if len(self.chars) <= 65536 else np.int32
+
+    @classmethod
+    def from_text(cls, text):
+        return cls(sorted(set(text)))
+
+    @property
+    def vocab_size(self):
+        return len(self.chars)
+
+    def encode(self, text):
+        unknown = sorted(set(text) - self.stoi.keys())
+        if unknown:
+            shown = ", ".join(repr(c) for c in unknown[:20]) + (" ..." if len(unknown) > 20 else "")
+            raise UserError(f"{len(unknown)} character(s) are not in the tokenizer's vocabulary: {shown}; "
+                            "use only characters of the training text")
+        return np.fromiter((self.stoi[c] for c in text), self.dtype, count=len(text))
+
+    def decode(self, ids):
+        return "".join(self.chars[int(i)] for i in ids)
+
+    def to_json(self):
+        return json.dumps(self.chars, ensure_ascii=True)
+
+    @classmethod
+    def from_json(cls, s):
+        return cls(json.loads(s))
+
+
+# ----------------------------------------------------------------------------
+# dataset
+
+class Dataset:
+    """Encoded text split 90/10 into train and val; batch() draws (x, y) with y shifted by one."""
+
+    def __init__(self, text, tokenizer, block_size, source="text"):
+        ids = tokenizer.encode(text)                          # (N,) uint16
+        n = int(0.9 * len(ids))
+        self.splits = {"train": ids[:n], "val": ids[n:]}
+        self.tokenizer = tokenizer
+        for split, arr in self.splits.items():
+            if len(arr) < block_size + 1:
+                raise UserError(f"{source}: the {split} split has {len(arr)} tokens but block_size "
+                                f"{block_size} needs at least {block_size + 1}; use a longer text "
+                                f"(about {10 * (block_size + 1)} characters or more) or a smaller --block_size")
+
+    def batch(self, split, batch_size, block_size, rng):
+        """(x, y) int32 (B, T) drawn from split with rng; y is x shifted by one token."""
+        data = self.splits[split]
+        ix = rng.integers(0, len(data) - block_size, batch_size)          # (B,) start offsets
+        rows = ix[:, None] + np.arange(block_size + 1)                     # (B, T+1)
+        chunk = data[rows].astype(np.int32)
+        return chunk[:, :-1], chunk[:, 1:]

@@ -1,0 +1,122 @@
+"""Sampling from a checkpoint: temperature, top-k, top-p (nucleus), a seeded generator.
+
+    python -m minigpt.sample --out_dir out --prompt "ROMEO:" --num_samples 3 --max_new_tokens 300
+
+The context given to the model is cropped to its last block_size tokens. top_k=1 is greedy.
+"""
+import os
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import checkpoint, kernels as K
+from .config import UserError, parse_args
+from .data import CharTokenizer
+from .model import GPT, GPTConfig
+
+
+@dataclass
+class SampleConfig:
+    out_dir: str = "out"
+    ckpt: str = ""                 # a checkpoint file; default: out_dir/ckpt_best.npz
+    prompt: str = "\n"
+    prompt_file: str = ""          # read the prompt from this file instead
+    num_samples: int = 1
+    max_new_tokens: int = 500
+    temperature: float = 0.8
+    top_k: int = 0                 # 0: off
+    top_p: float = 1.0             # 1.0: off
+    seed: int = 1337
+    backend: str = "auto"
+    threads: int = 0
+
+
+def load_model(path):
+    """-> (GPT in eval mode, CharTokenizer) from a checkpoint file."""
+    meta, params, _, _ = checkpoint.load(path)
+    model = GPT(GPTConfig(**meta["model_config"]), np.random.default_rng(0))
+    checkpoint.load_params(model, params, path)
+    tok = CharTokenizer.from_json(meta["tokenizer"])
+    if tok.vocab_size != model.config.vocab_size:
+        raise UserError(f"{path}: tokenizer has {tok.vocab_size} symbols but the model {model.config.vocab_size}")
+    return model.eval(), tok
+
+
+# ----------------------------------------------------------------------------
+# one sampling step and the generation loop
+
+def sample_next(logits, rng, temperature=1.0, top_k=0, top_p=1.0):
+    """logits (B, V) -> next ids (B,). top_k keeps the k largest, top_p the smallest set with mass >= p."""
+    if temperature <= 0:
+        raise UserError(f"--temperature must be positive, got {temperature}; use --top_k 1 for greedy decoding")
+    z = logits.astype(np.float64) / temperature                        # (B, V)
+    if top_k and top_k < z.shape[-1]:
+        kth = np.partition(z, -top_k, axis=-1)[:, -top_k][:, None]     # (B, 1) k-th largest
+        z = np.where(z < kth, -np.inf, z)
+    probs = np.exp(z - z.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)                              # (B, V)
+    if top_p < 1.0:
+        order = np.argsort(-probs, axis=-1, kind="stable")              # (B, V) most likely first
+        sorted_p = np.take_along_axis(probs, order, -1)
+        keep_sorted = np.cumsum(sorted_p, -1) - sorted_p < top_p       # mass before this token < p
+        keep = np.zeros_like(keep_sorted)
+        np.put_along_axis(keep, order, keep_sorted, -1)
+        probs = np.where(keep, probs, 0.0)
+        probs /= probs.sum(-1, keepdims=True)
+    if top_k == 1:
+        return probs.argmax(-1)                                        # greedy, no randomness used
+    cdf = np.cumsum(probs, -1)                                         # (B, V)
+    u = rng.random((probs.shape[0], 1)) * cdf[:, -1:]
+    return np.minimum((cdf < u).sum(-1), probs.shape[-1] - 1)          # inverse-CDF draw
+
+
+def generate(model, idx, max_new_tokens, rng, temperature=1.0, top_k=0, top_p=1.0):
+    """Yield the next token ids (B,) max_new_tokens times, continuing idx (B, T0)."""
+    idx = np.asarray(idx)
+    T = model.config.block_size
+    for _ in range(max_new_tokens):
+        logits, _ = model.forward(idx[:, -T:])                         # crop to the positional table
+        nxt = sample_next(logits[:, -1], rng, temperature, top_k, top_p)
+        idx = np.concatenate([idx, nxt[:, None]], axis=1)
+        yield nxt
+
+
+# ----------------------------------------------------------------------------
+# command line
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        cfg = parse_args(argv, SampleConfig)
+        if cfg.num_samples <= 0 or cfg.max_new_tokens < 0 or cfg.top_k < 0 or not 0 < cfg.top_p <= 1:
+            raise UserError("--num_samples must be positive, --max_new_tokens and --top_k zero or more, "
+                            "--top_p in (0, 1]")
+        try:
+            K.set_backend(cfg.backend, threads=cfg.threads or None)
+        except K.BackendUnavailable as e:
+            raise UserError(f"--backend {cfg.backend}: {e}") from None
+        model, tok = load_model(cfg.ckpt or os.path.join(cfg.out_dir, "ckpt_best.npz"))
+        prompt = cfg.prompt
+        if cfg.prompt_file:
+            if not os.path.isfile(cfg.prompt_file):
+                raise UserError(f"--prompt_file {cfg.prompt_file!r} is not a file")
+            with open(cfg.prompt_file, encoding="utf-8") as f:
+                prompt = f.read()
+        if not prompt:
+            raise UserError("the prompt is empty; pass --prompt TEXT (at least one character)")
+        ids = tok.encode(prompt)
+        rng = np.random.default_rng(cfg.seed)
+        for s in range(cfg.num_samples):
+            print(prompt, end="", flush=True)
+            for nxt in generate(model, ids[None, :], cfg.max_new_tokens, rng, cfg.temperature, cfg.top_k, cfg.top_p):
+                print(tok.decode(nxt), end="", flush=True)
+            print("\n" + "-" * 40, flush=True)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

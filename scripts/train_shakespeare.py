@@ -1,0 +1,62 @@
+"""Train config S (nanoGPT's CPU Shakespeare-char run) on tiny Shakespeare; every setting can be overridden.
+
+    python scripts/train_shakespeare.py                      # defaults: minigpt/config.py TrainConfig
+    python scripts/train_shakespeare.py --n_layer=6 --max_iters 500 --data my.txt --out_dir out-mine
+
+Downloads the text into data/ when it is missing; writes out_dir/log.jsonl, checkpoints, a loss-curve PNG
+(--plot) and prints a sample at the end.
+"""
+import os
+import sys
+import urllib.request
+
+import numpy as np
+
+from minigpt.config import UserError, parse_args
+from minigpt.sample import generate
+from minigpt.train import Diverged, train
+from plot_losses import plot
+
+URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+DEFAULT_DATA = "data/tinyshakespeare.txt"
+
+
+def download(path):
+    print(f"downloading tiny Shakespeare to {path} ...", flush=True)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    try:
+        with urllib.request.urlopen(URL, timeout=60) as r:
+            body = r.read()
+    except OSError as e:
+        raise UserError(f"could not download {URL} ({e}); save it as {path} yourself, "
+                        "or pass --data PATH to any UTF-8 text file") from None
+    with open(path + ".part", "wb") as f:
+        f.write(body)
+    os.replace(path + ".part", path)
+
+
+def main(argv):
+    try:
+        cfg = parse_args(argv)
+        if cfg.data == DEFAULT_DATA and not os.path.exists(cfg.data):
+            download(cfg.data)
+        result = train(cfg, given=cfg.given)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3 if isinstance(e, Diverged) else 2
+    if result["interrupted"]:
+        return 0
+    if cfg.plot:
+        print(f"loss curve: {plot([result['log']], cfg.plot, labels=[os.path.basename(cfg.out_dir.rstrip('/'))])}")
+    if cfg.sample_chars:
+        model, tok = result["model"].eval(), result["tokenizer"]
+        rng = np.random.default_rng(cfg.seed)
+        ids = [int(t[0]) for t in generate(model, tok.encode("\n")[None], cfg.sample_chars, rng, temperature=0.8)]
+        print("---- sample ----\n" + tok.decode(ids))
+    print(f"done: val loss {result['final']['val']:.4f} at iter {result['iter']} "
+          f"(best {result['best_val']:.4f}), {result['ms_per_iter']:.1f} ms/iter")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,179 @@
+"""Training: data, AdamW, schedule, clipping, gradient accumulation, checkpoints, exact resume, the script."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from minigpt import checkpoint
+from minigpt.config import TrainConfig, UserError, parse_args
+from minigpt.data import CharTokenizer, Dataset
+from minigpt.model import GPT, GPTConfig
+from minigpt.optim import AdamW, clip_grad_norm, get_lr
+from minigpt.train import train
+from helpers import tiny_cfg, write_text
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def read_log(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+# ----------------------------------------------------------------------------
+# data
+
+def test_tokenizer_round_trip_and_batches(tmp_path):
+    text = write_text(tmp_path / "t.txt")
+    tok = CharTokenizer.from_text(text)
+    assert tok.chars == sorted(set(text))
+    ids = tok.encode(text)
+    assert ids.dtype == np.uint16 and tok.decode(ids) == text
+    assert CharTokenizer.from_json(tok.to_json()).chars == tok.chars
+    ds = Dataset(text, tok, 8)
+    assert len(ds.splits["train"]) == int(0.9 * len(text))
+    x, y = ds.batch("val", 5, 8, np.random.default_rng(0))
+    assert x.shape == y.shape == (5, 8)
+    np.testing.assert_array_equal(x[:, 1:], y[:, :-1])                  # y is x shifted by one
+    val = ds.splits["val"]
+    for row in x:                                                       # every row is a window of the val split
+        assert any((val[s:s + 8] == row).all() for s in range(len(val) - 8))
+    with pytest.raises(UserError, match=r"'#', '@'"):
+        tok.encode("to be @#")
+
+
+# ----------------------------------------------------------------------------
+# optimizer and schedule
+
+def test_adamw_matches_hand_computed_step():
+    p = {"w": np.array([[1.0, -2.0]]), "b": np.array([0.5])}
+    g = {"w": np.array([[0.1, 0.3]]), "b": np.array([-0.2])}
+    opt = AdamW(p, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
+    opt.step(p, g, lr=0.01)
+    # step 1: m = 0.1 g, v = 0.01 g^2, m_hat = g, v_hat = g^2 -> update = lr * g / (|g| + eps)
+    w_want = np.array([[1.0, -2.0]]) * (1 - 0.01 * 0.1) - 0.01 * np.array([0.1, 0.3]) / (np.array([0.1, 0.3]) + 1e-8)
+    np.testing.assert_allclose(p["w"], w_want, rtol=1e-12)
+    np.testing.assert_allclose(p["b"], [0.5 + 0.01 * 0.2 / (0.2 + 1e-8)], rtol=1e-12)   # no decay on 1-D
+    opt.step(p, g, lr=0.01)                                             # step 2: bias correction
+    m, v = 0.19 * 0.3, 0.0199 * 0.09
+    want = w_want[0, 1] * (1 - 1e-3) - 0.01 * (m / 0.19) / (math.sqrt(v / 0.0199) + 1e-8)
+    np.testing.assert_allclose(p["w"][0, 1], want, rtol=1e-12)
+
+
+def test_weight_decay_only_on_matrices_and_embeddings():
+    model = GPT(GPTConfig(vocab_size=11, block_size=4, n_layer=1, n_head=1, n_embd=4), np.random.default_rng(0))
+    decay = AdamW(model.params()).decay
+    assert {"wte.weight", "wpe.weight", "h.0.attn.c_attn.weight"} <= decay
+    assert not any(k.endswith(".bias") or ".ln_" in k or k.startswith("ln_f") for k in decay)
+
+
+def test_lr_schedule_endpoints():
+    kw = dict(lr=1e-3, min_lr=1e-4, warmup_iters=100, lr_decay_iters=2000)
+    assert get_lr(0, **kw) == pytest.approx(1e-3 / 101)                # non-zero at step 0
+    assert get_lr(100, **kw) == pytest.approx(1e-3)                     # peak after warmup
+    assert get_lr(1050, **kw) == pytest.approx(5.5e-4)                  # cosine midpoint
+    assert get_lr(2000, **kw) == pytest.approx(1e-4)
+    assert get_lr(5000, **kw) == pytest.approx(1e-4)
+    lrs = [get_lr(i, **kw) for i in range(2001)]
+    assert all(a <= b for a, b in zip(lrs[:100], lrs[1:101])) and all(a >= b for a, b in zip(lrs[100:], lrs[101:]))
+
+
+def test_clip_grad_norm():
+    g = {"a": np.array([3.0, 0.0]), "b": np.array([[4.0]])}
+    assert clip_grad_norm(g, 1.0) == pytest.approx(5.0)
+    assert math.sqrt(sum((v ** 2).sum() for v in g.values())) == pytest.approx(1.0, rel=1e-5)
+    g = {"a": np.array([0.3, 0.4])}
+    assert clip_grad_norm(g, 1.0) == pytest.approx(0.5) and g["a"][1] == 0.4   # under the limit: untouched
+
+
+def test_gradient_accumulation_equals_full_batch():
+    cfg = GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=8)
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 11, (6, 8)), rng.integers(0, 11, (6, 8))
+    full = GPT(cfg, np.random.default_rng(1), dtype=np.float64)
+    full.zero_grad(); full.forward(x, y); full.backward()
+    acc = GPT(cfg, np.random.default_rng(1), dtype=np.float64)
+    acc.zero_grad()
+    for k in range(3):                                                  # 3 micro-batches of 2
+        acc.forward(x[2 * k:2 * k + 2], y[2 * k:2 * k + 2])
+        acc.backward(scale=1 / 3)
+    for name, g in full.grads().items():
+        np.testing.assert_allclose(acc.grads()[name], g, rtol=1e-10, atol=1e-14, err_msg=name)
+
+
+# ----------------------------------------------------------------------------
+# the loop, checkpoints, resume
+
+def test_training_loss_falls_and_logs(tmp_path):
+    cfg = tiny_cfg(tmp_path, max_iters=60, eval_interval=30, lr_decay_iters=60, lr=1e-2, min_lr=1e-3)
+    res = train(cfg)
+    rows = read_log(res["log"])
+    evals = [r for r in rows if r["kind"] == "eval"]
+    steps = [r for r in rows if r["kind"] == "train"]
+    assert [r["iter"] for r in evals] == [0, 30, 60] and len(steps) == 60
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.5
+    assert set(steps[0]) == {"iter", "kind", "loss", "lr", "grad_norm", "ms", "tokens_per_s"}
+    assert os.path.exists(tmp_path / "out" / "ckpt_best.npz") and os.path.exists(tmp_path / "out" / "ckpt_last.npz")
+
+
+def test_checkpoint_round_trip_restores_every_array(tmp_path):
+    model = GPT(GPTConfig(vocab_size=11, block_size=4, n_layer=1, n_head=1, n_embd=4), np.random.default_rng(0))
+    opt = AdamW(model.params())
+    for k, g in model.grads().items():
+        g[...] = np.random.default_rng(1).standard_normal(g.shape)
+    opt.step(model.params(), model.grads(), 1e-3)
+    path = str(tmp_path / "c.npz")
+    checkpoint.save(path, model, opt, {"iter": 7, "rng": model.rng.bit_generator.state})
+    meta, params, m, v = checkpoint.load(path)
+    assert meta["iter"] == 7 and meta["adam_t"] == 1 and meta["rng"] == model.rng.bit_generator.state
+    for k, p in model.params().items():
+        assert params[k].dtype == p.dtype
+        np.testing.assert_array_equal(params[k], p)
+        np.testing.assert_array_equal(m[k], opt.m[k])
+        np.testing.assert_array_equal(v[k], opt.v[k])
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp")]    # no temporary file left
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_resume_is_bit_identical(tmp_path, dropout):
+    straight = train(tiny_cfg(tmp_path / "a", dropout=dropout, max_iters=10))
+    train(tiny_cfg(tmp_path / "b", dropout=dropout, max_iters=6))
+    resumed = train(tiny_cfg(tmp_path / "b", dropout=dropout, max_iters=10, resume=True))
+    a = [r for r in read_log(straight["log"]) if r["kind"] == "train"]
+    b = [r for r in read_log(resumed["log"]) if r["kind"] == "train"]
+    assert [r["iter"] for r in b] == list(range(10))                   # the log was not duplicated
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]            # bit-identical, not approximately
+    assert [r["grad_norm"] for r in a] == [r["grad_norm"] for r in b]
+    for k, p in straight["model"].params().items():
+        np.testing.assert_array_equal(resumed["model"].params()[k], p)
+
+
+def test_cli_overrides_and_errors():
+    cfg = parse_args(["--n_layer", "6", "--lr=3e-4", "--bias", "--resume=false", "--data", "x.txt"])
+    assert (cfg.n_layer, cfg.lr, cfg.bias, cfg.resume, cfg.data) == (6, 3e-4, True, False, "x.txt")
+    assert cfg.given == {"n_layer", "lr", "bias", "resume", "data"}
+    assert TrainConfig().n_embd == 128
+    with pytest.raises(UserError, match="did you mean --n_layer"):
+        parse_args(["--n_layers", "6"])
+    with pytest.raises(UserError, match="--n_layer expects an integer, got 'six'"):
+        parse_args(["--n_layer=six"])
+    with pytest.raises(UserError, match="--lr needs a value"):
+        parse_args(["--lr"])
+
+
+def test_train_shakespeare_script_smoke(tmp_path):
+    data = tmp_path / "text.txt"
+    write_text(data)
+    out, png = tmp_path / "run", tmp_path / "curve.png"
+    cmd = [sys.executable, "scripts/train_shakespeare.py", "--data", str(data), "--out_dir", str(out),
+           "--plot", str(png), "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4",
+           "--max_iters=6", "--eval_interval=3", "--eval_iters=2", "--sample_chars=50", "--backend=numpy"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "---- sample ----" in r.stdout and "val loss" in r.stdout
+    assert len(read_log(out / "log.jsonl")) == 6 + 3
+    assert (out / "ckpt_last.npz").exists() and png.stat().st_size > 10_000
