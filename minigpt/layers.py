@@ -230,6 +230,18 @@ class Dropout(Module):
 # ----------------------------------------------------------------------------
 # Attention, MLP, Block
 
+def _causal_softmax(att, hs, start):
+    """Scaled, causally masked softmax over the last axis, in place. att (L, T, start+T): query i sits at
+    position start+i and sees keys 0..start+i; the future gets exactly zero weight (-inf before exp)."""
+    T, Tk = att.shape[-2:]
+    att *= 1.0 / math.sqrt(hs)
+    att[:, np.triu(np.ones((T, Tk), bool), k=start + 1)] = -np.inf
+    att -= att.max(-1, keepdims=True)                                  # max-subtracted: exp never overflows
+    np.exp(att, out=att)
+    att /= att.sum(-1, keepdims=True)
+    return att
+
+
 class CausalSelfAttention(Module):
     def __init__(self, n_embd, n_head, rng, dropout=0.0, bias=True, proj_std=0.02, dtype=np.float32):
         super().__init__()
@@ -243,22 +255,34 @@ class CausalSelfAttention(Module):
         return [("c_attn", self.c_attn), ("c_proj", self.c_proj),
                 ("attn_dropout", self.attn_dropout), ("resid_dropout", self.resid_dropout)]
 
-    def forward(self, x):                                              # x (B, T, C)
+    def forward(self, x, kv=None):                                    # x (B, T, C)
+        """kv: None in training; at inference a (k, v, n) slot of a KVCache, whose first n positions are filled."""
         B, T, C = x.shape
         nh, hs = self.n_head, C // self.n_head
         qkv = self.c_attn.forward(x)                                   # (B, T, 3C)
         qkv = qkv.reshape(B, T, 3, nh, hs).transpose(2, 0, 3, 1, 4)    # (3, B, nh, T, hs)
+        if kv is not None:
+            return self._forward_cached(qkv, kv)
         q, k, v = (np.ascontiguousarray(a).reshape(B * nh, T, hs) for a in qkv)   # each (L, T, hs), L = B*nh
-        att = K.bmm(q, k, tb=True)                                     # (L, T, T)
-        att *= 1.0 / math.sqrt(hs)
-        att[:, np.triu(np.ones((T, T), bool), k=1)] = -np.inf          # the future gets exactly zero weight
-        att -= att.max(-1, keepdims=True)
-        np.exp(att, out=att)
-        att /= att.sum(-1, keepdims=True)                              # softmax over keys
+        att = _causal_softmax(K.bmm(q, k, tb=True), hs, start=0)      # (L, T, T)
         attd = self.attn_dropout.forward(att)
         y = K.bmm(attd, v)                                             # (L, T, hs)
         y = y.reshape(B, nh, T, hs).transpose(0, 2, 1, 3).reshape(B, T, C)   # heads side by side
         self.cache = {"q": q, "k": k, "v": v, "att": att, "attd": attd}
+        return self.resid_dropout.forward(self.c_proj.forward(y))
+
+    def _forward_cached(self, qkv, kv):
+        """Inference with a KV cache: append this call's keys/values at positions n.., attend over 0..n+T-1."""
+        k_all, v_all, n = kv                                           # (B, nh, block_size, hs) each
+        _, B, nh, T, hs = qkv.shape
+        k_all[:, :, n:n + T] = qkv[1]
+        v_all[:, :, n:n + T] = qkv[2]
+        q = np.ascontiguousarray(qkv[0]).reshape(B * nh, T, hs)       # (L, T, hs)
+        k = np.ascontiguousarray(k_all[:, :, :n + T]).reshape(B * nh, n + T, hs)   # (L, n+T, hs)
+        v = np.ascontiguousarray(v_all[:, :, :n + T]).reshape(B * nh, n + T, hs)
+        att = _causal_softmax(K.bmm(q, k, tb=True), hs, start=n)      # (L, T, n+T)
+        y = K.bmm(att, v)                                              # (L, T, hs)
+        y = y.reshape(B, nh, T, hs).transpose(0, 2, 1, 3).reshape(B, T, nh * hs)
         return self.resid_dropout.forward(self.c_proj.forward(y))
 
     def backward(self, dout):                                          # dout (B, T, C)
@@ -312,8 +336,8 @@ class Block(Module):
     def children(self):
         return [("ln_1", self.ln_1), ("attn", self.attn), ("ln_2", self.ln_2), ("mlp", self.mlp)]
 
-    def forward(self, x):                                              # (B, T, C) -> (B, T, C)
-        x = x + self.attn.forward(self.ln_1.forward(x))
+    def forward(self, x, kv=None):                                    # (B, T, C) -> (B, T, C)
+        x = x + self.attn.forward(self.ln_1.forward(x), kv)
         return x + self.mlp.forward(self.ln_2.forward(x))
 
     def backward(self, dout):

@@ -71,15 +71,19 @@ class GPT(Module):
 
     # ------------------------------------------------------------------------
 
-    def forward(self, idx, targets=None):
-        """idx (B, T) ints -> logits (B, T, V), and the mean cross-entropy when targets (B, T) are given."""
+    def forward(self, idx, targets=None, kv=None):
+        """idx (B, T) ints -> logits (B, T, V), and the mean cross-entropy when targets (B, T) are given.
+        kv: a KVCache (inference only): idx continues the kv.n tokens already in it, at positions kv.n.."""
         idx = np.asarray(idx)
         if idx.ndim != 2:
             raise ValueError(f"idx must be (B, T) token ids, got shape {idx.shape}")
         B, T = idx.shape
-        x = self.drop.forward(self.wpe.forward(self.wte.forward(idx)))   # (B, T, C)
-        for block in self.h:
-            x = block.forward(x)
+        start = kv.n if kv is not None else 0
+        x = self.drop.forward(self.wpe.forward(self.wte.forward(idx), start))   # (B, T, C)
+        for i, block in enumerate(self.h):
+            x = block.forward(x, None if kv is None else (kv.k[i], kv.v[i], start))
+        if kv is not None:
+            kv.n += T
         x = self.ln_f.forward(x)                                          # (B, T, C)
         logits = self._head_forward(x.reshape(B * T, -1)).reshape(B, T, -1)   # (B, T, V)
         loss = None
@@ -111,3 +115,17 @@ class GPT(Module):
         x2 = self._take_cache()
         K.matmul(dlogits, x2, ta=True, out=self.wte.g["weight"], acc=True)   # d(wte) += dlogits^T x
         return K.matmul(dlogits, self.wte.p["weight"])                    # dx = dlogits wte
+
+
+class KVCache:
+    """Keys and values of the tokens seen so far, per layer: k, v (n_layer, B, n_head, block_size, hs).
+    n counts the filled positions; reset() empties it (the learned positions cannot slide, see sample.py)."""
+
+    def __init__(self, config, batch_size, dtype=np.float32):
+        hs = config.n_embd // config.n_head
+        shape = (config.n_layer, batch_size, config.n_head, config.block_size, hs)
+        self.k, self.v = np.zeros(shape, dtype), np.zeros(shape, dtype)
+        self.n = 0
+
+    def reset(self):
+        self.n = 0

@@ -6,6 +6,7 @@ The context given to the model is cropped to its last block_size tokens. top_k=1
 """
 import os
 import sys
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,7 +14,7 @@ import numpy as np
 from . import checkpoint, kernels as K
 from .config import UserError, parse_args
 from .data import CharTokenizer
-from .model import GPT, GPTConfig
+from .model import GPT, GPTConfig, KVCache
 
 
 @dataclass
@@ -28,6 +29,7 @@ class SampleConfig:
     top_k: int = 0                 # 0: off
     top_p: float = 1.0             # 1.0: off
     seed: int = 1337
+    kv_cache: bool = True
     backend: str = "auto"
     threads: int = 0
 
@@ -71,14 +73,40 @@ def sample_next(logits, rng, temperature=1.0, top_k=0, top_p=1.0):
     return np.minimum((cdf < u).sum(-1), probs.shape[-1] - 1)          # inverse-CDF draw
 
 
-def generate(model, idx, max_new_tokens, rng, temperature=1.0, top_k=0, top_p=1.0):
-    """Yield the next token ids (B,) max_new_tokens times, continuing idx (B, T0)."""
-    idx = np.asarray(idx)
-    T = model.config.block_size
+class Decoder:
+    """The logits of the next token for a growing batch of contexts, with or without a KV cache.
+
+    KV-cache policy: the prompt (cropped to its last block_size tokens) is prefilled in one pass, then each
+    new token costs one position's forward pass. The learned positional table cannot slide, so once the
+    context holds block_size tokens every further step re-prefills the last block_size tokens: exactly what
+    recomputation over the cropped context gives, at that cost (reports/generation.md measures it)."""
+
+    def __init__(self, model, idx, use_cache=True):
+        self.model, self.idx = model, np.asarray(idx)                  # idx (B, T0)
+        self.T = model.config.block_size
+        self.kv = KVCache(model.config, self.idx.shape[0], model.wte.p["weight"].dtype) if use_cache else None
+        self._fresh = True                                             # nothing in the cache yet
+
+    def logits(self):
+        """(B, V) logits for the token after the current context."""
+        if self.kv is None:
+            return self.model.forward(self.idx[:, -self.T:])[0][:, -1]
+        if self._fresh or self.kv.n == self.T:                         # prefill, or re-prefill past the block
+            self.kv.reset()
+            self._fresh = False
+            return self.model.forward(self.idx[:, -self.T:], kv=self.kv)[0][:, -1]
+        return self.model.forward(self.idx[:, -1:], kv=self.kv)[0][:, -1]   # one new position
+
+    def append(self, nxt):                                             # nxt (B,)
+        self.idx = np.concatenate([self.idx, nxt[:, None]], axis=1)
+
+
+def generate(model, idx, max_new_tokens, rng, temperature=1.0, top_k=0, top_p=1.0, use_cache=True):
+    """Yield the next token ids (B,) max_new_tokens times, continuing idx (B, T0). model must be in eval mode."""
+    dec = Decoder(model, idx, use_cache)
     for _ in range(max_new_tokens):
-        logits, _ = model.forward(idx[:, -T:])                         # crop to the positional table
-        nxt = sample_next(logits[:, -1], rng, temperature, top_k, top_p)
-        idx = np.concatenate([idx, nxt[:, None]], axis=1)
+        nxt = sample_next(dec.logits(), rng, temperature, top_k, top_p)
+        dec.append(nxt)
         yield nxt
 
 
@@ -107,11 +135,21 @@ def main(argv=None):
             raise UserError("the prompt is empty; pass --prompt TEXT (at least one character)")
         ids = tok.encode(prompt)
         rng = np.random.default_rng(cfg.seed)
-        for s in range(cfg.num_samples):
-            print(prompt, end="", flush=True)
-            for nxt in generate(model, ids[None, :], cfg.max_new_tokens, rng, cfg.temperature, cfg.top_k, cfg.top_p):
-                print(tok.decode(nxt), end="", flush=True)
-            print("\n" + "-" * 40, flush=True)
+        idx = np.tile(ids, (cfg.num_samples, 1))                       # (N, T0): all samples in one batch
+        out = []
+        print(prompt, end="", flush=True)
+        t0 = time.perf_counter()
+        for nxt in generate(model, idx, cfg.max_new_tokens, rng, cfg.temperature, cfg.top_k, cfg.top_p, cfg.kv_cache):
+            out.append(nxt)
+            print(tok.decode(nxt[:1]), end="", flush=True)             # stream the first sample
+        dt = time.perf_counter() - t0
+        rows = np.stack(out, axis=1) if out else np.zeros((cfg.num_samples, 0), int)   # (N, new)
+        for s in range(1, cfg.num_samples):
+            print("\n" + "-" * 40 + "\n" + prompt + tok.decode(rows[s]), end="")
+        print("\n" + "-" * 40, flush=True)
+        n_tok = rows.size
+        print(f"{n_tok} tokens in {dt:.2f} s: {n_tok / max(dt, 1e-9):,.0f} tokens/s "
+              f"({cfg.num_samples} samples, kv_cache={cfg.kv_cache}, backend {K.backend()})", file=sys.stderr)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
