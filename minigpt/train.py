@@ -95,7 +95,7 @@ def train(cfg, given=()):
             if it % cfg.eval_interval == 0 or it == cfg.max_iters:
                 losses = estimate_loss(model, data, cfg)
                 log.write(json.dumps({"iter": it, "kind": "eval", "train_loss": losses["train"],
-                                      "val_loss": losses["val"]}) + "\n")
+                                      "val_loss": losses["val"], "rss_mb": _rss_mb()}) + "\n")
                 print(f"iter {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}", flush=True)
                 if losses["val"] < best_val:
                     best_val = losses["val"]
@@ -188,6 +188,15 @@ def _truncate_log(log_path, start):
         rows = [line for line in f if line.strip() and json.loads(line)["iter"] < start]
     with open(log_path, "w") as f:
         f.writelines(rows)
+
+
+def _rss_mb():
+    """Resident memory of this process now (Linux /proc), in MiB; None elsewhere."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+    except (OSError, ValueError):
+        return None
 
 
 def _fmt_time(s):
