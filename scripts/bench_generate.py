@@ -1,0 +1,71 @@
+"""Generation speed with and without the KV cache; writes reports/generation.md.
+
+    python scripts/bench_generate.py [--backend auto] [--repeats 3]
+
+Weights are random (speed does not depend on them). For each model, 256 new tokens from a 5-token prompt.
+"""
+import argparse
+import os
+import platform
+import time
+
+import numpy as np
+
+from minigpt import kernels as K
+from minigpt.model import GPT, GPTConfig
+from minigpt.sample import generate
+
+MODELS = {
+    "S (block 64)": GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128),
+    "block 256": GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384),
+}
+
+
+def tokens_per_s(model, batch, n_new, use_cache, repeats):
+    times = []
+    for r in range(repeats):
+        idx = np.tile(np.arange(5), (batch, 1))
+        t0 = time.perf_counter()
+        for _ in generate(model, idx, n_new, np.random.default_rng(r), temperature=0.8, use_cache=use_cache):
+            pass
+        times.append(time.perf_counter() - t0)
+    return batch * n_new / float(np.median(times))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--new_tokens", type=int, default=256)
+    ap.add_argument("--out", default="reports/generation.md")
+    a = ap.parse_args()
+    K.set_backend(a.backend, verbose=True)
+    rows = []
+    for name, cfg in MODELS.items():
+        model = GPT(cfg, np.random.default_rng(0)).eval()
+        for batch in (1, 8):
+            with_cache = tokens_per_s(model, batch, a.new_tokens, True, a.repeats)
+            without = tokens_per_s(model, batch, a.new_tokens, False, a.repeats)
+            rows.append((name, batch, without, with_cache))
+            print(f"{name:14s} batch {batch}: {without:9.1f} tok/s without cache, {with_cache:9.1f} with "
+                  f"({with_cache / without:.1f}x)", flush=True)
+    lines = ["# Generation speed: KV cache vs full recomputation", "",
+             f"Command: `python scripts/bench_generate.py --backend {a.backend} --repeats {a.repeats}` "
+             f"(backend used: {K.backend()}; {os.cpu_count()} cores, {platform.processor() or platform.machine()}).",
+             f"{a.new_tokens} new tokens from a 5-token prompt, random weights, temperature 0.8; "
+             f"tokens/s counts every sample of the batch; median of {a.repeats} runs.", "",
+             "| model | batch | no cache (tok/s) | KV cache (tok/s) | speed-up |", "|---|---|---|---|---|"]
+    lines += [f"| {n} | {b} | {w:,.1f} | {c:,.1f} | {c / w:.1f}x |" for n, b, w, c in rows]
+    lines += ["", "Policy past block_size: the learned positional table cannot slide, so once the context holds "
+              "block_size tokens every further step re-prefills the last block_size tokens (exactly what "
+              "recomputation over the cropped context gives; tests/test_sample.py checks tokens and logits). "
+              "With block 64 and 256 new tokens from a 5-token prompt, about 60 steps decode one position from "
+              "the cache and the other ~196 pay a full block prefill, so the speed-up there is small by design; "
+              "with block 256 every step after the prompt's prefill decodes one position."]
+    with open(a.out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
