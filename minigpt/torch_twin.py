@@ -1,0 +1,100 @@
+"""The same GPT in PyTorch, for reference only: gradient cross-checks (tests/test_torch_reference.py) and the
+PyTorch side of scripts/bench_train.py. PyTorch is not a dependency; importing this module needs it.
+
+Weights are copied from a minigpt GPT (`TorchGPT.from_minigpt`); our Linear weights are (in, out), torch's
+nn.Linear stores (out, in), hence the transposes. GELU is the tanh form, as ours.
+"""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Attention(nn.Module):
+    def __init__(self, C, nh, bias):
+        super().__init__()
+        self.nh = nh
+        self.c_attn = nn.Linear(C, 3 * C, bias=bias)
+        self.c_proj = nn.Linear(C, C, bias=bias)
+
+    def forward(self, x):                                      # (B, T, C)
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (a.view(B, T, self.nh, C // self.nh).transpose(1, 2) for a in (q, k, v))   # (B, nh, T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class Block(nn.Module):
+    def __init__(self, C, nh, bias):
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(C, bias=bias), nn.LayerNorm(C, bias=bias)
+        self.attn = Attention(C, nh, bias)
+        self.c_fc, self.c_proj = nn.Linear(C, 4 * C, bias=bias), nn.Linear(4 * C, C, bias=bias)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.c_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class TorchGPT(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.h = nn.ModuleList(Block(cfg.n_embd, cfg.n_head, cfg.bias) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.lm_head = None if cfg.tie_weights else nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        for n, p in self.named_parameters():                   # GPT-2 init (overwritten by from_minigpt)
+            if p.dim() == 2:
+                std = 0.02 / math.sqrt(2 * cfg.n_layer) if n.endswith("c_proj.weight") else 0.02
+                nn.init.normal_(p, 0.0, std)
+            elif n.endswith("bias"):
+                nn.init.zeros_(p)
+
+    def forward(self, idx, targets=None):
+        T = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+        for block in self.h:
+            x = block(x)
+        x = self.ln_f(x)
+        logits = x @ self.wte.weight.T if self.lm_head is None else self.lm_head(x)
+        loss = None if targets is None else F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+        return logits, loss
+
+    # ------------------------------------------------------------------------
+    # name mapping: minigpt name -> (torch parameter, transpose?)
+
+    def minigpt_names(self):
+        out = {"wte.weight": (self.wte.weight, False), "wpe.weight": (self.wpe.weight, False)}
+        for i, b in enumerate(self.h):
+            mods = {"ln_1": b.ln_1, "attn.c_attn": b.attn.c_attn, "attn.c_proj": b.attn.c_proj,
+                    "ln_2": b.ln_2, "mlp.c_fc": b.c_fc, "mlp.c_proj": b.c_proj}
+            for name, m in mods.items():
+                out[f"h.{i}.{name}.weight"] = (m.weight, isinstance(m, nn.Linear))
+                if m.bias is not None:
+                    out[f"h.{i}.{name}.bias"] = (m.bias, False)
+        out["ln_f.weight"] = (self.ln_f.weight, False)
+        if self.ln_f.bias is not None:
+            out["ln_f.bias"] = (self.ln_f.bias, False)
+        if self.lm_head is not None:
+            out["lm_head.weight"] = (self.lm_head.weight, True)
+        return out
+
+    @classmethod
+    def from_minigpt(cls, model, dtype=torch.float32):
+        tm = cls(model.config).to(dtype)
+        params = model.params()
+        names = tm.minigpt_names()
+        assert set(names) == set(params), set(names) ^ set(params)
+        with torch.no_grad():
+            for k, (p, transpose) in names.items():
+                a = torch.from_numpy(params[k].copy()).to(dtype)
+                p.copy_(a.T if transpose else a)
+        return tm
+
+    def grads_as_minigpt(self):
+        """{minigpt name: numpy gradient in minigpt's layout}."""
+        return {k: (p.grad.T if t else p.grad).detach().numpy() for k, (p, t) in self.minigpt_names().items()}

@@ -1,0 +1,60 @@
+"""Cross-check against an independent implementation: the same weights in PyTorch (minigpt/torch_twin.py)
+give the same loss and every gradient, in float64. Skipped where PyTorch is not installed (it is not a
+dependency; `pip install torch` to run it)."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from minigpt.model import GPT, GPTConfig            # noqa: E402
+from minigpt.torch_twin import TorchGPT             # noqa: E402
+
+
+@pytest.mark.parametrize("tie", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
+def test_gpt_matches_pytorch_float64(tie, bias):
+    cfg = GPTConfig(vocab_size=29, block_size=12, n_layer=3, n_head=4, n_embd=16, bias=bias, tie_weights=tie)
+    model = GPT(cfg, np.random.default_rng(0), dtype=np.float64)
+    r = np.random.default_rng(1)
+    for p in model.params().values():
+        p += 0.1 * r.standard_normal(p.shape)
+    x, y = r.integers(0, 29, (3, 12)), r.integers(0, 29, (3, 12))
+    model.zero_grad()
+    logits, loss = model.forward(x, y)
+    model.backward()
+    tm = TorchGPT.from_minigpt(model, torch.float64)
+    tlogits, tloss = tm(torch.from_numpy(x), torch.from_numpy(y))
+    tloss.backward()
+    np.testing.assert_allclose(logits, tlogits.detach().numpy(), rtol=1e-10, atol=1e-12)
+    assert abs(loss - tloss.item()) < 1e-12
+    for name, g in tm.grads_as_minigpt().items():
+        np.testing.assert_allclose(model.grads()[name], g, rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+def test_adamw_and_clipping_match_pytorch():
+    from minigpt.optim import AdamW, clip_grad_norm
+    cfg = GPTConfig(vocab_size=13, block_size=8, n_layer=2, n_head=2, n_embd=8, bias=True)
+    model = GPT(cfg, np.random.default_rng(0), dtype=np.float64)
+    tm = TorchGPT.from_minigpt(model, torch.float64)
+    names = tm.minigpt_names()
+    decay = [p for k, (p, _) in names.items() if p.dim() >= 2]
+    no_decay = [p for k, (p, _) in names.items() if p.dim() < 2]
+    topt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                             lr=1e-2, betas=(0.9, 0.99), eps=1e-8)
+    opt = AdamW(model.params(), betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
+    r = np.random.default_rng(2)
+    for step in range(5):
+        x, y = r.integers(0, 13, (2, 8)), r.integers(0, 13, (2, 8))
+        model.zero_grad(); model.forward(x, y); model.backward()
+        norm = clip_grad_norm(model.grads(), 0.5)
+        topt.zero_grad(); tm(torch.from_numpy(x), torch.from_numpy(y))[1].backward()
+        tnorm = torch.nn.utils.clip_grad_norm_(tm.parameters(), 0.5)
+        assert abs(norm - tnorm.item()) < 1e-10
+        lr = 1e-2 * (step + 1) / 5
+        for group in topt.param_groups:
+            group["lr"] = lr
+        opt.step(model.params(), model.grads(), lr)
+        topt.step()
+    for k, (p, t) in names.items():
+        np.testing.assert_allclose(model.params()[k], (p.T if t else p).detach().numpy(), rtol=1e-9, atol=1e-12,
+                                   err_msg=k)
