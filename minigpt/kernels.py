@@ -22,6 +22,49 @@ class BackendUnavailable(RuntimeError):
 
 
 # ----------------------------------------------------------------------------
+# argument checks shared by all backends
+
+def gemm_dims(a, b, ta, tb):
+    """(M, N, K) of op(a) @ op(b) over the last two axes; ValueError if the inner dimensions differ."""
+    M, Ka = (a.shape[-1], a.shape[-2]) if ta else (a.shape[-2], a.shape[-1])
+    Kb, N = (b.shape[-1], b.shape[-2]) if tb else (b.shape[-2], b.shape[-1])
+    if Ka != Kb:
+        raise ValueError(f"matmul: inner dimensions differ: op(a) is {M}x{Ka} (a {a.shape}, ta={ta}), "
+                         f"op(b) is {Kb}x{N} (b {b.shape}, tb={tb})")
+    return M, N, Ka
+
+
+def _check_shapes(a, b, ta, tb, out, acc, batched):
+    """Same rules on every backend, so a program that runs on numpy runs unchanged on numba/native."""
+    if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
+        raise TypeError(f"matmul: a and b must be numpy arrays, got {type(a).__name__}, {type(b).__name__}")
+    if batched:
+        if a.ndim < 3 or b.ndim != a.ndim or a.shape[:-2] != b.shape[:-2]:
+            raise ValueError(f"bmm: a and b need the same leading (batch) dims and ndim >= 3, got {a.shape}, {b.shape}")
+    elif a.ndim != 2 or b.ndim != 2:
+        raise ValueError(f"matmul: a and b must be 2-D (use bmm for batches), got {a.shape}, {b.shape}")
+    M, N, _ = gemm_dims(a, b, ta, tb)
+    if acc and out is None:
+        raise ValueError("acc=True needs an out= array to add into")
+    if out is not None and out.shape != (*a.shape[:-2], M, N):
+        raise ValueError(f"matmul: out has shape {out.shape}, expected {(*a.shape[:-2], M, N)}")
+
+
+def check_f32(*arrays, backend=None):
+    """The fast backends run float32, C-contiguous arrays only (no silent casts or copies)."""
+    name = backend or (_impl.name if _impl is not None else "this backend")
+    for x in arrays:
+        if x is None:
+            continue
+        if x.dtype != np.float32:
+            raise TypeError(f"{name} backend: float32 arrays only, got {x.dtype}. Cast with .astype(np.float32), "
+                            "or use MINIGPT_BACKEND=numpy (dtype-generic, e.g. float64 gradient tests)")
+        if not x.flags.c_contiguous:
+            raise ValueError(f"{name} backend: array of shape {x.shape} is not C-contiguous. Pass transposes "
+                             "with the ta/tb flags, or make a copy with np.ascontiguousarray")
+
+
+# ----------------------------------------------------------------------------
 # numpy reference backend
 
 def _t(x, flag):
@@ -49,6 +92,7 @@ class _NumpyBackend:
 
 _impl = None
 _threads = None
+_blas_cap = None          # threadpoolctl limiter, active while numba/native own the cores
 
 
 def _load(name):
@@ -63,8 +107,20 @@ def _load(name):
     raise BackendUnavailable(f"unknown backend {name!r}; choose one of auto, {', '.join(BACKENDS)}")
 
 
-def set_backend(name="auto", threads=None, verbose=False):
-    """Select the matmul backend. 'auto' picks the first of AUTO_ORDER that loads here."""
+def _cap_blas(on):
+    """One thread pool busy at a time: BLAS gets 1 thread while numba/native threads run."""
+    global _blas_cap
+    if on and _blas_cap is None:
+        from threadpoolctl import threadpool_limits
+        _blas_cap = threadpool_limits(1, user_api="blas")
+    elif not on and _blas_cap is not None:
+        _blas_cap.restore_original_limits()
+        _blas_cap = None
+
+
+def set_backend(name="auto", threads=None, verbose=None):
+    """Select the matmul backend. 'auto' picks the first of AUTO_ORDER that loads here and says which on
+    stderr (verbose=False silences it). An explicit name that cannot run raises BackendUnavailable."""
     global _impl, _threads
     name = (name or "auto").lower()
     if name == "auto":
@@ -74,22 +130,32 @@ def set_backend(name="auto", threads=None, verbose=False):
                 impl = _load(cand)
                 break
             except BackendUnavailable as e:
-                reasons.append(f"{cand}: {e}")
-        if verbose:
-            skipped = f" (skipped {'; '.join(reasons)})" if reasons else ""
+                reasons.append(str(e))
+        if verbose is not False:
+            skipped = f" (skipped: {'; '.join(reasons)})" if reasons else ""
             print(f"minigpt: backend auto -> {impl.name}{skipped}", file=sys.stderr)
     else:
         impl = _load(name)
+        if verbose:
+            print(f"minigpt: backend {impl.name}", file=sys.stderr)
     _impl = impl
+    _cap_blas(impl.name != "numpy")
     set_threads(threads if threads is not None else _threads)
     return impl.name
 
 
 def set_threads(n=None):
-    """Threads for the active backend; BLAS is capped to 1 thread when numba/native threads run."""
+    """Threads for the active backend (default: the CPUs this process may run on)."""
     global _threads
     _threads = n
-    _current().set_threads(n or os.cpu_count() or 1)
+    _current().set_threads(n or _cpus())
+
+
+def _cpus():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:               # not on Linux
+        return os.cpu_count() or 1
 
 
 def backend():
@@ -119,13 +185,11 @@ def available():
 
 def matmul(a, b, ta=False, tb=False, out=None, acc=False):
     """op(a) @ op(b) for 2-D a (M,K) and b (K,N) after the flags; out= writes into a buffer, acc=True adds into it."""
-    if acc and out is None:
-        raise ValueError("acc=True needs an out= array to add into")
-    return _current().matmul(a, b, ta, tb, out, acc)
+    _check_shapes(a, b, ta, tb, out, acc, batched=False)
+    return _current().matmul(a, b, bool(ta), bool(tb), out, acc)
 
 
 def bmm(a, b, ta=False, tb=False, out=None, acc=False):
-    """Batched op(a) @ op(b) for 3-D a (L,M,K) and b (L,K,N) after the flags."""
-    if acc and out is None:
-        raise ValueError("acc=True needs an out= array to add into")
-    return _current().bmm(a, b, ta, tb, out, acc)
+    """Batched op(a) @ op(b) for a (..., M, K) and b (..., K, N) after the flags, same leading dims (L, or B, nh)."""
+    _check_shapes(a, b, ta, tb, out, acc, batched=True)
+    return _current().bmm(a, b, bool(ta), bool(tb), out, acc)

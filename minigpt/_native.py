@@ -1,0 +1,116 @@
+"""ctypes loader and typed wrappers for the native AVX-512 SGEMM (native/mgk.c, built as minigpt/_mgk*.so).
+
+The only file that uses ctypes. Loads the library once, declares every signature (ndpointer float32 +
+C_CONTIGUOUS, so ctypes itself rejects a wrong dtype or layout), and never copies its inputs: transposes are
+passed as flags. backend() raises kernels.BackendUnavailable with the reason and the fix if the library is
+missing, fails to load, or the CPU has no AVX-512. MINIGPT_NATIVE_LIB=/path/to/lib overrides the location.
+"""
+import ctypes
+import functools
+import glob
+import importlib.machinery
+import os
+
+import numpy as np
+
+from .kernels import BackendUnavailable, check_f32, gemm_dims
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ERRORS = {-1: "bad argument", -2: "out of memory", -3: "could not start a worker thread"}
+_f32 = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
+_i, _ll = ctypes.c_int, ctypes.c_longlong
+
+
+def _find():
+    """Path of the library: $MINIGPT_NATIVE_LIB, else minigpt/_mgk<EXT_SUFFIX> next to this file."""
+    path = os.environ.get("MINIGPT_NATIVE_LIB")
+    if path:
+        if not os.path.isfile(path):
+            raise BackendUnavailable(f"native: MINIGPT_NATIVE_LIB={path} does not exist. Fix: unset it, or "
+                                     "point it at a built library (pip install -e . builds minigpt/_mgk*.so)")
+        return path
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        hits = glob.glob(os.path.join(_HERE, "_mgk" + suffix))
+        if hits:
+            return hits[0]
+    raise BackendUnavailable("native: the compiled library minigpt/_mgk*.so is missing (the C build was skipped "
+                             "or failed at install time; pip prints the reason as a warning). Fix: install gcc "
+                             "and run `pip install -e .` again, or choose MINIGPT_BACKEND=numba or numpy")
+
+
+@functools.cache
+def _lib():
+    path = _find()
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        raise BackendUnavailable(f"native: cannot load {path}: {e}. Fix: rebuild with `pip install -e .`") from e
+    lib.mgk_sgemm_batched.argtypes = [_i] * 6 + [_f32, _i, _ll, _f32, _i, _ll, ctypes.c_float, _f32, _i, _ll]
+    lib.mgk_sgemm_batched.restype = _i
+    lib.mgk_sgemm.argtypes = [_i] * 5 + [_f32, _i, _f32, _i, ctypes.c_float, _f32, _i]
+    lib.mgk_sgemm.restype = _i
+    lib.mgk_sgemm_ref.argtypes = lib.mgk_sgemm.argtypes
+    lib.mgk_sgemm_ref.restype = _i
+    lib.mgk_has_avx512.argtypes, lib.mgk_has_avx512.restype = [], _i
+    lib.mgk_set_num_threads.argtypes, lib.mgk_set_num_threads.restype = [_i], _i
+    lib.mgk_get_num_threads.argtypes, lib.mgk_get_num_threads.restype = [], _i
+    lib.mgk_peak_gflops.argtypes, lib.mgk_peak_gflops.restype = [_ll], ctypes.c_double
+    return lib
+
+
+def _check(rc, what, a, b):
+    if rc != 0:
+        raise RuntimeError(f"native {what}: {_ERRORS.get(rc, rc)} (rc={rc}) for shapes {a.shape} x {b.shape}")
+
+
+# ----------------------------------------------------------------------------
+# the backend object kernels.py talks to
+
+class NativeBackend:
+    name = "native"
+
+    def __init__(self, lib):
+        self.lib = lib
+
+    def matmul(self, a, b, ta, tb, out, acc):                      # a (M,K)|(K,M), b (K,N)|(N,K) -> (M,N)
+        M, N, K = gemm_dims(a, b, ta, tb)
+        out = _out(out, (M, N), acc, a, b)
+        rc = self.lib.mgk_sgemm(ta, tb, M, N, K, a, a.shape[1], b, b.shape[1], 1.0 if acc else 0.0, out, N)
+        _check(rc, "mgk_sgemm", a, b)
+        return out
+
+    def bmm(self, a, b, ta, tb, out, acc):                         # a (L,M,K), b (L,K,N) -> (L,M,N)
+        M, N, K = gemm_dims(a, b, ta, tb)
+        lead = a.shape[:-2]
+        L = int(np.prod(lead))
+        out = _out(out, (*lead, M, N), acc, a, b)
+        rc = self.lib.mgk_sgemm_batched(L, ta, tb, M, N, K, a, a.shape[-1], M * K, b, b.shape[-1], K * N,
+                                        1.0 if acc else 0.0, out, N, M * N)
+        _check(rc, "mgk_sgemm_batched", a, b)
+        return out
+
+    def set_threads(self, n):
+        self.lib.mgk_set_num_threads(max(1, int(n)))
+
+
+def _out(out, shape, acc, a, b):
+    check_f32(a, b, out, backend="native")
+    if out is None:
+        return np.empty(shape, np.float32)                          # beta = 0: never read
+    if np.may_share_memory(out, a) or np.may_share_memory(out, b):
+        raise ValueError("native: out= must not overlap the inputs")
+    return out
+
+
+@functools.cache
+def backend():
+    lib = _lib()
+    if not lib.mgk_has_avx512():
+        raise BackendUnavailable("native: this CPU (or OS) has no AVX-512, which the native kernel needs; its "
+                                 "scalar fallback would be slower than numpy. Fix: MINIGPT_BACKEND=numba or numpy")
+    return NativeBackend(lib)
+
+
+def peak_gflops(iters=20_000_000):
+    """fp32 FMA throughput of a register-only loop on the native threads (for reports)."""
+    return backend().lib.mgk_peak_gflops(iters)

@@ -1,0 +1,362 @@
+/* mgk.c: float32 GEMM for minigpt, C = op(A) @ op(B) + beta*C, row-major (API in mgk.h).
+   Two paths: the plain scalar loops (mgk_sgemm_ref: the reference, and the whole path on CPUs without AVX-512)
+   and an AVX-512 path: pack op(A) into 8-row panels and op(B) into 32-column panels (transposes happen while
+   packing, so ta/tb cost no copies of the caller's arrays), then an 8x32 register-blocked FMA micro-kernel.
+   Tails are zero-padded in the packs and stored with masks, so every shape takes the fast path.
+   The AVX-512 code is compiled with a target pragma, so the file builds on any gcc/clang without -march flags;
+   the CPU is checked at run time. No -ffast-math: the sums are plain FMAs in k order. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <pthread.h>
+#include <unistd.h>
+#include "mgk.h"
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#include <immintrin.h>     /* each intrinsic carries its own target attribute; used only under the pragma below */
+#endif
+
+#define MR 8       /* micro-tile rows: 8x32 = 16 zmm accumulators */
+#define NR 32      /* micro-tile columns: two zmm vectors */
+#define KC 256     /* depth of one packed block: a 32-wide B panel (32 KB) stays in L1 */
+#define MC 192     /* rows of A packed at once (192 KB, in L2) */
+#define NC 2048    /* columns of B packed at once */
+
+typedef struct {
+    int ta, tb, M, N, K, lda, ldb, ldc, L;
+    const float *A, *B; float *C; float beta;
+    long long sA, sB, sC;
+    int pm, pn;    /* thread grid over (M, N); pm*pn == threads, or 0 when threads split the batch */
+} job_t;
+
+static int n_threads;                  /* 0 = not set yet -> number of online CPUs */
+static pthread_mutex_t call_mu = PTHREAD_MUTEX_INITIALIZER;  /* one GEMM at a time: buffers are per thread id */
+
+static int bad_args(int ta, int tb, int M, int N, int K, const void *A, int lda, const void *B, int ldb,
+                    const void *C, int ldc)
+{
+    if (M < 0 || N < 0 || K < 0) return 1;
+    if (ldc < N || lda < (ta ? M : K) || ldb < (tb ? K : N)) return 1;
+    if ((M && N && !C) || (M && N && K && (!A || !B))) return 1;
+    return 0;
+}
+
+/* ----------------------------------------------------------------------------
+   scalar reference: C[i,j] = sum_k op(A)[i,k] * op(B)[k,j] (+ beta*C[i,j]); float accumulation in k order */
+int mgk_sgemm_ref(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                  float beta, float *C, int ldc)
+{
+    if (bad_args(ta, tb, M, N, K, A, lda, B, ldb, C, ldc)) return MGK_EBADARG;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            float s = 0.0f;
+            for (int k = 0; k < K; k++)
+                s += (ta ? A[(long)k * lda + i] : A[(long)i * lda + k]) *
+                     (tb ? B[(long)j * ldb + k] : B[(long)k * ldb + j]);
+            float *c = &C[(long)i * ldc + j];
+            *c = beta == 0.0f ? s : s + beta * *c;
+        }
+    return MGK_OK;
+}
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#define MGK_X86 1
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")
+
+/* ----------------------------------------------------------------------------
+   packing. dst[c*ldd + r] = src[r*lds + c] for an 8x8 block: unpack pairs, then quads, then 128-bit halves */
+static inline void tr8x8(const float *src, long lds, float *dst, long ldd)
+{
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + i * lds);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);          /* a0 b0 a1 b1 | a4 b4 a5 b5 */
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);      /* a2 b2 a3 b3 | a6 b6 a7 b7 */
+    }
+    for (int i = 0; i < 8; i += 4)
+        for (int h = 0; h < 2; h++) {
+            __m256d x = _mm256_castps_pd(t[i + h]), y = _mm256_castps_pd(t[i + h + 2]);
+            r[i + 2 * h] = _mm256_castpd_ps(_mm256_unpacklo_pd(x, y));      /* a0 b0 c0 d0 | a4 .. d4 */
+            r[i + 2 * h + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(x, y));  /* a1 b1 c1 d1 | a5 .. d5 */
+        }
+    for (int c = 0; c < 4; c++) {                        /* column c from r[c] (rows 0-3) and r[4+c] (rows 4-7) */
+        _mm256_storeu_ps(dst + c * ldd, _mm256_permute2f128_ps(r[c], r[4 + c], 0x20));
+        _mm256_storeu_ps(dst + (c + 4) * ldd, _mm256_permute2f128_ps(r[c], r[4 + c], 0x31));
+    }
+}
+
+/* one row-panel of op(A): rows i0..i0+mr (mr <= MR) by k0..k0+kc -> ap[k*MR + i], zero rows beyond mr */
+static void pack_a(const job_t *g, const float *A, int i0, int mr, int k0, int kc, float *ap)
+{
+    int k = 0;
+    if (g->ta) {                                          /* op(A)[i,k] = A[k,i]: rows of A are already k-major */
+        __mmask16 m = (__mmask16)((1u << mr) - 1);
+        for (; k < kc; k++)
+            _mm256_storeu_ps(ap + k * MR, _mm512_castps512_ps256(
+                _mm512_maskz_loadu_ps(m, A + (long)(k0 + k) * g->lda + i0)));
+        return;
+    }
+    const float *a = A + (long)i0 * g->lda + k0;          /* op(A)[i,k] = A[i,k]: transpose 8x8 blocks */
+    if (mr == MR)
+        for (; k + 8 <= kc; k += 8)
+            tr8x8(a + k, g->lda, ap + k * MR, MR);
+    for (; k < kc; k++)
+        for (int i = 0; i < MR; i++)
+            ap[k * MR + i] = i < mr ? a[(long)i * g->lda + k] : 0.0f;
+}
+
+/* columns j0..j0+nc of op(B), k0..k0+kc -> panels of width 32 (the last one 16 if it fits): bp[j/32*32*kc + k*w + j%32] */
+static void pack_b(const job_t *g, const float *B, int j0, int nc, int k0, int kc, float *bp)
+{
+    for (int jp = 0; jp < nc; jp += NR, bp += NR * kc) {
+        int nr = nc - jp < NR ? nc - jp : NR, w = nr > 16 ? NR : 16;
+        if (!g->tb) {                                     /* op(B)[k,j] = B[k,j]: copy rows, zero the tail */
+            __mmask16 m0 = nr >= 16 ? 0xFFFF : (__mmask16)((1u << nr) - 1);
+            __mmask16 m1 = nr >= 32 ? 0xFFFF : nr > 16 ? (__mmask16)((1u << (nr - 16)) - 1) : 0;
+            const float *b = B + (long)k0 * g->ldb + j0 + jp;
+            for (int k = 0; k < kc; k++, b += g->ldb) {
+                _mm512_storeu_ps(bp + k * w, _mm512_maskz_loadu_ps(m0, b));
+                if (w == NR) _mm512_storeu_ps(bp + k * w + 16, _mm512_maskz_loadu_ps(m1, b + 16));
+            }
+            continue;
+        }
+        const float *b = B + (long)(j0 + jp) * g->ldb + k0;  /* op(B)[k,j] = B[j,k]: transpose 8x8 blocks */
+        int j = 0;
+        for (; j + 8 <= nr; j += 8) {
+            int k = 0;
+            for (; k + 8 <= kc; k += 8)
+                tr8x8(b + (long)j * g->ldb + k, g->ldb, bp + k * w + j, w);
+            for (; k < kc; k++)
+                for (int jj = j; jj < j + 8; jj++) bp[k * w + jj] = b[(long)jj * g->ldb + k];
+        }
+        for (int k = 0; k < kc; k++)
+            for (int jj = j; jj < w; jj++) bp[k * w + jj] = jj < nr ? b[(long)jj * g->ldb + k] : 0.0f;
+    }
+}
+
+/* ----------------------------------------------------------------------------
+   micro-kernel: c[0:mr, 0:nr] = ap (kc x MR) ^T-panel @ bp (kc x 16*NV) + beta*c. All MR x 16*NV sums live in
+   zmm registers for the whole k loop; op(A) values are broadcast, op(B) rows are vector loads. */
+static inline __attribute__((always_inline)) void kernel(int NV, int kc, const float *ap, const float *bp,
+                                                         float *c, long ldc, int mr, int nr, float beta)
+{
+    __m512 acc[MR][2];
+    for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+#pragma GCC unroll 2
+    for (int k = 0; k < kc; k++, ap += MR, bp += 16 * NV) {
+        __m512 b0 = _mm512_loadu_ps(bp), b1 = NV == 2 ? _mm512_loadu_ps(bp + 16) : b0;
+        for (int i = 0; i < MR; i++) {
+            __m512 a = _mm512_set1_ps(ap[i]);
+            acc[i][0] = _mm512_fmadd_ps(a, b0, acc[i][0]);
+            if (NV == 2) acc[i][1] = _mm512_fmadd_ps(a, b1, acc[i][1]);
+        }
+    }
+    __mmask16 m[2] = {nr >= 16 ? 0xFFFF : (__mmask16)((1u << nr) - 1),
+                      nr >= 32 ? 0xFFFF : nr > 16 ? (__mmask16)((1u << (nr - 16)) - 1) : 0};
+    __m512 vb = _mm512_set1_ps(beta);
+    for (int i = 0; i < MR; i++) {
+        if (i >= mr) break;
+        for (int v = 0; v < NV; v++) {
+            float *ci = c + i * ldc + 16 * v;
+            __m512 r = acc[i][v];
+            if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m[v], ci), r);
+            _mm512_mask_storeu_ps(ci, m[v], r);
+        }
+    }
+}
+static void kernel_8x32(int kc, const float *ap, const float *bp, float *c, long ldc, int mr, int nr, float beta)
+{ kernel(2, kc, ap, bp, c, ldc, mr, nr, beta); }
+static void kernel_8x16(int kc, const float *ap, const float *bp, float *c, long ldc, int mr, int nr, float beta)
+{ kernel(1, kc, ap, bp, c, ldc, mr, nr, beta); }
+
+/* ----------------------------------------------------------------------------
+   one thread's block C[m0:m1, n0:n1] of one product: loops jc (NC) > pc (KC) > ic (MC) > jr (32) > ir (8) */
+static void gemm_block(const job_t *g, const float *A, const float *B, float *C, int m0, int m1, int n0, int n1,
+                       float *ap, float *bp)
+{
+    for (int jc = n0; jc < n1; jc += NC) {
+        int nc = n1 - jc < NC ? n1 - jc : NC;
+        for (int pc = 0; pc < g->K || pc == 0; pc += KC) {
+            int kc = g->K - pc < KC ? g->K - pc : KC;
+            float beta = pc == 0 ? g->beta : 1.0f;        /* later k blocks add to the first one's result */
+            pack_b(g, B, jc, nc, pc, kc, bp);
+            for (int ic = m0; ic < m1; ic += MC) {
+                int mc = m1 - ic < MC ? m1 - ic : MC;
+                for (int ir = 0; ir < mc; ir += MR)
+                    pack_a(g, A, ic + ir, mc - ir < MR ? mc - ir : MR, pc, kc, ap + ir * kc);
+                for (int jr = 0; jr < nc; jr += NR) {
+                    int nr = nc - jr < NR ? nc - jr : NR;
+                    for (int ir = 0; ir < mc; ir += MR) {
+                        float *c = C + (long)(ic + ir) * g->ldc + jc + jr;
+                        int mr = mc - ir < MR ? mc - ir : MR;
+                        (nr > 16 ? kernel_8x32 : kernel_8x16)(kc, ap + ir * kc, bp + jr * kc, c, g->ldc, mr, nr, beta);
+                    }
+                }
+            }
+            if (kc == 0) break;                           /* K == 0: one pass stores beta*C */
+        }
+    }
+}
+
+/* peak: 16 independent FMA chains per thread (latency 4 x 2 ports needs >= 8), registers only */
+static void peak_job(void *arg, int tid, int nt)
+{
+    long long iters = *(long long *)arg;
+    __m512 acc[16], x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(1e-3f);
+    for (int i = 0; i < 16; i++) acc[i] = _mm512_set1_ps((float)(i + tid));
+    for (long long n = 0; n < iters; n++)
+        for (int i = 0; i < 16; i++) acc[i] = _mm512_fmadd_ps(acc[i], x, y);
+    for (int i = 1; i < 16; i++) acc[0] = _mm512_add_ps(acc[0], acc[i]);
+    volatile float sink = _mm512_reduce_add_ps(acc[0]);
+    (void)sink; (void)nt;
+}
+#pragma GCC pop_options
+#endif
+
+/* ----------------------------------------------------------------------------
+   threading: split the batch over threads, or each product over a pm x pn grid of tile-aligned blocks */
+static float *bufs[256][2];            /* per thread id: packed A (MC x KC), packed B (KC x NC); allocated once */
+
+static void split(int n, int unit, int parts, int p, int *lo, int *hi)
+{
+    int tiles = (n + unit - 1) / unit;
+    *lo = (int)((long)tiles * p / parts) * unit;
+    *hi = (int)((long)tiles * (p + 1) / parts) * unit;
+    if (*hi > n) *hi = n;
+}
+
+static void run_job(void *arg, int tid, int nt)
+{
+#ifdef MGK_X86
+    job_t *g = arg;
+    if (!bufs[tid][0]) return;
+    for (int l = 0; l < g->L; l++) {
+        int m0 = 0, m1 = g->M, n0 = 0, n1 = g->N;
+        if (g->pm == 0) {                                  /* batch split: items tid, tid+nt, ... */
+            if (l % nt != tid) continue;
+        } else {
+            split(g->M, MR, g->pm, tid % g->pm, &m0, &m1);
+            split(g->N, NR, g->pn, tid / g->pm, &n0, &n1);
+            if (m0 >= m1 || n0 >= n1) continue;
+        }
+        gemm_block(g, g->A + l * g->sA, g->B + l * g->sB, g->C + l * g->sC, m0, m1, n0, n1,
+                   bufs[tid][0], bufs[tid][1]);
+    }
+#else
+    (void)arg; (void)tid; (void)nt;
+#endif
+}
+
+static int threads_now(void)
+{
+    if (n_threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = n > 0 ? (int)(n < 256 ? n : 256) : 1;
+    }
+    return n_threads;
+}
+
+int mgk_set_num_threads(int n)
+{
+    if (n < 1) return MGK_EBADARG;
+    n_threads = n < 256 ? n : 256;
+    return MGK_OK;
+}
+
+int mgk_get_num_threads(void) { return threads_now(); }
+
+int mgk_has_avx512(void)
+{
+#ifdef MGK_X86
+    __builtin_cpu_init();   /* libgcc also checks that the OS saves the zmm state (XCR0) */
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
+}
+
+/* pick the thread grid: split the batch when it divides well, else a pm x pn grid minimising the largest
+   block's work (rows*cols) plus its packing (~8 flops' worth per packed element) */
+static int plan(job_t *g)
+{
+    int nt = threads_now();
+    double flops = 2.0 * g->M * g->N * (g->K + 1) * g->L;
+    if (flops < 4e5) nt = 1;                   /* below ~4 us of work, waking a thread costs more than it saves */
+    g->pm = 0; g->pn = 1;
+    if (g->L >= nt && (g->L % nt == 0 || g->L >= 4 * nt)) return nt;
+    double best = 0;
+    for (int pm = 1; pm <= nt; pm++) {
+        if (nt % pm) continue;
+        int pn = nt / pm;
+        double rows = (double)(((g->M + MR - 1) / MR + pm - 1) / pm) * MR;
+        double cols = (double)(((g->N + NR - 1) / NR + pn - 1) / pn) * NR;
+        double cost = rows * cols + 8.0 * (rows + cols);
+        if (best == 0 || cost < best) { best = cost; g->pm = pm; g->pn = pn; }
+    }
+    return nt;
+}
+
+static int run(job_t *g)
+{
+    if (g->M == 0 || g->N == 0 || g->L == 0) return MGK_OK;
+    if (!mgk_has_avx512()) {
+        for (int l = 0; l < g->L; l++)
+            mgk_sgemm_ref(g->ta, g->tb, g->M, g->N, g->K, g->A + l * g->sA, g->lda, g->B + l * g->sB, g->ldb,
+                          g->beta, g->C + l * g->sC, g->ldc);
+        return MGK_OK;
+    }
+    pthread_mutex_lock(&call_mu);
+    int nt = plan(g), rc = MGK_OK;
+    for (int t = 0; t < nt && rc == MGK_OK; t++)
+        for (int b = 0; b < 2; b++)
+            if (!bufs[t][b] && !(bufs[t][b] = aligned_alloc(64, sizeof(float) * KC * (b ? NC : MC))))
+                rc = MGK_ENOMEM;
+    if (rc == MGK_OK) {
+#ifdef MGK_X86
+        unsigned int csr = _mm_getcsr();
+        mgk_pool_set_ftz();                    /* the caller computes too; its FP mode is restored below */
+        rc = mgk_pool_run(run_job, g, nt);
+        _mm_setcsr(csr);
+#endif
+    }
+    pthread_mutex_unlock(&call_mu);
+    return rc;
+}
+
+/* ----------------------------------------------------------------------------
+   exported entry points */
+int mgk_sgemm(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+              float beta, float *C, int ldc)
+{
+    return mgk_sgemm_batched(1, ta, tb, M, N, K, A, lda, 0, B, ldb, 0, beta, C, ldc, 0);
+}
+
+int mgk_sgemm_batched(int L, int ta, int tb, int M, int N, int K, const float *A, int lda, long long sA,
+                      const float *B, int ldb, long long sB, float beta, float *C, int ldc, long long sC)
+{
+    if (L < 0 || sA < 0 || sB < 0 || sC < 0 || bad_args(ta, tb, M, N, K, A, lda, B, ldb, C, ldc))
+        return MGK_EBADARG;
+    job_t g = {ta != 0, tb != 0, M, N, K, lda, ldb, ldc, L, A, B, C, beta, sA, sB, sC, 0, 1};
+    return run(&g);
+}
+
+double mgk_peak_gflops(long long iters)
+{
+#ifdef MGK_X86
+    if (!mgk_has_avx512() || iters <= 0) return 0.0;
+    struct timespec t0, t1;
+    pthread_mutex_lock(&call_mu);
+    int nt = threads_now();
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    mgk_pool_run(peak_job, &iters, nt);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    pthread_mutex_unlock(&call_mu);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    return 2.0 * 16 * 16 * (double)iters * nt / s * 1e-9;
+#else
+    (void)iters;
+    return 0.0;
+#endif
+}
