@@ -56,7 +56,9 @@ if numba is not None:
 
     @njit(cache=True, fastmath=False)
     def _pack_a(A, l, ta, i0, mr, k0, kc, Ap):              # Ap[k, r] = op(A)[i0+r, k0+k], 0 for r >= mr
-        Ap[:kc, mr:] = 0.0
+        for k in range(kc):
+            for r in range(mr, MR):
+                Ap[k, r] = 0.0
         if ta:
             for k in range(kc):
                 for r in range(mr):
@@ -73,7 +75,9 @@ if numba is not None:
 
     @njit(cache=True, fastmath=False)
     def _tile(Ap, Bp, kc, nw, c):
-        c[:, :nw] = 0.0
+        for r in range(MR):
+            for j in range(nw):
+                c[r, j] = 0.0
         c0, c1, c2, c3, c4, c5, c6, c7 = c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]
         k = 0
         while k + 1 < kc:                                     # scalars first: the j loop then reads only b, d, c
@@ -103,10 +107,18 @@ if numba is not None:
                 c6[j] = _fma(a6, bj, c6[j]); c7[j] = _fma(a7, bj, c7[j])
 
     # ------------------------------------------------------------------------
-    # one task: C[l, m0:m1, n0:n1], looping k blocks > 8-row slivers
+    # task t of the grid L x ceil(M/mb) x ceil(N/nb): C[l, m0:m1, n0:n1], looping k blocks > 8-row slivers
 
     @njit(cache=True, fastmath=False)
-    def _task(A, B, C, l, ta, tb, m0, m1, n0, n1, beta, Ap, Bp, c):
+    def _task(A, B, C, t, ta, tb, beta, mb, nb):
+        L, M, N = C.shape
+        tm, tn = (M + mb - 1) // mb, (N + nb - 1) // nb
+        l, im, jn = t // (tm * tn), (t // tn) % tm, t % tn
+        m0, n0 = im * mb, jn * nb
+        m1, n1 = min(M, m0 + mb), min(N, n0 + nb)
+        Ap = np.empty((KC, MR), np.float32)                   # per-task buffers: nothing shared between threads
+        Bp = np.empty((KC, nb), np.float32)
+        c = np.empty((MR, nb), np.float32)
         K = A.shape[1] if ta else A.shape[2]
         nw = n1 - n0
         for k0 in range(0, max(K, 1), KC):
@@ -118,25 +130,20 @@ if numba is not None:
                 _pack_a(A, l, ta, i0, mr, k0, kc, Ap)
                 _tile(Ap, Bp, kc, nw, c)
                 for r in range(mr):
-                    crow, cr = C[l, i0 + r, n0:n1], c[r]
                     if bk == 0.0:                             # beta = 0 never reads C (it may hold NaN)
-                        crow[:] = cr[:nw]
+                        for j in range(nw):
+                            C[l, i0 + r, n0 + j] = c[r, j]
                     else:
                         for j in range(nw):
-                            crow[j] = cr[j] + bk * crow[j]
+                            C[l, i0 + r, n0 + j] = c[r, j] + bk * C[l, i0 + r, n0 + j]
 
     @njit(cache=True, fastmath=False, parallel=True)
     def _gemm(A, B, C, ta, tb, beta, mb, nb):
-        """Tasks = L x ceil(M/mb) x ceil(N/nb) spread over the threads with prange (never np.dot inside)."""
+        """All tasks spread over the threads with prange (never np.dot inside a prange)."""
         L, M, N = C.shape
-        tm, tn = (M + mb - 1) // mb, (N + nb - 1) // nb
-        for t in prange(L * tm * tn):
-            l, im, jn = t // (tm * tn), (t // tn) % tm, t % tn
-            m0, n0 = im * mb, jn * nb
-            Ap = np.empty((KC, MR), np.float32)
-            Bp = np.empty((KC, nb), np.float32)
-            c = np.empty((MR, nb), np.float32)
-            _task(A, B, C, l, ta, tb, m0, min(M, m0 + mb), n0, min(N, n0 + nb), beta, Ap, Bp, c)
+        ntask = L * ((M + mb - 1) // mb) * ((N + nb - 1) // nb)
+        for t in prange(ntask):
+            _task(A, B, C, t, ta, tb, beta, mb, nb)
 
 
 # ----------------------------------------------------------------------------

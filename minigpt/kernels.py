@@ -8,6 +8,7 @@ chosen with MINIGPT_BACKEND=auto|numpy|numba|native or set_backend(). An explici
 that cannot run here raises BackendUnavailable; only "auto" chooses, and it says what it chose.
 Transposes are flags (ta: use a^T, tb: use b^T), never copies.
 """
+import importlib
 import os
 import sys
 
@@ -98,12 +99,12 @@ _blas_cap = None          # threadpoolctl limiter, active while numba/native own
 def _load(name):
     if name == "numpy":
         return _NumpyBackend()
-    if name == "numba":
-        from . import _numba
-        return _numba.backend()          # raises BackendUnavailable with the reason
-    if name == "native":
-        from . import _native
-        return _native.backend()
+    if name in ("numba", "native"):
+        try:
+            mod = importlib.import_module(f"._{name}", __package__)
+        except ImportError as e:
+            raise BackendUnavailable(f"{name}: cannot import minigpt._{name} ({e})") from e
+        return mod.backend()             # raises BackendUnavailable with the reason and the fix
     raise BackendUnavailable(f"unknown backend {name!r}; choose one of auto, {', '.join(BACKENDS)}")
 
 
