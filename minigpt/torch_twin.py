@@ -56,12 +56,12 @@ class TorchGPT(nn.Module):
 
     def forward(self, idx, targets=None):
         T = idx.shape[1]
-        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+        x = self.wte(idx.long()) + self.wpe(torch.arange(T, device=idx.device))
         for block in self.h:
             x = block(x)
         x = self.ln_f(x)
         logits = x @ self.wte.weight.T if self.lm_head is None else self.lm_head(x)
-        loss = None if targets is None else F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+        loss = None if targets is None else F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).long())
         return logits, loss
 
     # ------------------------------------------------------------------------
