@@ -124,7 +124,7 @@ def train(cfg, given=()):
             last_loss = loss
             t_train, n_timed = t_train + dt, n_timed + 1
             log.write(json.dumps({"iter": it, "kind": "train", "loss": loss, "lr": lr, "grad_norm": gnorm,
-                                  "ms": 1000 * dt, "tokens_per_s": tokens_per_iter / dt}) + "\n")
+                                  "ms": 1000 * dt, "tokens_per_s": tokens_per_iter / dt, "rss_mb": _rss_mb()}) + "\n")
             if it % cfg.log_interval == 0 or it == cfg.max_iters - 1:
                 eta = (cfg.max_iters - it - 1) * t_train / n_timed
                 print(f"iter {it:5d}/{cfg.max_iters} | loss {loss:.4f} | lr {lr:.2e} | {1000 * dt:6.1f} ms | "

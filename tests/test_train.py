@@ -116,7 +116,7 @@ def test_training_loss_falls_and_logs(tmp_path):
     steps = [r for r in rows if r["kind"] == "train"]
     assert [r["iter"] for r in evals] == [0, 30, 60] and len(steps) == 60
     assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.5
-    assert set(steps[0]) == {"iter", "kind", "loss", "lr", "grad_norm", "ms", "tokens_per_s"}
+    assert set(steps[0]) == {"iter", "kind", "loss", "lr", "grad_norm", "ms", "tokens_per_s", "rss_mb"}
     assert os.path.exists(tmp_path / "out" / "ckpt_best.npz") and os.path.exists(tmp_path / "out" / "ckpt_last.npz")
 
 
