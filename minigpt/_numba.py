@@ -14,9 +14,28 @@ import numpy as np
 
 from .kernels import BackendUnavailable, check_f32, gemm_dims
 
-if "numba" not in sys.modules:
-    # GNU OpenMP spin-waits by default and steals the cores numpy/native and other processes need
+
+
+def _configure_numba():
+    """Environment numba reads once, at import: only applied if numba is not loaded yet and the user set nothing."""
+    if "numba" in sys.modules:
+        return
+    # GNU OpenMP (numba's default threading layer here) spin-waits by default and steals the cores that
+    # numpy, the native pool and other processes need; PASSIVE makes idle workers sleep.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # LLVM tunes AVX-512 CPUs to prefer 256-bit vectors; the tile below is store/FMA-bound and runs faster
+    # with 512-bit ones. Same host features numba would use, minus that tuning flag.
+    if "NUMBA_CPU_FEATURES" not in os.environ and "NUMBA_CPU_NAME" not in os.environ:
+        try:
+            import llvmlite.binding as llb
+            features = llb.get_host_cpu_features().flatten()
+        except Exception:                  # noqa: BLE001  (no llvmlite: the import below reports it)
+            return
+        if "+avx512f" in features.split(","):
+            os.environ["NUMBA_CPU_FEATURES"] = features + ",-prefer-256-bit"
+
+
+_configure_numba()
 try:
     import numba
     from numba import njit, prange, types
@@ -41,50 +60,55 @@ if numba is not None:
         return types.float32(types.float32, types.float32, types.float32), codegen
 
     # ------------------------------------------------------------------------
-    # packing: the transposes of ta/tb happen here, on the way into contiguous buffers
+    # packing: the transposes of ta/tb happen here, on the way into contiguous buffers. Loops index views
+    # with 0-based range() variables only: then LLVM can drop numba's negative-index wraparound and emit
+    # plain vector loads (an index like n0 + j turns a row copy into gathers).
 
     @njit(cache=True, fastmath=False)
-    def _pack_b(B, l, tb, k0, kc, n0, nw, Bp):             # Bp[k, j] = op(B)[k0+k, n0+j]   (kc, nw)
+    def _pack_b(Bv, tb, Bp):                    # Bv = op(B) block as stored, (kc, nw) or (nw, kc) if tb -> Bp (kc, nw)
         if tb:
-            for j in range(nw):
-                for k in range(kc):
-                    Bp[k, j] = B[l, n0 + j, k0 + k]
-        else:
+            nw, kc = Bv.shape
             for k in range(kc):
+                dst = Bp[k]
                 for j in range(nw):
-                    Bp[k, j] = B[l, k0 + k, n0 + j]
+                    dst[j] = Bv[j, k]
+        else:
+            kc, nw = Bv.shape
+            for k in range(kc):
+                src, dst = Bv[k], Bp[k]
+                for j in range(nw):
+                    dst[j] = src[j]
 
     @njit(cache=True, fastmath=False)
-    def _pack_a(A, l, ta, i0, mr, k0, kc, Ap):              # Ap[k, r] = op(A)[i0+r, k0+k], 0 for r >= mr
+    def _pack_a(Av, ta, Ap):                    # Av = op(A) sliver as stored, (mr, kc) or (kc, mr) if ta -> Ap (kc, 8)
+        kc, mr = Av.shape if ta else Av.shape[::-1]
         for k in range(kc):
-            for r in range(mr, MR):
-                Ap[k, r] = 0.0
-        if ta:
-            for k in range(kc):
-                for r in range(mr):
-                    Ap[k, r] = A[l, k0 + k, i0 + r]
-        else:
-            for r in range(mr):
-                for k in range(kc):
-                    Ap[k, r] = A[l, i0 + r, k0 + k]
+            dst = Ap[k]
+            for r in range(MR):
+                dst[r] = 0.0 if r >= mr else (Av[k, r] if ta else Av[r, k])
 
     # ------------------------------------------------------------------------
-    # the tile: c[r, :nw] = sum_k Ap[k, r] * Bp[k, :nw]. The j loop is innermost and contiguous, so it is
-    # vectorised; two k steps per pass halve the loads/stores of c (the bottleneck), and each c element
-    # still gets its products added one at a time in k order (fma(a1, b1, fma(a0, b0, c))).
+    # the tile: C[i0:i0+8, n0:n0+nw] += Ap^T @ Bk, accumulated straight into the rows of C (rows past mr go
+    # to the scratch rows `pad`). The j loop is innermost and contiguous, so it is vectorised; two k steps
+    # per pass halve the loads/stores of C (the bottleneck), and each C element still gets its products
+    # added one at a time in k order: fma(a1, b1, fma(a0, b0, c)).
 
     @njit(cache=True, fastmath=False)
-    def _tile(Ap, Bp, kc, nw, c):
-        for r in range(MR):
-            for j in range(nw):
-                c[r, j] = 0.0
-        c0, c1, c2, c3, c4, c5, c6, c7 = c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]
+    def _tile(Ap, Bk, kc, Cl, i0, mr, n0, nw, pad):       # Cl = C[l] (M, N), Ap (kc, 8), Bk (kc, >= nw)
+        c0 = Cl[i0, n0:n0 + nw]
+        c1 = Cl[i0 + 1, n0:n0 + nw] if mr > 1 else pad[1, :nw]
+        c2 = Cl[i0 + 2, n0:n0 + nw] if mr > 2 else pad[2, :nw]
+        c3 = Cl[i0 + 3, n0:n0 + nw] if mr > 3 else pad[3, :nw]
+        c4 = Cl[i0 + 4, n0:n0 + nw] if mr > 4 else pad[4, :nw]
+        c5 = Cl[i0 + 5, n0:n0 + nw] if mr > 5 else pad[5, :nw]
+        c6 = Cl[i0 + 6, n0:n0 + nw] if mr > 6 else pad[6, :nw]
+        c7 = Cl[i0 + 7, n0:n0 + nw] if mr > 7 else pad[7, :nw]
         k = 0
         while k + 1 < kc:                                     # scalars first: the j loop then reads only b, d, c
             a0, a1, a2, a3, a4, a5, a6, a7 = Ap[k, 0], Ap[k, 1], Ap[k, 2], Ap[k, 3], Ap[k, 4], Ap[k, 5], Ap[k, 6], Ap[k, 7]
             e0, e1, e2, e3, e4, e5, e6, e7 = (Ap[k + 1, 0], Ap[k + 1, 1], Ap[k + 1, 2], Ap[k + 1, 3],
                                               Ap[k + 1, 4], Ap[k + 1, 5], Ap[k + 1, 6], Ap[k + 1, 7])
-            b, d = Bp[k], Bp[k + 1]
+            b, d = Bk[k], Bk[k + 1]
             for j in range(nw):
                 bj, dj = b[j], d[j]
                 c0[j] = _fma(e0, dj, _fma(a0, bj, c0[j]))
@@ -98,7 +122,7 @@ if numba is not None:
             k += 2
         if k < kc:                                            # odd kc: the last k step
             a0, a1, a2, a3, a4, a5, a6, a7 = Ap[k, 0], Ap[k, 1], Ap[k, 2], Ap[k, 3], Ap[k, 4], Ap[k, 5], Ap[k, 6], Ap[k, 7]
-            b = Bp[k]
+            b = Bk[k]
             for j in range(nw):
                 bj = b[j]
                 c0[j] = _fma(a0, bj, c0[j]); c1[j] = _fma(a1, bj, c1[j])
@@ -107,43 +131,46 @@ if numba is not None:
                 c6[j] = _fma(a6, bj, c6[j]); c7[j] = _fma(a7, bj, c7[j])
 
     # ------------------------------------------------------------------------
-    # task t of the grid L x ceil(M/mb) x ceil(N/nb): C[l, m0:m1, n0:n1], looping k blocks > 8-row slivers
+    # tasks first, first+step, ... of the grid L x ceil(M/mb) x ceil(N/nb); task = C[l, m0:m1, n0:n1]
 
     @njit(cache=True, fastmath=False)
-    def _task(A, B, C, t, ta, tb, beta, mb, nb):
+    def _tasks(A, B, C, first, step, ta, tb, beta, mb, nb):
         L, M, N = C.shape
-        tm, tn = (M + mb - 1) // mb, (N + nb - 1) // nb
-        l, im, jn = t // (tm * tn), (t // tn) % tm, t % tn
-        m0, n0 = im * mb, jn * nb
-        m1, n1 = min(M, m0 + mb), min(N, n0 + nb)
-        Ap = np.empty((KC, MR), np.float32)                   # per-task buffers: nothing shared between threads
-        Bp = np.empty((KC, nb), np.float32)
-        c = np.empty((MR, nb), np.float32)
         K = A.shape[1] if ta else A.shape[2]
-        nw = n1 - n0
-        for k0 in range(0, max(K, 1), KC):
-            kc = min(KC, K - k0)
-            bk = beta if k0 == 0 else np.float32(1.0)        # later k blocks add to the first one's sum
-            _pack_b(B, l, tb, k0, kc, n0, nw, Bp)
-            for i0 in range(m0, m1, MR):
-                mr = min(MR, m1 - i0)
-                _pack_a(A, l, ta, i0, mr, k0, kc, Ap)
-                _tile(Ap, Bp, kc, nw, c)
-                for r in range(mr):
-                    if bk == 0.0:                             # beta = 0 never reads C (it may hold NaN)
-                        for j in range(nw):
-                            C[l, i0 + r, n0 + j] = c[r, j]
-                    else:
-                        for j in range(nw):
-                            C[l, i0 + r, n0 + j] = c[r, j] + bk * C[l, i0 + r, n0 + j]
+        tm, tn = (M + mb - 1) // mb, (N + nb - 1) // nb
+        Ap = np.empty((KC, MR), np.float32)                   # one set of buffers per thread, none shared
+        Bp = np.empty((KC, nb), np.float32)
+        pad = np.zeros((MR, nb), np.float32)                  # zeros: garbage could be slow subnormals
+        for t in range(first, L * tm * tn, step):
+            l, m0, n0 = t // (tm * tn), (t // tn) % tm * mb, t % tn * nb
+            m1, n1 = min(M, m0 + mb), min(N, n0 + nb)
+            _scale(C[l, m0:m1, n0:n1], beta)                  # C = beta*C, then C += products
+            for k0 in range(0, K, KC):
+                kc = min(KC, K - k0)
+                if tb or n1 - n0 < N:
+                    _pack_b(B[l, n0:n1, k0:k0 + kc] if tb else B[l, k0:k0 + kc, n0:n1], tb, Bp)
+                    Bk = Bp
+                else:                                         # full-width rows of B are contiguous already
+                    Bk = B[l, k0:k0 + kc]
+                for i0 in range(m0, m1, MR):
+                    mr = min(MR, m1 - i0)
+                    _pack_a(A[l, k0:k0 + kc, i0:i0 + mr] if ta else A[l, i0:i0 + mr, k0:k0 + kc], ta, Ap)
+                    _tile(Ap, Bk, kc, C[l], i0, mr, n0, n1 - n0, pad)
+
+    @njit(cache=True, fastmath=False)
+    def _scale(Cv, beta):                                     # Cv (rows, nw) *= beta; beta = 0 never reads Cv (NaN)
+        if beta == 1.0:
+            return
+        for r in range(Cv.shape[0]):
+            row = Cv[r]
+            for j in range(row.shape[0]):
+                row[j] = 0.0 if beta == 0.0 else beta * row[j]
 
     @njit(cache=True, fastmath=False, parallel=True)
-    def _gemm(A, B, C, ta, tb, beta, mb, nb):
-        """All tasks spread over the threads with prange (never np.dot inside a prange)."""
-        L, M, N = C.shape
-        ntask = L * ((M + mb - 1) // mb) * ((N + nb - 1) // nb)
-        for t in prange(ntask):
-            _task(A, B, C, t, ta, tb, beta, mb, nb)
+    def _gemm(A, B, C, ta, tb, beta, mb, nb, nchunk):
+        """nchunk chunks of tasks (one per thread) spread with prange (never np.dot inside a prange)."""
+        for i in prange(nchunk):
+            _tasks(A, B, C, i, nchunk, ta, tb, beta, mb, nb)
 
 
 # ----------------------------------------------------------------------------
@@ -154,8 +181,8 @@ def _blocks(L, M, N, nt):
     nb = -(-N // -(-N // NB))                                 # N split evenly into <= NB-wide blocks
     if L >= nt and (L % nt == 0 or L >= 4 * nt):
         return M, nb
-    mb = -(-M // nt)
-    return min(128, max(MR, -(-mb // MR) * MR)), nb
+    mb = -(-M // nt)                                          # one row block per thread: op(B) is packed nt times
+    return max(MR, -(-mb // MR) * MR), nb
 
 
 class NumbaBackend:
@@ -174,9 +201,11 @@ class NumbaBackend:
             raise ValueError("numba: out= must not overlap the inputs")
         L = int(np.prod(lead))
         if L and M and N:
-            mb, nb = _blocks(L, M, N, numba.get_num_threads())
+            nt = numba.get_num_threads()
+            mb, nb = _blocks(L, M, N, nt)
+            ntask = L * -(-M // mb) * -(-N // nb)
             _gemm(a.reshape(L, *a.shape[-2:]), b.reshape(L, *b.shape[-2:]), out.reshape(L, M, N),
-                  ta, tb, np.float32(1.0 if acc else 0.0), mb, nb)
+                  ta, tb, np.float32(1.0 if acc else 0.0), mb, nb, min(nt, ntask))
         return out
 
     def set_threads(self, n):

@@ -194,3 +194,41 @@ def bmm(a, b, ta=False, tb=False, out=None, acc=False):
     """Batched op(a) @ op(b) for a (..., M, K) and b (..., K, N) after the flags, same leading dims (L, or B, nh)."""
     _check_shapes(a, b, ta, tb, out, acc, batched=True)
     return _current().bmm(a, b, bool(ta), bool(tb), out, acc)
+
+
+# ----------------------------------------------------------------------------
+# benchmark helpers (scripts/bench_kernels.py): the products of one training step, and a timer
+
+def step_shapes(batch, block, n_embd, n_head, vocab, n_layer):
+    """[(name, L, M, N, K, ta, tb, count)]: every product of one forward+backward, count = uses per step."""
+    R, C, Cx, hs, nl = batch * block, n_embd, 4 * n_embd, n_embd // n_head, n_layer
+    out = []
+    for name, n_in, n_out in (("c_attn", C, 3 * C), ("attn.c_proj", C, C), ("c_fc", C, Cx), ("mlp.c_proj", Cx, C)):
+        out += [(f"{name} fwd x@W", 1, R, n_out, n_in, False, False, nl),
+                (f"{name} dX dy@W^T", 1, R, n_in, n_out, False, True, nl),
+                (f"{name} dW x^T@dy", 1, n_in, n_out, R, True, False, nl)]
+    L, T = batch * n_head, block
+    out += [("attn q@k^T", L, T, T, hs, False, True, nl), ("attn att@v", L, T, hs, T, False, False, nl),
+            ("attn d(att) dy@v^T", L, T, T, hs, False, True, nl), ("attn dv att^T@dy", L, T, hs, T, True, False, nl),
+            ("attn dq ds@k", L, T, hs, T, False, False, nl), ("attn dk ds^T@q", L, T, hs, T, True, False, nl)]
+    return out + [("lm_head fwd x@wte^T", 1, R, vocab, C, False, True, 1), ("lm_head dX dl@wte", 1, R, C, vocab, False, False, 1),
+                  ("lm_head dW dl^T@x", 1, vocab, C, R, True, False, 1)]
+
+
+def time_product(L, M, N, K, ta, tb, min_time=0.2, warmup=2, rng=None):
+    """Median seconds of one op(a) @ op(b) on the current backend (after warm-up), into a preallocated out."""
+    import time
+    rng = rng or np.random.default_rng(0)
+    lead = (L,) if L > 1 else ()
+    a = rng.standard_normal((*lead, K, M) if ta else (*lead, M, K), dtype=np.float32)
+    b = rng.standard_normal((*lead, N, K) if tb else (*lead, K, N), dtype=np.float32)
+    out = np.empty((*lead, M, N), np.float32)
+    f = bmm if lead else matmul
+    for _ in range(warmup):
+        f(a, b, ta, tb, out)
+    times, t_end = [], time.perf_counter() + min_time
+    while len(times) < 5 or (time.perf_counter() < t_end and len(times) < 200):
+        t0 = time.perf_counter()
+        f(a, b, ta, tb, out)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
