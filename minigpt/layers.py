@@ -4,12 +4,15 @@ The Module contract (README.md): forward(...) keeps in self.cache exactly what b
 backward(dout) returns the input gradient, ADDS (+=) into self.g, and frees the cache. self.p and self.g
 are dicts with the same keys; params()/grads() walk the children and return the live arrays under dotted
 names. A layer keeps the dtype of its parameters (float32 for training, float64 for gradient tests).
-Randomness comes in through an np.random.Generator. Every matmul goes through kernels.py.
+Randomness comes in through an np.random.Generator. Every matmul goes through kernels.py; the rest of the
+math (LayerNorm, GELU, softmax, attention, cross-entropy, scatter-add) goes through fused.py, which runs its
+numba kernels or its NumPy references (MINIGPT_FUSED=0).
 """
 import math
 
 import numpy as np
 
+from . import fused as F
 from . import kernels as K
 
 
@@ -115,7 +118,7 @@ class Embedding(Module):
     def backward(self, dout):                                          # dout (B, T, C); ids have no gradient
         idx = self._take_cache()
         C = dout.shape[-1]
-        np.add.at(self.g["weight"], idx.reshape(-1), dout.reshape(-1, C))   # fwd: out = W[idx]
+        F.scatter_add(self.g["weight"], idx.reshape(-1), dout.reshape(-1, C))   # fwd: out = W[idx]; repeats add
         return None
 
 
@@ -154,45 +157,31 @@ class LayerNorm(Module):
         self._make_grads()
 
     def forward(self, x):                                              # x (..., C)
-        mean = x.mean(-1, keepdims=True)                               # (..., 1)
-        xc = x - mean
-        rstd = 1.0 / np.sqrt((xc * xc).mean(-1, keepdims=True) + self.eps)   # (..., 1)
-        xhat = xc * rstd
-        y = xhat * self.p["weight"]
-        if "bias" in self.p:
-            y += self.p["bias"]
-        self.cache = {"x": x, "mean": mean, "rstd": rstd}             # x is the caller's array: no copy
-        return y
+        x2 = x.reshape(-1, x.shape[-1])                                # (N, C)
+        y, mean, rstd = F.layernorm(x2, self.p["weight"], self._bias(), self.eps)   # y (N, C); mean, rstd (N,)
+        self.cache = {"x": x2, "mean": mean, "rstd": rstd}            # x is the caller's array: no copy
+        return y.reshape(x.shape)
 
-    def backward(self, dy):
+    def backward(self, dy):                                            # dy (..., C) -> dx (..., C)
         c = self._take_cache()
-        rstd = c["rstd"]
-        xhat = (c["x"] - c["mean"]) * rstd                             # recomputed, not stored
-        C = dy.shape[-1]
-        self.g["weight"] += (dy * xhat).reshape(-1, C).sum(0)          # fwd: y = xhat * w + b
-        if "bias" in self.g:
-            self.g["bias"] += dy.reshape(-1, C).sum(0)
-        dxhat = dy * self.p["weight"]
-        # fwd: xhat = (x - mean) * rstd  ->  dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
-        return rstd * (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True))
+        db = self.g["bias"] if "bias" in self.g else np.zeros_like(self.p["weight"])   # bias=False: discarded
+        dx = F.layernorm_backward(dy.reshape(c["x"].shape), c["x"], self.p["weight"], c["mean"], c["rstd"],
+                                  self.g["weight"], db)                # xhat recomputed from mean, rstd
+        return dx.reshape(dy.shape)
 
-
-_GELU_C = math.sqrt(2.0 / math.pi)
+    def _bias(self):
+        return self.p["bias"] if "bias" in self.p else np.zeros_like(self.p["weight"])
 
 
 class GELU(Module):
-    """tanh approximation: y = 0.5 x (1 + tanh(c (x + 0.044715 x^3))), as GPT-2."""
+    """tanh approximation: y = 0.5 x (1 + tanh(c (x + 0.044715 x^3))), as GPT-2 (math in fused.py)."""
 
     def forward(self, x):
-        t = np.tanh(_GELU_C * (x + 0.044715 * x * x * x))
-        self.cache = (x, t)
-        return 0.5 * x * (1.0 + t)
+        y, self.cache = F.gelu(x)                                      # keeps dy/dx (made with y), not x
+        return y
 
     def backward(self, dy):
-        x, t = self._take_cache()
-        # dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2)
-        dtanh = _GELU_C * (1.0 + 3 * 0.044715 * x * x)
-        return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dtanh)
+        return dy * self._take_cache()                                 # fwd: y = gelu(x) -> dx = dy gelu'(x)
 
 
 class ReLU(Module):
@@ -230,18 +219,6 @@ class Dropout(Module):
 # ----------------------------------------------------------------------------
 # Attention, MLP, Block
 
-def _causal_softmax(att, hs, start):
-    """Scaled, causally masked softmax over the last axis, in place. att (L, T, start+T): query i sits at
-    position start+i and sees keys 0..start+i; the future gets exactly zero weight (-inf before exp)."""
-    T, Tk = att.shape[-2:]
-    att *= 1.0 / math.sqrt(hs)
-    att[:, np.triu(np.ones((T, Tk), bool), k=start + 1)] = -np.inf
-    att -= att.max(-1, keepdims=True)                                  # max-subtracted: exp never overflows
-    np.exp(att, out=att)
-    att /= att.sum(-1, keepdims=True)
-    return att
-
-
 class CausalSelfAttention(Module):
     def __init__(self, n_embd, n_head, rng, dropout=0.0, bias=True, proj_std=0.02, dtype=np.float32):
         super().__init__()
@@ -260,15 +237,20 @@ class CausalSelfAttention(Module):
         B, T, C = x.shape
         nh, hs = self.n_head, C // self.n_head
         qkv = self.c_attn.forward(x)                                   # (B, T, 3C)
-        qkv = qkv.reshape(B, T, 3, nh, hs).transpose(2, 0, 3, 1, 4)    # (3, B, nh, T, hs)
+        if kv is None and F.flash_attention(qkv) and (self.attn_dropout.p_drop == 0.0 or not self.training):
+            y, lse = F.attention(qkv, nh)                              # y (B, T, C), lse (B, nh, T): no (T, T) kept
+            self.cache = {"qkv": qkv, "y": y, "lse": lse}
+            return self.resid_dropout.forward(self.c_proj.forward(y))
         if kv is not None:
-            return self._forward_cached(qkv, kv)
-        q, k, v = (np.ascontiguousarray(a).reshape(B * nh, T, hs) for a in qkv)   # each (L, T, hs), L = B*nh
-        att = _causal_softmax(K.bmm(q, k, tb=True), hs, start=0)      # (L, T, T)
+            return self._forward_cached(qkv.reshape(B, T, 3, nh, hs).transpose(2, 0, 3, 1, 4), kv)
+        qkvh = np.ascontiguousarray(qkv.reshape(B, T, 3, nh, hs).transpose(2, 0, 3, 1, 4))   # (3, B, nh, T, hs), one copy
+        q, k, v = (a.reshape(B * nh, T, hs) for a in qkvh)            # each (L, T, hs), L = B*nh
+        att = K.bmm(q, k, tb=True)                                     # (L, T, T) scores
+        F.causal_softmax(att, 1.0 / math.sqrt(hs), out=att)            # -> probabilities, in place
         attd = self.attn_dropout.forward(att)
         y = K.bmm(attd, v)                                             # (L, T, hs)
         y = y.reshape(B, nh, T, hs).transpose(0, 2, 1, 3).reshape(B, T, C)   # heads side by side
-        self.cache = {"q": q, "k": k, "v": v, "att": att, "attd": attd}
+        self.cache = {"qkvh": qkvh, "att": att, "attd": attd}
         return self.resid_dropout.forward(self.c_proj.forward(y))
 
     def _forward_cached(self, qkv, kv):
@@ -280,29 +262,30 @@ class CausalSelfAttention(Module):
         q = np.ascontiguousarray(qkv[0]).reshape(B * nh, T, hs)       # (L, T, hs)
         k = np.ascontiguousarray(k_all[:, :, :n + T]).reshape(B * nh, n + T, hs)   # (L, n+T, hs)
         v = np.ascontiguousarray(v_all[:, :, :n + T]).reshape(B * nh, n + T, hs)
-        att = _causal_softmax(K.bmm(q, k, tb=True), hs, start=n)      # (L, T, n+T)
+        att = F.causal_softmax(K.bmm(q, k, tb=True), 1.0 / math.sqrt(hs), start=n)   # (L, T, n+T)
         y = K.bmm(att, v)                                              # (L, T, hs)
         y = y.reshape(B, nh, T, hs).transpose(0, 2, 1, 3).reshape(B, T, nh * hs)
         return self.resid_dropout.forward(self.c_proj.forward(y))
 
     def backward(self, dout):                                          # dout (B, T, C)
         c = self._take_cache()
-        q, k, v, att, attd = c["q"], c["k"], c["v"], c["att"], c["attd"]
         B, T, C = dout.shape
         nh, hs = self.n_head, C // self.n_head
         dy = self.c_proj.backward(self.resid_dropout.backward(dout))  # (B, T, C)
+        if "lse" in c:                                                 # fused: fwd y = attention(qkv)
+            return self.c_attn.backward(F.attention_backward(c["qkv"], c["y"], dy, c["lse"], nh))   # dqkv (B, T, 3C)
+        q, k, v = (a.reshape(B * nh, T, hs) for a in c["qkvh"])       # (L, T, hs) each
+        att, attd = c["att"], c["attd"]
         dy = np.ascontiguousarray(dy.reshape(B, T, nh, hs).transpose(0, 2, 1, 3)).reshape(B * nh, T, hs)
+        dqkvh = np.empty_like(c["qkvh"])                               # (3, B, nh, T, hs): dq, dk, dv
+        dq, dk, dv = (a.reshape(B * nh, T, hs) for a in dqkvh)
         dattd = K.bmm(dy, v, tb=True)                                  # fwd: y = attd v -> d(attd) = dy v^T
-        dv = K.bmm(attd, dy, ta=True)                                  #                    dv = attd^T dy
+        K.bmm(attd, dy, ta=True, out=dv)                               #                    dv = attd^T dy
         datt = self.attn_dropout.backward(dattd)                       # (L, T, T)
-        # fwd: att = softmax(s) -> ds = att * (datt - sum_j datt * att); masked entries have att = 0
-        ds = att * (datt - (datt * att).sum(-1, keepdims=True))
-        ds *= 1.0 / math.sqrt(hs)                                      # fwd: s = q k^T / sqrt(hs)
-        dq = K.bmm(ds, k)                                              # (L, T, hs)
-        dk = K.bmm(ds, q, ta=True)                                     # (L, T, hs)
-        dqkv = np.stack([dq, dk, dv]).reshape(3, B, nh, T, hs)         # (3, B, nh, T, hs)
-        dqkv = dqkv.transpose(1, 3, 0, 2, 4).reshape(B, T, 3 * C)      # (B, T, 3C)
-        return self.c_attn.backward(dqkv)
+        ds = F.causal_softmax_backward(att, datt, 1.0 / math.sqrt(hs), out=datt)   # fwd: att = softmax(q k^T / sqrt(hs))
+        K.bmm(ds, k, out=dq)                                           # fwd: s = q k^T -> dq = ds k
+        K.bmm(ds, q, ta=True, out=dk)                                  #                   dk = ds^T q
+        return self.c_attn.backward(dqkvh.transpose(1, 3, 0, 2, 4).reshape(B, T, 3 * C))   # (B, T, 3C)
 
 
 class MLP(Module):
@@ -349,7 +332,8 @@ class Block(Module):
 # fused softmax + cross-entropy
 
 class CrossEntropy(Module):
-    """Mean over N of -log softmax(logits)[target], from log-sum-exp; backward gives (softmax - onehot) / N."""
+    """Mean over N of -log softmax(logits)[target], from log-sum-exp; backward gives (softmax - onehot) / N.
+    Keeps the logits and their row log-sum-exp, not the probabilities."""
 
     def forward(self, logits, targets):                                # logits (..., V), targets (...) ints
         V = logits.shape[-1]
@@ -359,19 +343,11 @@ class CrossEntropy(Module):
             raise ValueError(f"targets {targets.shape} do not match logits {logits.shape}")
         if t.size and (t.min() < 0 or t.max() >= V):
             raise ValueError(f"targets must lie in [0, {V})")
-        m = l2.max(-1, keepdims=True)                                  # (N, 1) subtract the row max
-        probs = np.exp(l2 - m)                                         # (N, V)
-        s = probs.sum(-1, keepdims=True)
-        lse = m[:, 0] + np.log(s[:, 0])                                # (N,) log-sum-exp
-        loss = float(np.mean(lse - l2[np.arange(t.size), t]))
-        probs /= s
-        self.cache = {"probs": probs, "t": t, "shape": logits.shape}
+        loss, lse = F.cross_entropy(l2, t)                             # lse (N,): log-sum-exp of each row
+        self.cache = {"logits": l2, "t": t, "lse": lse, "shape": logits.shape}
         return loss
 
     def backward(self, scale=1.0):
         c = self._take_cache()
-        probs, t = c["probs"], c["t"]
-        N = t.size
-        probs[np.arange(N), t] -= 1.0                                  # softmax - onehot, in place
-        probs *= scale / N                                             # fwd: loss = mean over N
-        return probs.reshape(c["shape"])
+        N = c["t"].size                                                # fwd: loss = mean over N
+        return F.cross_entropy_backward(c["logits"], c["t"], c["lse"], scale / N).reshape(c["shape"])

@@ -8,6 +8,8 @@ import math
 
 import numpy as np
 
+from . import fused as F
+
 
 class AdamW:
     def __init__(self, params, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1):
@@ -23,16 +25,9 @@ class AdamW:
         self.t += 1
         b1, b2 = self.beta1, self.beta2
         bc1, bc2 = 1.0 - b1 ** self.t, 1.0 - b2 ** self.t
-        for k, p in params.items():
-            g, m, v = grads[k], self.m[k], self.v[k]
-            if k in self.decay and self.weight_decay:
-                p *= 1.0 - lr * self.weight_decay                      # decoupled: p -= lr * wd * p
-            m *= b1
-            m += (1.0 - b1) * g                                        # m = b1 m + (1 - b1) g
-            v *= b2
-            v += (1.0 - b2) * (g * g)                                  # v = b2 v + (1 - b2) g^2
-            denom = np.sqrt(v) / math.sqrt(bc2) + self.eps             # sqrt(v_hat) + eps
-            p -= (lr / bc1) * m / denom                                # p -= lr m_hat / denom
+        for k, p in params.items():                                   # the math: fused.adamw_ref
+            wd = self.weight_decay if k in self.decay else 0.0
+            F.adamw(p, grads[k], self.m[k], self.v[k], lr, b1, b2, self.eps, wd, bc1, bc2)
 
     def state(self):
         """Arrays and counters that make a resumed run bit-identical."""

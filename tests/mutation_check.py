@@ -7,17 +7,23 @@ import sys
 
 M = [
  ("minigpt/layers.py", 'self.g["bias"] += dy2.sum(axis=0)', 'self.g["bias"] += 0.99 * dy2.sum(axis=0)', "tests/test_layers.py::test_linear_grad"),
- ("minigpt/layers.py", 'np.add.at(self.g["weight"], idx.reshape(-1), dout.reshape(-1, C))', 'self.g["weight"][idx.reshape(-1)] += dout.reshape(-1, C)', "tests/test_layers.py::test_embedding_grad"),
+ ("minigpt/_fused_numba.py", 'g[r, j] += dout[n, j]', 'g[r, j] = dout[n, j]', "tests/test_layers.py::test_embedding_grad"),
  ("minigpt/layers.py", 'self.g["weight"][start:start + T] += dout.sum(axis=0)', 'self.g["weight"][start:start + T] += dout[0]', "tests/test_layers.py::test_positional_grad"),
- ("minigpt/layers.py", 'return rstd * (dxhat - dxhat.mean(-1, keepdims=True) - ', 'return rstd * (dxhat - ', "tests/test_layers.py::test_layernorm_grad"),
- ("minigpt/layers.py", 'dtanh = _GELU_C * (1.0 + 3 * 0.044715 * x * x)', 'dtanh = _GELU_C * (1.0 + 0.044715 * x * x)', "tests/test_layers.py::test_activation_grad"),
+ ("minigpt/_fused_numba.py", 'dx[i, j] = ri * (a[j] - ma - (x[i, j] - mi) * ri * mc)', 'dx[i, j] = ri * (a[j] - (x[i, j] - mi) * ri * mc)', "tests/test_layers.py::test_layernorm_grad"),
+ ("minigpt/_fused_numba.py", 'GELU_C * (1.0 + 3 * GELU_A * x * x)', 'GELU_C * (1.0 + GELU_A * x * x)', "tests/test_layers.py::test_activation_grad"),
  ("minigpt/layers.py", 'return dy if isinstance(mask, int) else dy * mask', 'return dy', "tests/test_layers.py::test_dropout_grad_uses_forward_mask"),
- ("minigpt/layers.py", 'ds *= 1.0 / math.sqrt(hs)                                      #', 'ds *= 1.0 #', "tests/test_layers.py::test_attention_grad"),
- ("minigpt/layers.py", 'dv = K.bmm(attd, dy, ta=True)', 'dv = K.bmm(att, dy, ta=True)', "tests/test_layers.py::test_attention_grad"),
+ ("minigpt/_fused_numba.py", 'ds[l, i, j] = scale * att[l, i, j] * (datt[l, i, j] - d)', 'ds[l, i, j] = att[l, i, j] * (datt[l, i, j] - d)', "tests/test_layers.py::test_attention_grad"),
+ ("minigpt/layers.py", 'K.bmm(attd, dy, ta=True, out=dv)', 'K.bmm(att, dy, ta=True, out=dv)', "tests/test_layers.py::test_attention_grad"),
  ("minigpt/layers.py", 'dx = dout + self.ln_2.backward(self.mlp.backward(dout))', 'dx = self.ln_2.backward(self.mlp.backward(dout))', "tests/test_layers.py::test_block_grad"),
- ("minigpt/layers.py", 'probs *= scale / N', 'probs *= 1.0 / N', "tests/test_layers.py::test_cross_entropy_grad"),
+ ("minigpt/layers.py", 'c["lse"], scale / N)', 'c["lse"], 1.0 / N)', "tests/test_layers.py::test_cross_entropy_grad"),
  ("minigpt/model.py", 'K.matmul(dlogits, x2, ta=True, out=self.wte.g["weight"], acc=True)', 'pass', "tests/test_model.py::test_gpt_grad_every_parameter"),
  ("minigpt/model.py", 'self.wte.backward(self.wpe.backward(self.drop.backward(dx)))', 'self.wpe.backward(self.drop.backward(dx))', "tests/test_model.py::test_gpt_grad_every_parameter"),
+ # the fused path's other kernels and the NumPy references are guarded by the kernel-vs-reference tests
+ ("minigpt/_fused_numba.py", 'dv[j, d] = _fma(pj, g[i, d], dv[j, d])', 'dv[j, d] = _fma(dsj, g[i, d], dv[j, d])', "tests/test_fused.py::test_flash_attention_matches_reference"),
+ ("minigpt/_fused_numba.py", 'p = p * r * r + r + F32(1.0)', 'p = p * r * r + r', "tests/test_fused.py::test_exp32_matches_numpy_over_the_whole_range"),
+ ("minigpt/_fused_numba.py", 'ms[i] = b1 * ms[i] + c1 * gi', 'ms[i] = b1 * ms[i] + gi', "tests/test_fused.py::test_adamw_matches_reference"),
+ ("minigpt/fused.py", 'return xc * rstd[:, None] * w + b, mean, rstd', 'return xc * rstd[:, None] * w, mean, rstd', "tests/test_fused.py::test_layernorm_matches_reference"),
+ ("minigpt/fused.py", 'ds = p * (dp - (dy4 * y4).sum(-1, keepdims=True)) * scale', 'ds = p * dp * scale', "tests/test_fused.py::test_flash_attention_matches_reference"),
 ]
 for path, old, new, test in M:
     p = pathlib.Path(path); src = p.read_text()

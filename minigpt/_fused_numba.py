@@ -1,0 +1,397 @@
+"""numba kernels for the non-matmul work of a training step. minigpt/fused.py holds the NumPy reference of
+each one (the tests compare them), the dispatch and the buffers; it imports this module lazily, and this is
+the only file of the fused path that imports numba.
+
+Every kernel compiles for float32 (training) and float64, so the finite-difference tests prove these very
+kernels. numba here has no SVML: np.exp/np.tanh in @njit are scalar libm calls that also stop vectorisation,
+so float32 exp is inline (_exp32: range reduction + polynomial); float64 keeps math.exp/math.tanh, exact.
+fastmath stays off (STYLE §5), so a loop carrying a running sum never vectorises: row sums go through _sum8
+(8 float64 lanes), and wide loops are written as axpys over a contiguous last axis.
+"""
+import math
+import os
+import sys
+
+import numpy as np
+
+if "numba" not in sys.modules:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")    # GNU OpenMP spin-waits by default (see _numba.py)
+import numba                                               # noqa: E402
+from llvmlite import ir                                    # noqa: E402
+from numba import njit, prange, types                      # noqa: E402
+from numba.extending import intrinsic, overload            # noqa: E402
+
+_JIT = dict(cache=True, fastmath=False, error_model="numpy")     # x / 0 is inf, not an exception
+F32 = np.float32
+GELU_C, GELU_A = math.sqrt(2.0 / math.pi), 0.044715
+
+
+# ----------------------------------------------------------------------------
+# scalar helpers: one implementation per dtype, picked at compile time by @overload
+
+@intrinsic
+def _f32_from_bits(typingctx, i):
+    """The float32 whose bit pattern is the low 32 bits of the int64 i (LLVM bitcast, no conversion)."""
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(builder.trunc(args[0], ir.IntType(32)), ir.FloatType())
+    return types.float32(types.int64), codegen
+
+
+_LOG2E, _LN2_HI, _LN2_LO = F32(1.4426950408889634), F32(0.693359375), F32(-2.12194440e-4)
+_E0, _E1, _E2 = F32(1.9875691500e-4), F32(1.3981999507e-3), F32(8.3334519073e-3)   # cephes expf
+_E3, _E4, _E5 = F32(4.1665795894e-2), F32(1.6666665459e-1), F32(5.0000001201e-1)
+_EXP_LO, _EXP_HI = F32(-87.33654), F32(88.72283)          # exp(LO) = FLT_MIN, exp(HI) = FLT_MAX
+
+
+@njit(**_JIT)
+def _exp32(x):
+    """float32 e**x within 2 ulp: x = n ln2 + r (|r| <= ln2/2, ln2 split hi+lo so n ln2 is exact), e**r by
+    the cephes polynomial, times 2**n built in the exponent field (two halves: both ends stay normal).
+    Below LO it returns 0 (so -inf -> exactly 0), above HI inf; NaN stays NaN."""
+    xc = _EXP_HI if x > _EXP_HI else x
+    xc = _EXP_LO if xc < _EXP_LO else xc
+    n = np.floor(xc * _LOG2E + F32(0.5))
+    r = xc - n * _LN2_HI - n * _LN2_LO
+    p = ((((_E0 * r + _E1) * r + _E2) * r + _E3) * r + _E4) * r + _E5
+    p = p * r * r + r + F32(1.0)
+    ni = np.int64(n)
+    h = ni >> 1
+    e = p * _f32_from_bits((h + 127) << 23) * _f32_from_bits((ni - h + 127) << 23)
+    return F32(0.0) if x < _EXP_LO else (F32(np.inf) if x > _EXP_HI else e)
+
+
+def _exp(x):
+    """e**x in the precision of x (the overload below picks the implementation)."""
+    return math.exp(x)
+
+
+@overload(_exp)
+def _exp_impl(x):
+    if x == types.float32:
+        return lambda x: _exp32(x)
+    return lambda x: math.exp(x)
+
+
+def _gelu(x):
+    """(y, dy/dx) of y = 0.5 x (1 + tanh(u)), u = c (x + a x^3): one exp serves both."""
+
+
+@overload(_gelu)
+def _gelu_impl(x):
+    if x == types.float32:                                 # 0.5 (1 + tanh u) = 1 / (1 + e^{-2u}): no cancellation
+        c, c2, a, a3 = F32(GELU_C), F32(-2.0 * GELU_C), F32(GELU_A), F32(3.0 * GELU_A)
+
+        def gelu32(x):
+            e = _exp32(c2 * (x + a * x * x * x))           # e^{-2u}
+            s = F32(1.0) / (F32(1.0) + e)                  # s = 0.5 (1 + t)
+            sm = F32(1.0) - s if e > F32(1.0) else e * s   # 1 - s = 0.5 (1 - t), accurate when s ~ 1
+            k = s * sm                                     # 0.5 (1 - t^2) = 2 s (1 - s); 0 for large |x|
+            d = s + F32(2.0) * x * k * c * (F32(1.0) + a3 * x * x) if k != F32(0.0) else s
+            return x * s, d
+        return gelu32
+
+    def gelu64(x):
+        t = math.tanh(GELU_C * (x + GELU_A * x * x * x))
+        return 0.5 * x * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_C * (1.0 + 3 * GELU_A * x * x)
+    return gelu64
+
+
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """a * b + c rounded once (llvm.fma, exact IEEE; not fast-math): half the instructions of a mul + add."""
+    def codegen(context, builder, sig, args):
+        t = context.get_value_type(sig.return_type)
+        fn = builder.module.declare_intrinsic("llvm.fma", [t], ir.FunctionType(t, [t, t, t]))
+        return builder.call(fn, args)
+    return c(c, c, c), codegen
+
+
+_VEC = 32                  # LLVM's main vector loop takes 32 floats per trip (8 lanes x 4): pad short loops to it
+
+
+@njit(**_JIT)
+def _sum8(a, n):
+    """sum(a[:n]) of a 1-D array in 8 float64 lanes (vectorises without fastmath; order is fixed)."""
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
+    j = 0
+    while j + 8 <= n:
+        s0 += a[j]; s1 += a[j + 1]; s2 += a[j + 2]; s3 += a[j + 3]            # noqa: E702
+        s4 += a[j + 4]; s5 += a[j + 5]; s6 += a[j + 6]; s7 += a[j + 7]        # noqa: E702
+        j += 8
+    s = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+    while j < n:
+        s += a[j]
+        j += 1
+    return s
+
+
+@njit(**_JIT)
+def _exp32_array(x):                                       # tests: _exp32 over a 1-D float32 array
+    out = np.empty_like(x)
+    for i in range(x.size):
+        out[i] = _exp32(x[i])
+    return out
+
+
+@njit(**_JIT)
+def _span(t, nt, n):                                        # rows [lo, hi) of chunk t of nt
+    return t * n // nt, (t + 1) * n // nt
+
+
+# ----------------------------------------------------------------------------
+# LayerNorm: keep mean and rstd (N,), recompute xhat in backward
+
+@njit(parallel=True, **_JIT)
+def layernorm_fwd(x, w, b, eps, y, mean, rstd, nt):             # x, y (N, C); w, b (C,); mean, rstd (N,)
+    N, C = x.shape
+    nt = min(nt, N)
+    for t in prange(nt):
+        lo, hi = _span(t, nt, N)
+        for i in range(lo, hi):
+            m = _sum8(x[i], C) / C
+            mean[i] = m
+            mi = mean[i]                                    # in x's dtype: the row loops keep that precision
+            for j in range(C):
+                y[i, j] = (x[i, j] - mi) * (x[i, j] - mi)
+            rstd[i] = 1.0 / math.sqrt(_sum8(y[i], C) / C + eps)
+            ri = rstd[i]
+            for j in range(C):
+                y[i, j] = (x[i, j] - mi) * ri * w[j] + b[j]
+
+
+@njit(parallel=True, **_JIT)
+def layernorm_bwd(dy, x, w, mean, rstd, dx, dw, db, nt):         # dx (N, C) written; dw, db (C,) += 
+    N, C = x.shape
+    nt = min(nt, N)
+    pw, pb = np.zeros((nt, C), dw.dtype), np.zeros((nt, C), dw.dtype)    # per-chunk partial dw, db
+    for t in prange(nt):
+        lo, hi = _span(t, nt, N)
+        a, c = np.empty(C, x.dtype), np.empty(C, x.dtype)
+        for i in range(lo, hi):
+            mi, ri = mean[i], rstd[i]
+            for j in range(C):
+                xhat = (x[i, j] - mi) * ri
+                pw[t, j] += dy[i, j] * xhat                 # fwd: y = xhat * w + b
+                pb[t, j] += dy[i, j]
+                a[j] = dy[i, j] * w[j]                      # dxhat
+                c[j] = a[j] * xhat
+            ma, mc = x.dtype.type(_sum8(a, C) / C), x.dtype.type(_sum8(c, C) / C)   # mean(dxhat), mean(dxhat xhat)
+            for j in range(C):                              # dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat))
+                dx[i, j] = ri * (a[j] - ma - (x[i, j] - mi) * ri * mc)
+    for t in range(nt):
+        for j in range(C):
+            dw[j] += pw[t, j]
+            db[j] += pb[t, j]
+
+
+# ----------------------------------------------------------------------------
+# GELU (tanh form): elementwise over a flat array
+
+@njit(parallel=True, **_JIT)
+def gelu_fwd(x, y, dydx, nt):                              # x -> y, dy/dx, all (n,): backward is dy * dydx
+    n = x.size
+    nt = min(nt, max(1, n // 16384))
+    for t in prange(nt):
+        lo, hi = _span(t, nt, n)
+        xs, ys, ds = x[lo:hi], y[lo:hi], dydx[lo:hi]      # 0-based: no negative-index check, so it vectorises
+        for i in range(hi - lo):
+            ys[i], ds[i] = _gelu(xs[i])
+
+
+# ----------------------------------------------------------------------------
+# causal softmax over (L, T, Tk) rows, skipping the masked (future) half; query i sees keys 0..start+i
+
+@njit(parallel=True, **_JIT)
+def causal_softmax_fwd(s, scale, start, att):                # s scores -> att probabilities, both (L, T, Tk)
+    L, T, Tk = s.shape
+    scale = s.dtype.type(scale)                            # float32 math stays float32 (and uses _exp32)
+    for l in prange(L):
+        for i in range(T):
+            n = start + i + 1                               # visible keys
+            m = s[l, i, 0]
+            for j in range(1, n):
+                m = max(m, s[l, i, j])
+            for j in range(n):
+                att[l, i, j] = _exp((s[l, i, j] - m) * scale)
+            inv = s.dtype.type(1.0 / _sum8(att[l, i], n))
+            for j in range(n):
+                att[l, i, j] *= inv
+            att[l, i, n:] = 0.0                             # the future gets exactly zero weight
+
+
+@njit(parallel=True, **_JIT)
+def causal_softmax_bwd(att, datt, scale, start, ds):         # ds = scale * att * (datt - sum_j datt att), (L, T, Tk)
+    L, T, Tk = att.shape                                    # ds may be datt (in place)
+    scale = att.dtype.type(scale)
+    for l in prange(L):
+        prod = np.empty(Tk, att.dtype)
+        for i in range(T):
+            n = start + i + 1
+            for j in range(n):
+                prod[j] = datt[l, i, j] * att[l, i, j]
+            d = att.dtype.type(_sum8(prod, n))
+            for j in range(n):
+                ds[l, i, j] = scale * att[l, i, j] * (datt[l, i, j] - d)
+            ds[l, i, n:] = 0.0
+
+
+# ----------------------------------------------------------------------------
+# fused causal attention per (batch, head): q, k, v are read from qkv (B, T, 3C) and y is written into
+# (B, T, C), so no transposes. Nothing (T, T) is stored: forward keeps the row log-sum-exp, backward
+# recomputes the probabilities from it (flash-attention style). Each head first copies its q, k, v into
+# small contiguous arrays (k and v also transposed), so every inner loop is a unit-stride axpy.
+
+@njit(**_JIT)
+def _head(qkv, b, o, T, hs, scale, a, aT):                  # a (T, hs) = scale * qkv[b, :, o:o+hs], aT = a^T
+    for t in range(T):
+        for d in range(hs):
+            a[t, d] = qkv[b, t, o + d] * scale
+            aT[d, t] = a[t, d]
+
+
+@njit(parallel=True, **_JIT)
+def attention_fwd(qkv, nh, y, lse):                        # qkv (B, T, 3C) -> y (B, T, C), lse (B, nh, T)
+    B, T, C3 = qkv.shape
+    C = C3 // 3
+    hs = C // nh
+    one, scale = qkv.dtype.type(1.0), qkv.dtype.type(1.0 / math.sqrt(hs))
+    for bh in prange(B * nh):
+        b, h = bh // nh, bh % nh
+        q, k, v = np.empty((T, hs), qkv.dtype), np.empty((T, hs), qkv.dtype), np.empty((T, hs), qkv.dtype)
+        kT, vT = np.empty((hs, T), qkv.dtype), np.empty((hs, T), qkv.dtype)
+        _head(qkv, b, h * hs, T, hs, scale, q, kT)         # q pre-scaled: s_ij = q_i . k_j
+        _head(qkv, b, C + h * hs, T, hs, one, k, kT)
+        _head(qkv, b, 2 * C + h * hs, T, hs, one, v, vT)
+        p, yi = np.empty(T, qkv.dtype), np.empty(hs, qkv.dtype)
+        for i in range(T):
+            n = i + 1                                      # keys 0..i: the masked half is never used
+            nv = min(T, (i + _VEC) // _VEC * _VEC)         # ... and computed only up to a full vector loop
+            p[:nv] = 0.0
+            for d in range(hs):                            # s_ij = q_i . k_j, as an axpy over j
+                qd = q[i, d]
+                for j in range(nv):
+                    p[j] = _fma(qd, kT[d, j], p[j])
+            m = p[0]
+            for j in range(1, n):
+                m = max(m, p[j])
+            for j in range(n):
+                p[j] = _exp(p[j] - m)
+            l = _sum8(p, n)
+            lse[b, h, i] = m + math.log(l)
+            yi[:] = 0.0
+            for j in range(n):                             # y_i = sum_j p_ij v_j / l
+                pj = p[j]
+                for d in range(hs):
+                    yi[d] = _fma(pj, v[j, d], yi[d])
+            for d in range(hs):
+                y[b, i, h * hs + d] = yi[d] / l
+
+
+@njit(parallel=True, **_JIT)
+def attention_bwd(qkv, y, dy, lse, nh, dqkv):              # dy, y (B, T, C) -> dqkv (B, T, 3C), written
+    B, T, C3 = qkv.shape
+    C = C3 // 3
+    hs = C // nh
+    one, scale = qkv.dtype.type(1.0), qkv.dtype.type(1.0 / math.sqrt(hs))
+    for bh in prange(B * nh):
+        b, h = bh // nh, bh % nh
+        q, k, v, g = (np.empty((T, hs), qkv.dtype), np.empty((T, hs), qkv.dtype),
+                      np.empty((T, hs), qkv.dtype), np.empty((T, hs), qkv.dtype))
+        kT, vT = np.empty((hs, T), qkv.dtype), np.empty((hs, T), qkv.dtype)
+        _head(qkv, b, h * hs, T, hs, scale, q, kT)
+        _head(qkv, b, C + h * hs, T, hs, one, k, kT)
+        _head(qkv, b, 2 * C + h * hs, T, hs, one, v, vT)
+        dk, dv = np.zeros((T, hs), qkv.dtype), np.zeros((T, hs), qkv.dtype)
+        p, dp, dqi = np.empty(T, qkv.dtype), np.empty(T, qkv.dtype), np.empty(hs, qkv.dtype)
+        for i in range(T):
+            n = i + 1
+            Di = 0.0                                       # sum_j p_ij dp_ij = dy_i . y_i
+            for d in range(hs):
+                g[i, d] = dy[b, i, h * hs + d]
+                Di += g[i, d] * y[b, i, h * hs + d]
+            nv = min(T, (i + _VEC) // _VEC * _VEC)
+            p[:nv] = 0.0
+            dp[:nv] = 0.0
+            for d in range(hs):
+                qd, gd = q[i, d], g[i, d]
+                for j in range(nv):
+                    p[j] = _fma(qd, kT[d, j], p[j])        # recompute s_ij
+                    dp[j] = _fma(gd, vT[d, j], dp[j])      # fwd: y_i = sum_j p_ij v_j -> dp_ij = dy_i . v_j
+            li = lse[b, h, i]
+            for j in range(n):                             # p_ij = exp(s_ij - lse_i)
+                p[j] = _exp(p[j] - li)
+                dp[j] = p[j] * (dp[j] - Di)                # fwd: p = softmax(s) -> ds = p (dp - D)
+            dqi[:] = 0.0
+            for j in range(n):
+                dsj, pj = dp[j], p[j]
+                for d in range(hs):
+                    dqi[d] = _fma(dsj, k[j, d], dqi[d])    # fwd: s_ij = scale q_i . k_j -> dq_i = scale sum_j ds_ij k_j
+                    dk[j, d] = _fma(dsj, q[i, d], dk[j, d])   #                             dk_j = sum_i ds_ij (scale q_i)
+                    dv[j, d] = _fma(pj, g[i, d], dv[j, d])    # dv_j = sum_i p_ij dy_i
+            for d in range(hs):
+                dqkv[b, i, h * hs + d] = scale * dqi[d]
+        for t in range(T):
+            for d in range(hs):
+                dqkv[b, t, C + h * hs + d] = dk[t, d]
+                dqkv[b, t, 2 * C + h * hs + d] = dv[t, d]
+
+
+# ----------------------------------------------------------------------------
+# softmax cross-entropy: forward keeps the row log-sum-exp, backward writes (softmax - onehot) * scale
+
+@njit(parallel=True, **_JIT)
+def xent_fwd(logits, targets, lse, nt):                        # logits (N, V), targets (N,) -> lse (N,); returns sum of losses
+    N, V = logits.shape
+    nt = min(nt, N)
+    part = np.zeros(nt)
+    for t in prange(nt):
+        lo, hi = _span(t, nt, N)
+        e = np.empty(V, logits.dtype)
+        for i in range(lo, hi):
+            m = logits[i, 0]
+            for j in range(1, V):
+                m = max(m, logits[i, j])
+            for j in range(V):
+                e[j] = _exp(logits[i, j] - m)
+            lse[i] = m + math.log(_sum8(e, V))
+            part[t] += lse[i] - logits[i, targets[i]]
+    return part.sum()
+
+
+@njit(parallel=True, **_JIT)
+def xent_bwd(logits, targets, lse, scale, dlogits):        # dlogits (N, V) = (softmax - onehot) * scale
+    N, V = logits.shape
+    scale = logits.dtype.type(scale)
+    for i in prange(N):
+        li = lse[i]
+        for j in range(V):
+            dlogits[i, j] = _exp(logits[i, j] - li) * scale
+        dlogits[i, targets[i]] -= scale
+
+
+# ----------------------------------------------------------------------------
+# embedding scatter-add and AdamW
+
+@njit(**_JIT)
+def scatter_add(g, idx, dout):                            # g[idx[n]] += dout[n]: g (V, C), idx (N,), dout (N, C)
+    for n in range(idx.size):                               # serial: repeated ids must add up, in order
+        r = idx[n]
+        for j in range(g.shape[1]):
+            g[r, j] += dout[n, j]
+
+
+@njit(parallel=True, **_JIT)
+def adamw(p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2, nt):     # all flat (n,), updated in place
+    n = p.size
+    nt = min(nt, max(1, n // 16384))
+    f = p.dtype.type                                       # coefficients in p's dtype: float32 math for float32
+    a, rb, decay = f(lr / bc1), f(1.0 / math.sqrt(bc2)), f(1.0 - lr * wd)
+    b1, c1, b2, c2, eps = f(b1), f(1.0 - b1), f(b2), f(1.0 - b2), f(eps)
+    for t in prange(nt):
+        lo, hi = _span(t, nt, n)
+        ps, gs, ms, vs = p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi]
+        for i in range(hi - lo):
+            gi = gs[i]
+            ms[i] = b1 * ms[i] + c1 * gi                   # m = b1 m + (1 - b1) g
+            vs[i] = b2 * vs[i] + c2 * (gi * gi)            # v = b2 v + (1 - b2) g^2
+            ps[i] = ps[i] * decay - a * ms[i] / (math.sqrt(vs[i]) * rb + eps)   # decoupled decay, then Adam

@@ -1,0 +1,276 @@
+"""Fused kernels for everything in a training step that is not a matmul, behind one switch.
+
+Each operation has a plain NumPy reference here (the executable specification; tests/test_fused.py compares
+the numba kernels of minigpt/_fused_numba.py with it in float64 and float32) and a dispatcher that the layers
+call. The numba kernels run for float32 and float64 alike, so the finite-difference tests check the code that
+trains. MINIGPT_FUSED=0 (or set_enabled(False)) selects the references; the default is the kernels whenever
+numba imports. Not here: matmuls (kernels.py), the Module bookkeeping (layers.py).
+"""
+import math
+import os
+
+import numpy as np
+
+from . import kernels as K
+
+_enabled = os.environ.get("MINIGPT_FUSED", "1") != "0"
+_nb = None               # the _fused_numba module once loaded, False if numba is missing
+_threads = None          # numba threads last set (kept equal to the matmul backend's threads)
+
+
+def set_enabled(on=True):
+    """Use the numba kernels (True) or the NumPy references (False); returns the previous setting."""
+    global _enabled
+    old, _enabled = _enabled, bool(on)
+    return old
+
+
+def enabled():
+    return _enabled and _kernels() is not None
+
+
+def _kernels():
+    global _nb
+    if _nb is None:
+        try:
+            from . import _fused_numba
+            _nb = _fused_numba
+        except ImportError:                                # numba missing: the references run
+            _nb = False
+    return _nb or None
+
+
+def _use(x):
+    """The numba kernel runs for a float32/float64 array when the fused path is on."""
+    global _threads
+    if not (_enabled and x.dtype in (np.float32, np.float64) and _kernels() is not None):
+        return False
+    n = K._threads or K._cpus()
+    if n != _threads:                                      # one thread count for every pool
+        _threads = n
+        _nb.numba.set_num_threads(min(n, _nb.numba.config.NUMBA_NUM_THREADS))
+    return True
+
+
+def _c(a):
+    return np.ascontiguousarray(a)
+
+
+FLASH = os.environ.get("MINIGPT_ATTENTION", "bmm") == "flash"
+
+
+def flash_attention(qkv):
+    """Attention layers take the fused numba path for qkv (else: matmuls on the backend + fused softmax)."""
+    return FLASH and _use(qkv)
+
+
+# ----------------------------------------------------------------------------
+# LayerNorm over the last axis: forward keeps mean and rstd (N,), backward recomputes xhat
+
+def layernorm_ref(x, w, b, eps):                           # x (N, C) -> y (N, C), mean, rstd (N,)
+    mean = x.mean(-1)
+    xc = x - mean[:, None]
+    rstd = 1.0 / np.sqrt((xc * xc).mean(-1) + eps)
+    return xc * rstd[:, None] * w + b, mean, rstd
+
+
+def layernorm_backward_ref(dy, x, w, mean, rstd, dw, db):  # dy (N, C) -> dx (N, C); dw, db (C,) +=
+    xhat = (x - mean[:, None]) * rstd[:, None]             # recomputed, not stored
+    dw += (dy * xhat).sum(0)                               # fwd: y = xhat * w + b
+    db += dy.sum(0)
+    dxhat = dy * w
+    # fwd: xhat = (x - mean) * rstd  ->  dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
+    return rstd[:, None] * (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True))
+
+
+def layernorm(x, w, b, eps):
+    if not _use(x):
+        return layernorm_ref(x, w, b, eps)
+    N = x.shape[0]
+    y, mean, rstd = np.empty_like(x), np.empty(N, x.dtype), np.empty(N, x.dtype)
+    _nb.layernorm_fwd(_c(x), w, b, eps, y, mean, rstd, _threads)
+    return y, mean, rstd
+
+
+def layernorm_backward(dy, x, w, mean, rstd, dw, db):
+    if not _use(x):
+        return layernorm_backward_ref(dy, x, w, mean, rstd, dw, db)
+    dx = np.empty_like(x)
+    _nb.layernorm_bwd(_c(dy), _c(x), w, mean, rstd, dx, dw, db, _threads)
+    return dx
+
+
+# ----------------------------------------------------------------------------
+# GELU, tanh form: y = 0.5 x (1 + tanh(c (x + 0.044715 x^3))), as GPT-2
+
+GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def gelu_ref(x):
+    return 0.5 * x * (1.0 + np.tanh(GELU_C * (x + 0.044715 * x * x * x)))
+
+
+def gelu_grad_ref(x):
+    t = np.tanh(GELU_C * (x + 0.044715 * x * x * x))
+    # dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2)
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_C * (1.0 + 3 * 0.044715 * x * x)
+
+
+def gelu(x):
+    """x -> (y, dy/dx): the forward also makes the derivative (they share the exp), so backward is dy * dydx."""
+    if not _use(x):
+        return gelu_ref(x), gelu_grad_ref(x)
+    x = _c(x)
+    y, dydx = np.empty_like(x), np.empty_like(x)
+    _nb.gelu_fwd(x.reshape(-1), y.reshape(-1), dydx.reshape(-1), _threads)
+    return y, dydx
+
+
+# ----------------------------------------------------------------------------
+# causal softmax of scaled scores (L, T, Tk): query i sits at position start+i and sees keys 0..start+i
+
+def causal_softmax_ref(s, scale, start):
+    T, Tk = s.shape[-2:]
+    att = s * scale
+    att[:, np.triu(np.ones((T, Tk), bool), k=start + 1)] = -np.inf    # -inf, never a finite -1e4
+    att -= att.max(-1, keepdims=True)                      # max-subtracted: exp never overflows
+    np.exp(att, out=att)
+    att /= att.sum(-1, keepdims=True)
+    return att
+
+
+def causal_softmax_backward_ref(att, datt, scale):
+    # fwd: att = softmax(scale * s) -> ds = scale * att * (datt - sum_j datt * att); masked entries have att = 0
+    return scale * att * (datt - (datt * att).sum(-1, keepdims=True))
+
+
+def causal_softmax(s, scale, start=0, out=None):
+    """out= may be s itself (in place)."""
+    if not _use(s):
+        att = causal_softmax_ref(s, scale, start)
+    else:
+        att = np.empty_like(s) if out is None else out
+        _nb.causal_softmax_fwd(_c(s), scale, start, att)
+    if out is not None and att is not out:
+        out[...] = att
+    return out if out is not None else att
+
+
+def causal_softmax_backward(att, datt, scale, start=0, out=None):
+    """out= may be datt itself (in place)."""
+    if not _use(att):
+        ds = causal_softmax_backward_ref(att, datt, scale)
+    else:
+        ds = np.empty_like(att) if out is None else out
+        _nb.causal_softmax_bwd(att, _c(datt), scale, start, ds)
+    if out is not None and ds is not out:
+        out[...] = ds
+    return out if out is not None else ds
+
+
+# ----------------------------------------------------------------------------
+# fused causal attention from the c_attn output: qkv (B, T, 3C) -> y (B, T, C), heads side by side.
+# Forward keeps only the row log-sum-exp lse (B, nh, T); backward recomputes the probabilities from it.
+
+def _heads(a, B, T, nh):                                   # (B, T, nh*hs) -> (B, nh, T, hs)
+    return a.reshape(B, T, nh, -1).transpose(0, 2, 1, 3)
+
+
+def attention_ref(qkv, nh):
+    B, T, C3 = qkv.shape
+    q, k, v = (_heads(a, B, T, nh) for a in np.split(qkv, 3, axis=-1))   # each (B, nh, T, hs)
+    s = q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1])    # (B, nh, T, T)
+    s[..., np.triu(np.ones((T, T), bool), k=1)] = -np.inf
+    lse = np.log(np.exp(s - s.max(-1, keepdims=True)).sum(-1)) + s.max(-1)   # (B, nh, T)
+    y = np.exp(s - lse[..., None]) @ v                     # (B, nh, T, hs)
+    return y.transpose(0, 2, 1, 3).reshape(B, T, C3 // 3), lse
+
+
+def attention_backward_ref(qkv, y, dy, lse, nh):
+    B, T, C3 = qkv.shape
+    q, k, v = (_heads(a, B, T, nh) for a in np.split(qkv, 3, axis=-1))
+    dy4, y4 = _heads(dy, B, T, nh), _heads(y, B, T, nh)    # (B, nh, T, hs)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    s = q @ k.swapaxes(-1, -2) * scale
+    s[..., np.triu(np.ones((T, T), bool), k=1)] = -np.inf
+    p = np.exp(s - lse[..., None])                         # recomputed probabilities (B, nh, T, T)
+    dv = p.swapaxes(-1, -2) @ dy4                          # fwd: y = p v -> dv = p^T dy, dp = dy v^T
+    dp = dy4 @ v.swapaxes(-1, -2)
+    ds = p * (dp - (dy4 * y4).sum(-1, keepdims=True)) * scale   # sum_j p dp = dy . y
+    dq, dk = ds @ k, ds.swapaxes(-1, -2) @ q
+    return np.concatenate([a.transpose(0, 2, 1, 3).reshape(B, T, -1) for a in (dq, dk, dv)], axis=-1)
+
+
+def attention(qkv, nh):
+    if not _use(qkv):
+        return attention_ref(qkv, nh)
+    B, T, C3 = qkv.shape
+    y, lse = np.empty((B, T, C3 // 3), qkv.dtype), np.empty((B, nh, T), qkv.dtype)
+    _nb.attention_fwd(_c(qkv), nh, y, lse)
+    return y, lse
+
+
+def attention_backward(qkv, y, dy, lse, nh):
+    if not _use(qkv):
+        return attention_backward_ref(qkv, y, dy, lse, nh)
+    dqkv = np.empty_like(qkv)
+    _nb.attention_bwd(_c(qkv), _c(y), _c(dy), lse, nh, dqkv)
+    return dqkv
+
+
+# ----------------------------------------------------------------------------
+# softmax cross-entropy: loss = mean_n (lse_n - logits[n, t_n]); backward (softmax - onehot) * scale
+
+def cross_entropy_ref(logits, t):                          # logits (N, V), t (N,) -> loss, lse (N,)
+    m = logits.max(-1)
+    lse = m + np.log(np.exp(logits - m[:, None]).sum(-1))  # log-sum-exp, never log(softmax)
+    return float(np.mean(lse - logits[np.arange(t.size), t])), lse
+
+
+def cross_entropy_backward_ref(logits, t, lse, scale):
+    d = np.exp(logits - lse[:, None])                      # softmax
+    d[np.arange(t.size), t] -= 1.0
+    return d * scale
+
+
+def cross_entropy(logits, t):
+    if not _use(logits):
+        return cross_entropy_ref(logits, t)
+    lse = np.empty(logits.shape[0], logits.dtype)
+    total = _nb.xent_fwd(_c(logits), t.astype(np.int64, copy=False), lse, _threads)
+    return total / max(1, t.size), lse
+
+
+def cross_entropy_backward(logits, t, lse, scale):
+    if not _use(logits):
+        return cross_entropy_backward_ref(logits, t, lse, scale)
+    d = np.empty_like(logits)
+    _nb.xent_bwd(_c(logits), t.astype(np.int64, copy=False), lse, scale, d)
+    return d
+
+
+# ----------------------------------------------------------------------------
+# embedding scatter-add and AdamW
+
+def scatter_add(g, idx, dout):
+    """g[idx[n]] += dout[n] for every n, repeated ids summed: g (V, C), idx (N,), dout (N, C)."""
+    if not _use(g):
+        np.add.at(g, idx, dout)
+        return
+    _nb.scatter_add(g, idx.astype(np.int64, copy=False), _c(dout))
+
+
+def adamw_ref(p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2):
+    """One in-place AdamW update (torch.optim.AdamW): decoupled decay, bias-corrected moments."""
+    p *= 1.0 - lr * wd                                     # p -= lr * wd * p
+    m *= b1
+    m += (1.0 - b1) * g                                    # m = b1 m + (1 - b1) g
+    v *= b2
+    v += (1.0 - b2) * (g * g)                              # v = b2 v + (1 - b2) g^2
+    p -= (lr / bc1) * m / (np.sqrt(v) / math.sqrt(bc2) + eps)   # p -= lr m_hat / (sqrt(v_hat) + eps)
+
+
+def adamw(p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2):
+    if not (_use(p) and p.flags.c_contiguous and g.flags.c_contiguous):
+        return adamw_ref(p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2)
+    _nb.adamw(p.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1), lr, b1, b2, eps, wd, bc1, bc2, _threads)
