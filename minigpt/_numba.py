@@ -3,9 +3,9 @@
 The only file that imports numba (kernels.py imports this module lazily). One compiled entry point serves
 both matmul (L=1) and bmm, with ta/tb/beta as run-time arguments, so the test suite compiles it once
 (cache=True keeps it across runs). Work is split into tasks (batch item x row block x column block) run
-with prange; each task packs op(B) into a contiguous (KC, nb) panel and op(A) into (KC, 8) slivers, then
-an 8-row tile loops over a contiguous run of columns so LLVM emits wide vector code. Not BLAS-fast: the
-tile lives in L1, not in registers (numba has no vector type); see reports/kernels.md.
+with prange; each task packs op(B) into a contiguous (KC, nb) panel and op(A) into (KC, 4) slivers, then
+a 4-row tile on the stack loops over a contiguous run of columns so LLVM emits wide vector code. Not
+BLAS-fast: the tile lives in L1, not in registers (numba has no vector type); see reports/kernels.md.
 """
 import os
 import sys
@@ -45,9 +45,9 @@ except ImportError as e:                   # reported by backend(), so "auto" ca
     numba = None
     _IMPORT_ERROR = e
 
-MR = 8        # rows per tile (the tile's 8 rows are 8 separate contiguous row buffers)
+MR = 4        # rows per tile (4 rows of C, each a contiguous run of columns)
 KC = 256      # depth of a packed block: a (KC, nb) op(B) panel stays in L2
-NB = 256      # at most this many columns per task: the (8, nb) tile stays in L1
+NB = 256      # at most this many columns per task: the (4, nb) stack tile (4 KB) stays in L1
 
 if numba is not None:
     @intrinsic
@@ -58,6 +58,17 @@ if numba is not None:
             fn = builder.module.declare_intrinsic("llvm.fma", [f32], ir.FunctionType(f32, [f32, f32, f32]))
             return builder.call(fn, args)
         return types.float32(types.float32, types.float32, types.float32), codegen
+
+    @intrinsic
+    def _stack_tile(typingctx):
+        """Pointer to MR*NB float32 on the stack. LLVM knows an alloca aliases no argument, so the tile loop
+        needs no run-time overlap checks (with heap arrays it checks every row pair before each j loop)."""
+        def codegen(context, builder, sig, args):
+            with builder.goto_entry_block():
+                p = builder.alloca(ir.ArrayType(ir.FloatType(), MR * NB))
+                p.align = 64
+            return builder.bitcast(p, ir.FloatType().as_pointer())
+        return types.CPointer(types.float32)(), codegen
 
     # ------------------------------------------------------------------------
     # packing: the transposes of ta/tb happen here, on the way into contiguous buffers. Loops index views
@@ -80,7 +91,7 @@ if numba is not None:
                     dst[j] = src[j]
 
     @njit(cache=True, fastmath=False)
-    def _pack_a(Av, ta, Ap):                    # Av = op(A) sliver as stored, (mr, kc) or (kc, mr) if ta -> Ap (kc, 8)
+    def _pack_a(Av, ta, Ap):                    # Av = op(A) sliver as stored, (mr, kc) or (kc, mr) if ta -> Ap (kc, 4)
         kc, mr = Av.shape if ta else Av.shape[::-1]
         for k in range(kc):
             dst = Ap[k]
@@ -88,47 +99,47 @@ if numba is not None:
                 dst[r] = 0.0 if r >= mr else (Av[k, r] if ta else Av[r, k])
 
     # ------------------------------------------------------------------------
-    # the tile: C[i0:i0+8, n0:n0+nw] += Ap^T @ Bk, accumulated straight into the rows of C (rows past mr go
-    # to the scratch rows `pad`). The j loop is innermost and contiguous, so it is vectorised; two k steps
-    # per pass halve the loads/stores of C (the bottleneck), and each C element still gets its products
-    # added one at a time in k order: fma(a1, b1, fma(a0, b0, c)).
+    # the tile: C[i0:i0+mr, n0:n0+nw] = Ap^T @ Bk + beta*C, summed in a (4, nw) tile on the stack and then
+    # stored. The j loop is innermost and contiguous, so it is vectorised; the tile is in L1, not in
+    # registers, so each pass does 4 k steps to load/store it a quarter as often. Each element still gets
+    # its products added one at a time in k order: fma(a3, b3, fma(a2, b2, fma(a1, b1, fma(a0, b0, c)))).
 
     @njit(cache=True, fastmath=False)
-    def _tile(Ap, Bk, kc, Cl, i0, mr, n0, nw, pad):       # Cl = C[l] (M, N), Ap (kc, 8), Bk (kc, >= nw)
-        c0 = Cl[i0, n0:n0 + nw]
-        c1 = Cl[i0 + 1, n0:n0 + nw] if mr > 1 else pad[1, :nw]
-        c2 = Cl[i0 + 2, n0:n0 + nw] if mr > 2 else pad[2, :nw]
-        c3 = Cl[i0 + 3, n0:n0 + nw] if mr > 3 else pad[3, :nw]
-        c4 = Cl[i0 + 4, n0:n0 + nw] if mr > 4 else pad[4, :nw]
-        c5 = Cl[i0 + 5, n0:n0 + nw] if mr > 5 else pad[5, :nw]
-        c6 = Cl[i0 + 6, n0:n0 + nw] if mr > 6 else pad[6, :nw]
-        c7 = Cl[i0 + 7, n0:n0 + nw] if mr > 7 else pad[7, :nw]
+    def _tile(Ap, Bk, kc, Cl, i0, mr, n0, nw, beta):      # Cl = C[l] (M, N), Ap (kc, 4), Bk (kc, >= nw)
+        t = numba.carray(_stack_tile(), (MR, NB))
+        c0, c1, c2, c3 = t[0], t[1], t[2], t[3]
+        for j in range(nw):
+            c0[j] = 0.0; c1[j] = 0.0; c2[j] = 0.0; c3[j] = 0.0
         k = 0
-        while k + 1 < kc:                                     # scalars first: the j loop then reads only b, d, c
-            a0, a1, a2, a3, a4, a5, a6, a7 = Ap[k, 0], Ap[k, 1], Ap[k, 2], Ap[k, 3], Ap[k, 4], Ap[k, 5], Ap[k, 6], Ap[k, 7]
-            e0, e1, e2, e3, e4, e5, e6, e7 = (Ap[k + 1, 0], Ap[k + 1, 1], Ap[k + 1, 2], Ap[k + 1, 3],
-                                              Ap[k + 1, 4], Ap[k + 1, 5], Ap[k + 1, 6], Ap[k + 1, 7])
-            b, d = Bk[k], Bk[k + 1]
+        while k + 3 < kc:                                     # scalars first: the j loop then reads only B and t
+            a0, a1, a2, a3 = Ap[k, 0], Ap[k, 1], Ap[k, 2], Ap[k, 3]
+            e0, e1, e2, e3 = Ap[k + 1, 0], Ap[k + 1, 1], Ap[k + 1, 2], Ap[k + 1, 3]
+            f0, f1, f2, f3 = Ap[k + 2, 0], Ap[k + 2, 1], Ap[k + 2, 2], Ap[k + 2, 3]
+            g0, g1, g2, g3 = Ap[k + 3, 0], Ap[k + 3, 1], Ap[k + 3, 2], Ap[k + 3, 3]
+            b0, b1, b2, b3 = Bk[k], Bk[k + 1], Bk[k + 2], Bk[k + 3]
             for j in range(nw):
-                bj, dj = b[j], d[j]
-                c0[j] = _fma(e0, dj, _fma(a0, bj, c0[j]))
-                c1[j] = _fma(e1, dj, _fma(a1, bj, c1[j]))
-                c2[j] = _fma(e2, dj, _fma(a2, bj, c2[j]))
-                c3[j] = _fma(e3, dj, _fma(a3, bj, c3[j]))
-                c4[j] = _fma(e4, dj, _fma(a4, bj, c4[j]))
-                c5[j] = _fma(e5, dj, _fma(a5, bj, c5[j]))
-                c6[j] = _fma(e6, dj, _fma(a6, bj, c6[j]))
-                c7[j] = _fma(e7, dj, _fma(a7, bj, c7[j]))
-            k += 2
-        if k < kc:                                            # odd kc: the last k step
-            a0, a1, a2, a3, a4, a5, a6, a7 = Ap[k, 0], Ap[k, 1], Ap[k, 2], Ap[k, 3], Ap[k, 4], Ap[k, 5], Ap[k, 6], Ap[k, 7]
-            b = Bk[k]
+                x0, x1, x2, x3 = b0[j], b1[j], b2[j], b3[j]
+                c0[j] = _fma(g0, x3, _fma(f0, x2, _fma(e0, x1, _fma(a0, x0, c0[j]))))
+                c1[j] = _fma(g1, x3, _fma(f1, x2, _fma(e1, x1, _fma(a1, x0, c1[j]))))
+                c2[j] = _fma(g2, x3, _fma(f2, x2, _fma(e2, x1, _fma(a2, x0, c2[j]))))
+                c3[j] = _fma(g3, x3, _fma(f3, x2, _fma(e3, x1, _fma(a3, x0, c3[j]))))
+            k += 4
+        while k < kc:                                         # kc % 4 tail, one k step at a time
+            a0, a1, a2, a3 = Ap[k, 0], Ap[k, 1], Ap[k, 2], Ap[k, 3]
+            b0 = Bk[k]
             for j in range(nw):
-                bj = b[j]
-                c0[j] = _fma(a0, bj, c0[j]); c1[j] = _fma(a1, bj, c1[j])
-                c2[j] = _fma(a2, bj, c2[j]); c3[j] = _fma(a3, bj, c3[j])
-                c4[j] = _fma(a4, bj, c4[j]); c5[j] = _fma(a5, bj, c5[j])
-                c6[j] = _fma(a6, bj, c6[j]); c7[j] = _fma(a7, bj, c7[j])
+                x0 = b0[j]
+                c0[j] = _fma(a0, x0, c0[j]); c1[j] = _fma(a1, x0, c1[j])
+                c2[j] = _fma(a2, x0, c2[j]); c3[j] = _fma(a3, x0, c3[j])
+            k += 1
+        for r in range(mr):
+            dst, src = Cl[i0 + r, n0:n0 + nw], t[r]
+            if beta == 0.0:                                   # beta = 0 never reads C (it may hold NaN)
+                for j in range(nw):
+                    dst[j] = src[j]
+            else:
+                for j in range(nw):
+                    dst[j] = src[j] + beta * dst[j]
 
     # ------------------------------------------------------------------------
     # tasks first, first+step, ... of the grid L x ceil(M/mb) x ceil(N/nb); task = C[l, m0:m1, n0:n1]
@@ -140,13 +151,12 @@ if numba is not None:
         tm, tn = (M + mb - 1) // mb, (N + nb - 1) // nb
         Ap = np.empty((KC, MR), np.float32)                   # one set of buffers per thread, none shared
         Bp = np.empty((KC, nb), np.float32)
-        pad = np.zeros((MR, nb), np.float32)                  # zeros: garbage could be slow subnormals
         for t in range(first, L * tm * tn, step):
             l, m0, n0 = t // (tm * tn), (t // tn) % tm * mb, t % tn * nb
             m1, n1 = min(M, m0 + mb), min(N, n0 + nb)
-            _scale(C[l, m0:m1, n0:n1], beta)                  # C = beta*C, then C += products
-            for k0 in range(0, K, KC):
+            for k0 in range(0, max(K, 1), KC):
                 kc = min(KC, K - k0)
+                bk = beta if k0 == 0 else np.float32(1.0)    # later k blocks add to the first one's sum
                 if tb or n1 - n0 < N:
                     _pack_b(B[l, n0:n1, k0:k0 + kc] if tb else B[l, k0:k0 + kc, n0:n1], tb, Bp)
                     Bk = Bp
@@ -155,16 +165,7 @@ if numba is not None:
                 for i0 in range(m0, m1, MR):
                     mr = min(MR, m1 - i0)
                     _pack_a(A[l, k0:k0 + kc, i0:i0 + mr] if ta else A[l, i0:i0 + mr, k0:k0 + kc], ta, Ap)
-                    _tile(Ap, Bk, kc, C[l], i0, mr, n0, n1 - n0, pad)
-
-    @njit(cache=True, fastmath=False)
-    def _scale(Cv, beta):                                     # Cv (rows, nw) *= beta; beta = 0 never reads Cv (NaN)
-        if beta == 1.0:
-            return
-        for r in range(Cv.shape[0]):
-            row = Cv[r]
-            for j in range(row.shape[0]):
-                row[j] = 0.0 if beta == 0.0 else beta * row[j]
+                    _tile(Ap, Bk, kc, C[l], i0, mr, n0, n1 - n0, bk)
 
     @njit(cache=True, fastmath=False, parallel=True)
     def _gemm(A, B, C, ta, tb, beta, mb, nb, nchunk):

@@ -215,7 +215,7 @@ def step_shapes(batch, block, n_embd, n_head, vocab, n_layer):
                   ("lm_head dW dl^T@x", 1, vocab, C, R, True, False, 1)]
 
 
-def time_product(L, M, N, K, ta, tb, min_time=0.2, warmup=2, rng=None):
+def time_product(L, M, N, K, ta, tb, min_time=0.2, warmup=2, min_calls=5, rng=None):
     """Median seconds of one op(a) @ op(b) on the current backend (after warm-up), into a preallocated out."""
     import time
     rng = rng or np.random.default_rng(0)
@@ -227,7 +227,7 @@ def time_product(L, M, N, K, ta, tb, min_time=0.2, warmup=2, rng=None):
     for _ in range(warmup):
         f(a, b, ta, tb, out)
     times, t_end = [], time.perf_counter() + min_time
-    while len(times) < 5 or (time.perf_counter() < t_end and len(times) < 200):
+    while len(times) < min_calls or (time.perf_counter() < t_end and len(times) < 200):
         t0 = time.perf_counter()
         f(a, b, ta, tb, out)
         times.append(time.perf_counter() - t0)

@@ -2,7 +2,8 @@
 
 Thin: the shapes (kernels.step_shapes) and the timer (kernels.time_product) are in the package. All backends
 run in one process with the same thread count; rounds alternate the backends so that noise from other work
-on the machine lands on all of them. Text after the NOTES marker in an existing report is kept.
+on the machine lands on all of them (numpy last, then a pause: idle OpenBLAS threads spin for a while and
+would slow whichever backend runs next). Text after the NOTES marker in an existing report is kept.
 Run:  flock /tmp/minigpt-bench.lock python scripts/bench_kernels.py --threads 2
 """
 import argparse
@@ -25,7 +26,7 @@ p.add_argument("--min_time", type=float, default=0.25, help="seconds of timed ca
 p.add_argument("--out", default="reports/kernels.md")
 args = p.parse_args()
 
-backends = K.available()                                   # numpy = OpenBLAS through np.matmul
+backends = sorted(K.available(), key=lambda b: b == "numpy")  # numpy (= OpenBLAS via np.matmul) last in a round
 peak = ""
 if "native" in backends:
     from minigpt import _native
@@ -36,7 +37,8 @@ lines = [f"# Kernel benchmark: GFLOP/s per matmul shape of one training step", "
          f"--rounds {args.rounds} --min_time {args.min_time}` on {platform.processor() or platform.machine()}, "
          f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}. Threads: {args.threads} for every backend. "
          f"fp32 FMA peak (register-only loop, native threads): {peak or 'n/a'}.",
-         "Each entry: median over rounds of the median call time after 2 warm-up calls; GFLOP/s = 2·L·M·N·K / t.", ""]
+         "Each entry: median over rounds of the median call time (after warm-up calls; at least 5 calls, 3 for "
+         "products over 1 GFLOP); GFLOP/s = 2·L·M·N·K / t.", ""]
 for cfg in args.configs.split(","):
     shapes = K.step_shapes(**CONFIGS[cfg])
     t = {b: [] for b in backends}
@@ -45,7 +47,10 @@ for cfg in args.configs.split(","):
         for _ in range(args.rounds):
             for b in backends:
                 K.set_backend(b, threads=args.threads, verbose=False)
-                runs[b].append(K.time_product(L, M, N, Kd, ta, tb, args.min_time))
+                big = L * M * N * Kd > 5e8                         # config M: a few calls of ~0.1 s each suffice
+                runs[b].append(K.time_product(L, M, N, Kd, ta, tb, args.min_time, 1 if big else 2, 3 if big else 5))
+                if b == "numpy":
+                    time.sleep(0.3)        # OpenBLAS workers spin ~0.1 s after a call: let them sleep first
         for b in backends:
             t[b].append(float(np.median(runs[b])))
         print(cfg, name, " ".join(f"{b} {2e-9 * L * M * N * Kd / t[b][-1]:.1f}" for b in backends), flush=True)
