@@ -7,6 +7,7 @@ with prange; each task packs op(B) into a contiguous (KC, nb) panel and op(A) in
 a 4-row tile on the stack loops over a contiguous run of columns so LLVM emits wide vector code. Not
 BLAS-fast: the tile lives in L1, not in registers (numba has no vector type); see reports/kernels.md.
 """
+import math
 import os
 import sys
 
@@ -200,7 +201,7 @@ class NumbaBackend:
             out = np.empty((*lead, M, N), np.float32)
         elif np.may_share_memory(out, a) or np.may_share_memory(out, b):
             raise ValueError("numba: out= must not overlap the inputs")
-        L = int(np.prod(lead))
+        L = math.prod(lead)
         if L and M and N:
             nt = numba.get_num_threads()
             mb, nb = _blocks(L, M, N, nt)
