@@ -109,6 +109,10 @@ class NativeBackend:
     def set_threads(self, n):
         self.lib.mgk_set_num_threads(max(1, int(n)))
 
+    def peak_gflops(self, iters=20_000_000):
+        """fp32 FMA throughput of a register-only loop on the native threads (for reports)."""
+        return self.lib.mgk_peak_gflops(iters)
+
 
 def _out(out, shape, acc, a, b):
     check_f32(a, b, out, backend="native")
@@ -127,7 +131,3 @@ def backend():
                                  "scalar fallback would be slower than numpy. Fix: MINIGPT_BACKEND=numba or numpy")
     return NativeBackend(lib)
 
-
-def peak_gflops(iters=20_000_000):
-    """fp32 FMA throughput of a register-only loop on the native threads (for reports)."""
-    return backend().lib.mgk_peak_gflops(iters)

@@ -27,16 +27,21 @@ p.add_argument("--out", default="reports/kernels.md")
 args = p.parse_args()
 
 backends = sorted(K.available(), key=lambda b: b == "numpy")  # numpy (= OpenBLAS via np.matmul) last in a round
-peak = ""
-if "native" in backends:
-    from minigpt import _native
-    K.set_backend("native", threads=args.threads)
-    peak = f"{max(_native.peak_gflops() for _ in range(3)):.0f} GFLOP/s"
+
+
+def peak():                 # fp32 FMA peak of the threads now (register-only loop): low values flag a busy machine
+    if "native" not in backends:
+        return "n/a"
+    K.set_backend("native", threads=args.threads, verbose=False)
+    return f"{max(K._current().peak_gflops() for _ in range(3)):.0f}"
+
+
+peak_before = peak()
 lines = [f"# Kernel benchmark: GFLOP/s per matmul shape of one training step", "",
          f"`flock /tmp/minigpt-bench.lock python scripts/bench_kernels.py --threads {args.threads} "
          f"--rounds {args.rounds} --min_time {args.min_time}` on {platform.processor() or platform.machine()}, "
          f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}. Threads: {args.threads} for every backend. "
-         f"fp32 FMA peak (register-only loop, native threads): {peak or 'n/a'}.",
+         "fp32 FMA peak (register-only loop on the same threads), GFLOP/s: {PEAK}.",
          "Each entry: median over rounds of the median call time (after warm-up calls; at least 5 calls, 3 for "
          "products over 1 GFLOP); GFLOP/s = 2·L·M·N·K / t.", ""]
 for cfg in args.configs.split(","):
@@ -54,8 +59,7 @@ for cfg in args.configs.split(","):
         for b in backends:
             t[b].append(float(np.median(runs[b])))
         print(cfg, name, " ".join(f"{b} {2e-9 * L * M * N * Kd / t[b][-1]:.1f}" for b in backends), flush=True)
-    flops = np.array([2.0 * L * M * N * Kd for _, L, M, N, Kd, *_ in shapes])
-    counts = np.array([s[-1] for s in shapes])
+    flops, counts = np.array([2.0 * L * M * N * Kd for _, L, M, N, Kd, *_ in shapes]), np.array([s[-1] for s in shapes])
     gf = {b: flops / np.array(t[b]) / 1e9 for b in backends}
     lines += [f"## Config {cfg}: {CONFIGS[cfg]}", "",
               "| product | L x M x N x K | " + " | ".join(backends) + " | " +
@@ -70,6 +74,7 @@ for cfg in args.configs.split(","):
               " | ".join(f"**{geo[b] / geo['numpy']:.2f}**" for b in backends if b != "numpy") + " |",
               f"| one step's matmuls (ms, x count) | | " + " | ".join(f"{step[b]:.1f}" for b in backends) + " | " +
               " | ".join(f"{step['numpy'] / step[b]:.2f}x faster" for b in backends if b != "numpy") + " |", ""]
+lines[2] = lines[2].replace("{PEAK}", f"{peak_before} before, {peak()} after the run")
 old = open(args.out).read() if os.path.exists(args.out) else ""
 os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
 with open(args.out, "w") as f:
