@@ -9,13 +9,10 @@ fastmath stays off (STYLE §5), so a loop carrying a running sum never vectorise
 (8 float64 lanes), and wide loops are written as axpys over a contiguous last axis.
 """
 import math
-import os
-import sys
 
 import numpy as np
 
-if "numba" not in sys.modules:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")    # GNU OpenMP spin-waits by default (see _numba.py)
+from . import _numba  # noqa: F401  # first: sets numba's environment (passive OpenMP, 512-bit vectors)
 import numba                                               # noqa: E402
 from llvmlite import ir                                    # noqa: E402
 from numba import njit, prange, types                      # noqa: E402
@@ -85,9 +82,8 @@ def _gelu_impl(x):
             e = _exp32(c2 * (x + a * x * x * x))           # e^{-2u}
             s = F32(1.0) / (F32(1.0) + e)                  # s = 0.5 (1 + t)
             sm = F32(1.0) - s if e > F32(1.0) else e * s   # 1 - s = 0.5 (1 - t), accurate when s ~ 1
-            k = s * sm                                     # 0.5 (1 - t^2) = 2 s (1 - s); 0 for large |x|
-            d = s + F32(2.0) * x * k * c * (F32(1.0) + a3 * x * x) if k != F32(0.0) else s
-            return x * s, d
+            xk = x * s * sm                                # 0.5 (1 - t^2) = 2 s (1 - s), 0 for large |x|
+            return x * s, s + F32(2.0) * c * (xk + a3 * x * (x * xk))   # x * (x * xk): no inf * 0 for big x
         return gelu32
 
     def gelu64(x):
@@ -202,37 +198,37 @@ def gelu_fwd(x, y, dydx, nt):                              # x -> y, dy/dx, all 
 # causal softmax over (L, T, Tk) rows, skipping the masked (future) half; query i sees keys 0..start+i
 
 @njit(parallel=True, **_JIT)
-def causal_softmax_fwd(s, scale, start, att):                # s scores -> att probabilities, both (L, T, Tk)
-    L, T, Tk = s.shape
-    scale = s.dtype.type(scale)                            # float32 math stays float32 (and uses _exp32)
+def causal_softmax_fwd(att, scale, start):                 # scores -> probabilities, in place, (L, T, Tk)
+    L, T, Tk = att.shape                                    # in place: no aliasing check, so the loops vectorise
+    scale = att.dtype.type(scale)                          # float32 math stays float32 (and uses _exp32)
     for l in prange(L):
         for i in range(T):
-            n = start + i + 1                               # visible keys
-            m = s[l, i, 0]
+            r, n = att[l, i], start + i + 1                 # query i sees keys 0..start+i
+            m = r[0]
             for j in range(1, n):
-                m = max(m, s[l, i, j])
+                m = max(m, r[j])                            # max-subtracted: exp never overflows
             for j in range(n):
-                att[l, i, j] = _exp((s[l, i, j] - m) * scale)
-            inv = s.dtype.type(1.0 / _sum8(att[l, i], n))
+                r[j] = _exp((r[j] - m) * scale)
+            inv = att.dtype.type(1.0 / _sum8(r, n))
             for j in range(n):
-                att[l, i, j] *= inv
-            att[l, i, n:] = 0.0                             # the future gets exactly zero weight
+                r[j] *= inv
+            r[n:] = 0.0                                     # the future gets exactly zero weight
 
 
 @njit(parallel=True, **_JIT)
-def causal_softmax_bwd(att, datt, scale, start, ds):         # ds = scale * att * (datt - sum_j datt att), (L, T, Tk)
-    L, T, Tk = att.shape                                    # ds may be datt (in place)
+def causal_softmax_bwd(att, g, scale, start):              # g: d(att) -> d(scores), in place, (L, T, Tk)
+    L, T, Tk = att.shape
     scale = att.dtype.type(scale)
     for l in prange(L):
         prod = np.empty(Tk, att.dtype)
         for i in range(T):
-            n = start + i + 1
+            a, r, n = att[l, i], g[l, i], start + i + 1
             for j in range(n):
-                prod[j] = datt[l, i, j] * att[l, i, j]
-            d = att.dtype.type(_sum8(prod, n))
-            for j in range(n):
-                ds[l, i, j] = scale * att[l, i, j] * (datt[l, i, j] - d)
-            ds[l, i, n:] = 0.0
+                prod[j] = r[j] * a[j]
+            d = att.dtype.type(_sum8(prod, n))             # sum_j datt_j att_j
+            for j in range(n):                              # fwd: att = softmax(scale s) -> ds = scale att (datt - d)
+                r[j] = scale * a[j] * (r[j] - d)
+            r[n:] = 0.0
 
 
 # ----------------------------------------------------------------------------

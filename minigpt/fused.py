@@ -56,6 +56,18 @@ def _c(a):
     return np.ascontiguousarray(a)
 
 
+def _into(out, a):
+    """a written into the caller's buffer out (the reference path computes a new array first)."""
+    if out is None:
+        return a
+    out[...] = a
+    return out
+
+
+def _new(out, like, shape=None):
+    return out if out is not None else np.empty(like.shape if shape is None else shape, like.dtype)
+
+
 FLASH = os.environ.get("MINIGPT_ATTENTION", "bmm") == "flash"
 
 
@@ -83,11 +95,12 @@ def layernorm_backward_ref(dy, x, w, mean, rstd, dw, db):  # dy (N, C) -> dx (N,
     return rstd[:, None] * (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True))
 
 
-def layernorm(x, w, b, eps):
+def layernorm(x, w, b, eps, out=None):
     if not _use(x):
-        return layernorm_ref(x, w, b, eps)
+        y, mean, rstd = layernorm_ref(x, w, b, eps)
+        return _into(out, y), mean, rstd
     N = x.shape[0]
-    y, mean, rstd = np.empty_like(x), np.empty(N, x.dtype), np.empty(N, x.dtype)
+    y, mean, rstd = _new(out, x), np.empty(N, x.dtype), np.empty(N, x.dtype)
     _nb.layernorm_fwd(_c(x), w, b, eps, y, mean, rstd, _threads)
     return y, mean, rstd
 
@@ -116,12 +129,12 @@ def gelu_grad_ref(x):
     return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_C * (1.0 + 3 * 0.044715 * x * x)
 
 
-def gelu(x):
+def gelu(x, out=None, dydx=None):
     """x -> (y, dy/dx): the forward also makes the derivative (they share the exp), so backward is dy * dydx."""
     if not _use(x):
-        return gelu_ref(x), gelu_grad_ref(x)
+        return _into(out, gelu_ref(x)), _into(dydx, gelu_grad_ref(x))
     x = _c(x)
-    y, dydx = np.empty_like(x), np.empty_like(x)
+    y, dydx = _new(out, x), _new(dydx, x)
     _nb.gelu_fwd(x.reshape(-1), y.reshape(-1), dydx.reshape(-1), _threads)
     return y, dydx
 
@@ -145,27 +158,27 @@ def causal_softmax_backward_ref(att, datt, scale):
 
 
 def causal_softmax(s, scale, start=0, out=None):
-    """out= may be s itself (in place)."""
+    """Probabilities of the scores s (L, T, Tk); out= may be s itself (in place)."""
     if not _use(s):
-        att = causal_softmax_ref(s, scale, start)
-    else:
-        att = np.empty_like(s) if out is None else out
-        _nb.causal_softmax_fwd(_c(s), scale, start, att)
-    if out is not None and att is not out:
-        out[...] = att
-    return out if out is not None else att
+        return _into(out, causal_softmax_ref(s, scale, start))
+    if out is None:
+        out = s.copy()
+    elif out is not s:
+        out[...] = s
+    _nb.causal_softmax_fwd(out, scale, start)
+    return out
 
 
 def causal_softmax_backward(att, datt, scale, start=0, out=None):
-    """out= may be datt itself (in place)."""
+    """d(scores) from d(probabilities) datt; out= may be datt itself (in place)."""
     if not _use(att):
-        ds = causal_softmax_backward_ref(att, datt, scale)
-    else:
-        ds = np.empty_like(att) if out is None else out
-        _nb.causal_softmax_bwd(att, _c(datt), scale, start, ds)
-    if out is not None and ds is not out:
-        out[...] = ds
-    return out if out is not None else ds
+        return _into(out, causal_softmax_backward_ref(att, datt, scale))
+    if out is None:
+        out = datt.copy()
+    elif out is not datt:
+        out[...] = datt
+    _nb.causal_softmax_bwd(_c(att), out, scale, start)
+    return out
 
 
 # ----------------------------------------------------------------------------
@@ -201,19 +214,20 @@ def attention_backward_ref(qkv, y, dy, lse, nh):
     return np.concatenate([a.transpose(0, 2, 1, 3).reshape(B, T, -1) for a in (dq, dk, dv)], axis=-1)
 
 
-def attention(qkv, nh):
+def attention(qkv, nh, out=None):
     if not _use(qkv):
-        return attention_ref(qkv, nh)
+        y, lse = attention_ref(qkv, nh)
+        return _into(out, y), lse
     B, T, C3 = qkv.shape
-    y, lse = np.empty((B, T, C3 // 3), qkv.dtype), np.empty((B, nh, T), qkv.dtype)
+    y, lse = _new(out, qkv, (B, T, C3 // 3)), np.empty((B, nh, T), qkv.dtype)
     _nb.attention_fwd(_c(qkv), nh, y, lse)
     return y, lse
 
 
-def attention_backward(qkv, y, dy, lse, nh):
+def attention_backward(qkv, y, dy, lse, nh, out=None):
     if not _use(qkv):
-        return attention_backward_ref(qkv, y, dy, lse, nh)
-    dqkv = np.empty_like(qkv)
+        return _into(out, attention_backward_ref(qkv, y, dy, lse, nh))
+    dqkv = _new(out, qkv)
     _nb.attention_bwd(_c(qkv), _c(y), _c(dy), lse, nh, dqkv)
     return dqkv
 

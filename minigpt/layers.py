@@ -24,6 +24,7 @@ class Module:
         self.p, self.g = {}, {}
         self.cache = None
         self.training = True
+        self._bufs = {}
 
     def children(self):                        # [(name, Module)] in forward order
         return []
@@ -56,6 +57,15 @@ class Module:
     def _make_grads(self):
         self.g = {k: np.zeros_like(v) for k, v in self.p.items()}
 
+    def _buf(self, name, shape, dtype):
+        """A scratch array kept across steps: the same array while name, shape and dtype repeat (no allocation,
+        no page faults). Only for arrays used inside this module between its forward and its backward (or
+        passed as out= to a child); never for an array it returns, which the caller may keep."""
+        a = self._bufs.get(name)
+        if a is None or a.shape != tuple(shape) or a.dtype != dtype:
+            a = self._bufs[name] = np.empty(shape, dtype)
+        return a
+
     def _take_cache(self):
         if self.cache is None:
             raise RuntimeError(f"{type(self).__name__}.backward called without a forward before it "
@@ -81,21 +91,22 @@ class Linear(Module):
             self.p["bias"] = np.zeros(n_out, dtype)                    # (out,)
         self._make_grads()
 
-    def forward(self, x):                                              # x (..., in) -> (..., out)
+    def forward(self, x, out=None):                                    # x (..., in) -> (..., out)
+        """out: an (N, out) array to write y into (a parent's buffer), else y is a new array."""
         x2 = x.reshape(-1, x.shape[-1])                                # (N, in)
-        y = K.matmul(x2, self.p["weight"])                             # (N, out)
+        y = K.matmul(x2, self.p["weight"], out=out)                    # (N, out)
         if "bias" in self.p:
             y += self.p["bias"]
         self.cache = x2
         return y.reshape(*x.shape[:-1], -1)
 
-    def backward(self, dy):                                            # dy (..., out) -> dx (..., in)
+    def backward(self, dy, out=None):                                  # dy (..., out) -> dx (..., in)
         x2 = self._take_cache()
         dy2 = dy.reshape(-1, dy.shape[-1])                             # (N, out)
         K.matmul(x2, dy2, ta=True, out=self.g["weight"], acc=True)     # fwd: y = x W -> dW += x^T dy
         if "bias" in self.g:
             self.g["bias"] += dy2.sum(axis=0)                          # fwd: y += b  -> db += sum_N dy
-        dx = K.matmul(dy2, self.p["weight"], tb=True)                  # dx = dy W^T  (N, in)
+        dx = K.matmul(dy2, self.p["weight"], tb=True, out=out)         # dx = dy W^T  (N, in)
         return dx.reshape(*dy.shape[:-1], -1)
 
 
@@ -156,9 +167,10 @@ class LayerNorm(Module):
             self.p["bias"] = np.zeros(d, dtype)
         self._make_grads()
 
-    def forward(self, x):                                              # x (..., C)
+    def forward(self, x, out=None):                                    # x (..., C); out: y's buffer (a parent's)
         x2 = x.reshape(-1, x.shape[-1])                                # (N, C)
-        y, mean, rstd = F.layernorm(x2, self.p["weight"], self._bias(), self.eps)   # y (N, C); mean, rstd (N,)
+        y, mean, rstd = F.layernorm(x2, self.p["weight"], self._bias(), self.eps,
+                                    out=None if out is None else out.reshape(x2.shape))   # y (N, C); mean, rstd (N,)
         self.cache = {"x": x2, "mean": mean, "rstd": rstd}            # x is the caller's array: no copy
         return y.reshape(x.shape)
 
@@ -176,12 +188,12 @@ class LayerNorm(Module):
 class GELU(Module):
     """tanh approximation: y = 0.5 x (1 + tanh(c (x + 0.044715 x^3))), as GPT-2 (math in fused.py)."""
 
-    def forward(self, x):
-        y, self.cache = F.gelu(x)                                      # keeps dy/dx (made with y), not x
+    def forward(self, x, out=None):
+        y, self.cache = F.gelu(x, out, self._buf("dydx", x.shape, x.dtype))   # keeps dy/dx (made with y), not x
         return y
 
-    def backward(self, dy):
-        return dy * self._take_cache()                                 # fwd: y = gelu(x) -> dx = dy gelu'(x)
+    def backward(self, dy, out=None):                                  # out may be dy (in place)
+        return np.multiply(dy, self._take_cache(), out=out)            # fwd: y = gelu(x) -> dx = dy gelu'(x)
 
 
 class ReLU(Module):
@@ -236,20 +248,23 @@ class CausalSelfAttention(Module):
         """kv: None in training; at inference a (k, v, n) slot of a KVCache, whose first n positions are filled."""
         B, T, C = x.shape
         nh, hs = self.n_head, C // self.n_head
-        qkv = self.c_attn.forward(x)                                   # (B, T, 3C)
+        dt, L = x.dtype, B * nh
+        qkv = self.c_attn.forward(x, out=self._buf("qkv", (B * T, 3 * C), dt)).reshape(B, T, 3 * C)
         if kv is None and F.flash_attention(qkv) and (self.attn_dropout.p_drop == 0.0 or not self.training):
-            y, lse = F.attention(qkv, nh)                              # y (B, T, C), lse (B, nh, T): no (T, T) kept
+            y, lse = F.attention(qkv, nh, out=self._buf("y", (B, T, C), dt))   # lse (B, nh, T): no (T, T) kept
             self.cache = {"qkv": qkv, "y": y, "lse": lse}
             return self.resid_dropout.forward(self.c_proj.forward(y))
         if kv is not None:
             return self._forward_cached(qkv.reshape(B, T, 3, nh, hs).transpose(2, 0, 3, 1, 4), kv)
-        qkvh = np.ascontiguousarray(qkv.reshape(B, T, 3, nh, hs).transpose(2, 0, 3, 1, 4))   # (3, B, nh, T, hs), one copy
-        q, k, v = (a.reshape(B * nh, T, hs) for a in qkvh)            # each (L, T, hs), L = B*nh
-        att = K.bmm(q, k, tb=True)                                     # (L, T, T) scores
+        qkvh = self._buf("qkvh", (3, B, nh, T, hs), dt)              # q, k, v with heads first: one copy
+        np.copyto(qkvh, qkv.reshape(B, T, 3, nh, hs).transpose(2, 0, 3, 1, 4))
+        q, k, v = (a.reshape(L, T, hs) for a in qkvh)                 # each (L, T, hs), L = B*nh
+        att = K.bmm(q, k, tb=True, out=self._buf("att", (L, T, T), dt))   # (L, T, T) scores
         F.causal_softmax(att, 1.0 / math.sqrt(hs), out=att)            # -> probabilities, in place
         attd = self.attn_dropout.forward(att)
-        y = K.bmm(attd, v)                                             # (L, T, hs)
-        y = y.reshape(B, nh, T, hs).transpose(0, 2, 1, 3).reshape(B, T, C)   # heads side by side
+        yh = K.bmm(attd, v, out=self._buf("yh", (L, T, hs), dt))       # (L, T, hs)
+        y = self._buf("y", (B, T, C), dt)                              # heads side by side
+        np.copyto(y.reshape(B, T, nh, hs), yh.reshape(B, nh, T, hs).transpose(0, 2, 1, 3))
         self.cache = {"qkvh": qkvh, "att": att, "attd": attd}
         return self.resid_dropout.forward(self.c_proj.forward(y))
 
@@ -271,21 +286,27 @@ class CausalSelfAttention(Module):
         c = self._take_cache()
         B, T, C = dout.shape
         nh, hs = self.n_head, C // self.n_head
-        dy = self.c_proj.backward(self.resid_dropout.backward(dout))  # (B, T, C)
+        dt, L = dout.dtype, B * nh
+        dy = self.c_proj.backward(self.resid_dropout.backward(dout), out=self._buf("dy", (B * T, C), dt))
+        dqkv = self._buf("dqkv", (B, T, 3 * C), dt)
         if "lse" in c:                                                 # fused: fwd y = attention(qkv)
-            return self.c_attn.backward(F.attention_backward(c["qkv"], c["y"], dy, c["lse"], nh))   # dqkv (B, T, 3C)
-        q, k, v = (a.reshape(B * nh, T, hs) for a in c["qkvh"])       # (L, T, hs) each
+            F.attention_backward(c["qkv"], c["y"], dy.reshape(B, T, C), c["lse"], nh, out=dqkv)
+            return self.c_attn.backward(dqkv)
+        q, k, v = (a.reshape(L, T, hs) for a in c["qkvh"])            # (L, T, hs) each
         att, attd = c["att"], c["attd"]
-        dy = np.ascontiguousarray(dy.reshape(B, T, nh, hs).transpose(0, 2, 1, 3)).reshape(B * nh, T, hs)
-        dqkvh = np.empty_like(c["qkvh"])                               # (3, B, nh, T, hs): dq, dk, dv
-        dq, dk, dv = (a.reshape(B * nh, T, hs) for a in dqkvh)
-        dattd = K.bmm(dy, v, tb=True)                                  # fwd: y = attd v -> d(attd) = dy v^T
-        K.bmm(attd, dy, ta=True, out=dv)                               #                    dv = attd^T dy
+        dyh = self._buf("dyh", (B, nh, T, hs), dt)                     # heads first
+        np.copyto(dyh, dy.reshape(B, T, nh, hs).transpose(0, 2, 1, 3))
+        dyh = dyh.reshape(L, T, hs)
+        dqkvh = self._buf("dqkvh", (3, B, nh, T, hs), dt)              # dq, dk, dv
+        dq, dk, dv = (a.reshape(L, T, hs) for a in dqkvh)
+        dattd = K.bmm(dyh, v, tb=True, out=self._buf("datt", (L, T, T), dt))   # fwd: y = attd v -> d(attd) = dy v^T
+        K.bmm(attd, dyh, ta=True, out=dv)                              #                    dv = attd^T dy
         datt = self.attn_dropout.backward(dattd)                       # (L, T, T)
         ds = F.causal_softmax_backward(att, datt, 1.0 / math.sqrt(hs), out=datt)   # fwd: att = softmax(q k^T / sqrt(hs))
         K.bmm(ds, k, out=dq)                                           # fwd: s = q k^T -> dq = ds k
         K.bmm(ds, q, ta=True, out=dk)                                  #                   dk = ds^T q
-        return self.c_attn.backward(dqkvh.transpose(1, 3, 0, 2, 4).reshape(B, T, 3 * C))   # (B, T, 3C)
+        np.copyto(dqkv.reshape(B, T, 3, nh, hs), dqkvh.transpose(1, 3, 0, 2, 4))
+        return self.c_attn.backward(dqkv)                              # (B, T, 3C) -> dx (B, T, C)
 
 
 class MLP(Module):
@@ -300,10 +321,16 @@ class MLP(Module):
         return [("c_fc", self.c_fc), ("gelu", self.gelu), ("c_proj", self.c_proj), ("dropout", self.dropout)]
 
     def forward(self, x):                                              # (B, T, C) -> (B, T, C)
-        return self.dropout.forward(self.c_proj.forward(self.gelu.forward(self.c_fc.forward(x))))
+        N, dt, H = x.size // x.shape[-1], x.dtype, self.c_fc.p["weight"].shape[1]
+        h = self.c_fc.forward(x.reshape(N, -1), out=self._buf("h", (N, H), dt))   # (N, 4C), pre-activation
+        g = self.gelu.forward(h, out=self._buf("g", (N, H), dt))       # (N, 4C)
+        return self.dropout.forward(self.c_proj.forward(g).reshape(x.shape))
 
-    def backward(self, dout):
-        return self.c_fc.backward(self.gelu.backward(self.c_proj.backward(self.dropout.backward(dout))))
+    def backward(self, dout):                                          # dout (B, T, C)
+        N, dt, H = dout.size // dout.shape[-1], dout.dtype, self.c_fc.p["weight"].shape[1]
+        dg = self.c_proj.backward(self.dropout.backward(dout).reshape(N, -1), out=self._buf("dg", (N, H), dt))
+        dh = self.gelu.backward(dg, out=dg)                            # in place: d(pre-activation)
+        return self.c_fc.backward(dh).reshape(dout.shape)
 
 
 class Block(Module):
@@ -320,12 +347,19 @@ class Block(Module):
         return [("ln_1", self.ln_1), ("attn", self.attn), ("ln_2", self.ln_2), ("mlp", self.mlp)]
 
     def forward(self, x, kv=None):                                    # (B, T, C) -> (B, T, C)
-        x = x + self.attn.forward(self.ln_1.forward(x), kv)
-        return x + self.mlp.forward(self.ln_2.forward(x))
+        dt = x.dtype
+        x1 = self.attn.forward(self.ln_1.forward(x, out=self._buf("ln_1", x.shape, dt)), kv)
+        x1 += x                                                        # x1 = x + attn(ln_1(x)), into attn's new array
+        x2 = self.mlp.forward(self.ln_2.forward(x1, out=self._buf("ln_2", x.shape, dt)))
+        x2 += x1                                                       # x2 = x1 + mlp(ln_2(x1))
+        return x2
 
     def backward(self, dout):
-        dx = dout + self.ln_2.backward(self.mlp.backward(dout))       # fwd: x2 = x1 + mlp(ln_2(x1))
-        return dx + self.ln_1.backward(self.attn.backward(dx))        # fwd: x1 = x + attn(ln_1(x))
+        dx = self.ln_2.backward(self.mlp.backward(dout))
+        dx += dout                                                     # fwd: x2 = x1 + mlp(ln_2(x1))
+        dx0 = self.ln_1.backward(self.attn.backward(dx))
+        dx0 += dx                                                      # fwd: x1 = x + attn(ln_1(x))
+        return dx0
 
 
 # ----------------------------------------------------------------------------
