@@ -138,46 +138,41 @@ def _span(t, nt, n):                                        # rows [lo, hi) of c
 # LayerNorm: keep mean and rstd (N,), recompute xhat in backward
 
 @njit(parallel=True, **_JIT)
-def layernorm_fwd(x, w, b, eps, y, mean, rstd, nt):             # x, y (N, C); w, b (C,); mean, rstd (N,)
+def layernorm_fwd(x, w, b, eps, y, mean, rstd):            # x, y (N, C); w, b (C,); mean, rstd (N,)
     N, C = x.shape
-    nt = min(nt, N)
-    for t in prange(nt):
-        lo, hi = _span(t, nt, N)
-        for i in range(lo, hi):
-            m = _sum8(x[i], C) / C
-            mean[i] = m
-            mi = mean[i]                                    # in x's dtype: the row loops keep that precision
-            for j in range(C):
-                y[i, j] = (x[i, j] - mi) * (x[i, j] - mi)
-            rstd[i] = 1.0 / math.sqrt(_sum8(y[i], C) / C + eps)
-            ri = rstd[i]
-            for j in range(C):
-                y[i, j] = (x[i, j] - mi) * ri * w[j] + b[j]
+    for i in prange(N):
+        mean[i] = _sum8(x[i], C) / C
+        mi = mean[i]                                        # in x's dtype: the row loops keep that precision
+        for j in range(C):
+            y[i, j] = (x[i, j] - mi) * (x[i, j] - mi)       # y as scratch for the variance
+        rstd[i] = 1.0 / math.sqrt(_sum8(y[i], C) / C + eps)
+        ri = rstd[i]
+        for j in range(C):
+            y[i, j] = (x[i, j] - mi) * ri * w[j] + b[j]     # y = xhat * w + b
 
 
 @njit(parallel=True, **_JIT)
-def layernorm_bwd(dy, x, w, mean, rstd, dx, dw, db, nt):         # dx (N, C) written; dw, db (C,) += 
+def layernorm_bwd(dy, x, w, mean, rstd, dx):                # dy, x -> dx (N, C), written
     N, C = x.shape
-    nt = min(nt, N)
-    pw, pb = np.zeros((nt, C), dw.dtype), np.zeros((nt, C), dw.dtype)    # per-chunk partial dw, db
-    for t in prange(nt):
-        lo, hi = _span(t, nt, N)
-        a, c = np.empty(C, x.dtype), np.empty(C, x.dtype)
-        for i in range(lo, hi):
-            mi, ri = mean[i], rstd[i]
-            for j in range(C):
-                xhat = (x[i, j] - mi) * ri
-                pw[t, j] += dy[i, j] * xhat                 # fwd: y = xhat * w + b
-                pb[t, j] += dy[i, j]
-                a[j] = dy[i, j] * w[j]                      # dxhat
-                c[j] = a[j] * xhat
-            ma, mc = x.dtype.type(_sum8(a, C) / C), x.dtype.type(_sum8(c, C) / C)   # mean(dxhat), mean(dxhat xhat)
-            for j in range(C):                              # dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat))
-                dx[i, j] = ri * (a[j] - ma - (x[i, j] - mi) * ri * mc)
-    for t in range(nt):
+    for i in prange(N):
+        mi, ri = mean[i], rstd[i]
+        a, c = dx[i], np.empty(C, x.dtype)                  # a: dxhat (in dx's row), c: dxhat * xhat
         for j in range(C):
-            dw[j] += pw[t, j]
-            db[j] += pb[t, j]
+            a[j] = dy[i, j] * w[j]                          # fwd: y = xhat * w + b
+            c[j] = a[j] * ((x[i, j] - mi) * ri)
+        ma, mc = x.dtype.type(_sum8(a, C) / C), x.dtype.type(_sum8(c, C) / C)   # mean(dxhat), mean(dxhat xhat)
+        for j in range(C):                                  # fwd: xhat = (x - mean) * rstd ->
+            dx[i, j] = ri * (a[j] - ma - (x[i, j] - mi) * ri * mc)   # dx = rstd (dxhat - ma - xhat mc)
+
+
+@njit(**_JIT)
+def layernorm_bwd_params(dy, x, mean, rstd, dw, db):        # dw, db (C,) += over the rows (serial: one sum)
+    N, C = x.shape
+    for i in range(N):
+        mi, ri = mean[i], rstd[i]
+        for j in range(C):
+            dw[j] += dy[i, j] * ((x[i, j] - mi) * ri)      # fwd: y = xhat * w + b
+            db[j] += dy[i, j]
 
 
 # ----------------------------------------------------------------------------
@@ -335,34 +330,32 @@ def attention_bwd(qkv, y, dy, lse, nh, dqkv):              # dy, y (B, T, C) -> 
 # ----------------------------------------------------------------------------
 # softmax cross-entropy: forward keeps the row log-sum-exp, backward writes (softmax - onehot) * scale
 
-@njit(parallel=True, **_JIT)
-def xent_fwd(logits, targets, lse, nt):                        # logits (N, V), targets (N,) -> lse (N,); returns sum of losses
-    N, V = logits.shape
-    nt = min(nt, N)
-    part = np.zeros(nt)
-    for t in prange(nt):
-        lo, hi = _span(t, nt, N)
-        e = np.empty(V, logits.dtype)
-        for i in range(lo, hi):
-            m = logits[i, 0]
-            for j in range(1, V):
-                m = max(m, logits[i, j])
-            for j in range(V):
-                e[j] = _exp(logits[i, j] - m)
-            lse[i] = m + math.log(_sum8(e, V))
-            part[t] += lse[i] - logits[i, targets[i]]
-    return part.sum()
+@njit(**_JIT)
+def xent_fwd(logits, targets, lse):                        # logits (N, V), targets (N,) -> lse (N,); returns sum of losses
+    N, V = logits.shape                                     # serial: (N, V) is small next to the matmuls
+    e = np.empty(V, logits.dtype)
+    total = 0.0
+    for i in range(N):
+        r = logits[i]
+        m = r[0]
+        for j in range(1, V):
+            m = max(m, r[j])                                # max-subtracted: exp never overflows
+        for j in range(V):
+            e[j] = _exp(r[j] - m)
+        lse[i] = m + math.log(_sum8(e, V))                  # log-sum-exp, never log(softmax)
+        total += lse[i] - r[targets[i]]
+    return total
 
 
-@njit(parallel=True, **_JIT)
+@njit(**_JIT)
 def xent_bwd(logits, targets, lse, scale, dlogits):        # dlogits (N, V) = (softmax - onehot) * scale
     N, V = logits.shape
     scale = logits.dtype.type(scale)
-    for i in prange(N):
-        li = lse[i]
+    for i in range(N):
+        r, d, li = logits[i], dlogits[i], lse[i]
         for j in range(V):
-            dlogits[i, j] = _exp(logits[i, j] - li) * scale
-        dlogits[i, targets[i]] -= scale
+            d[j] = _exp(r[j] - li) * scale
+        d[targets[i]] -= scale
 
 
 # ----------------------------------------------------------------------------

@@ -101,15 +101,16 @@ def layernorm(x, w, b, eps, out=None):
         return _into(out, y), mean, rstd
     N = x.shape[0]
     y, mean, rstd = _new(out, x), np.empty(N, x.dtype), np.empty(N, x.dtype)
-    _nb.layernorm_fwd(_c(x), w, b, eps, y, mean, rstd, _threads)
+    _nb.layernorm_fwd(_c(x), w, b, eps, y, mean, rstd)
     return y, mean, rstd
 
 
 def layernorm_backward(dy, x, w, mean, rstd, dw, db):
     if not _use(x):
         return layernorm_backward_ref(dy, x, w, mean, rstd, dw, db)
-    dx = np.empty_like(x)
-    _nb.layernorm_bwd(_c(dy), _c(x), w, mean, rstd, dx, dw, db, _threads)
+    dy, x, dx = _c(dy), _c(x), np.empty_like(x)
+    _nb.layernorm_bwd(dy, x, w, mean, rstd, dx)
+    _nb.layernorm_bwd_params(dy, x, mean, rstd, dw, db)
     return dx
 
 
@@ -251,7 +252,7 @@ def cross_entropy(logits, t):
     if not _use(logits):
         return cross_entropy_ref(logits, t)
     lse = np.empty(logits.shape[0], logits.dtype)
-    total = _nb.xent_fwd(_c(logits), t.astype(np.int64, copy=False), lse, _threads)
+    total = _nb.xent_fwd(_c(logits), t.astype(np.int64, copy=False), lse)
     return total / max(1, t.size), lse
 
 

@@ -104,14 +104,17 @@ def test_causal_softmax_matches_reference(both, rng, dt, start):
     close((inplace,), (a0,), dt)
 
 
-@pytest.mark.parametrize("dt", [np.float64, np.float32])
 @pytest.mark.parametrize("T", [1, 7, 33])
-def test_flash_attention_matches_reference(both, rng, dt, T):
+def test_flash_attention_matches_reference(rng, T):
+    """float32 kernel vs float64 reference (the flash path is opt-in, so its float64 compile is skipped)."""
     B, nh, hs = 2, 3, 5
-    qkv, dy = randn(rng, (B, T, 3 * nh * hs), dt, 2), randn(rng, (B, T, nh * hs), dt)
-    (y1, l1), (y0, l0) = [r[:2] for r in both(F.attention, qkv, nh)]
-    close((y1, l1), (y0, l0), dt)
-    close(*[r[:1] for r in both(F.attention_backward, qkv, y0, dy, l0, nh)], dt, 5)
+    qkv, dy = randn(rng, (B, T, 3 * nh * hs), np.float64, 2), randn(rng, (B, T, nh * hs), np.float64)
+    y0, l0 = F.attention_ref(qkv, nh)
+    dqkv0 = F.attention_backward_ref(qkv, y0, dy, l0, nh)
+    f32 = [a.astype(np.float32) for a in (qkv, y0, dy, l0)]
+    y1, l1 = F.attention(f32[0], nh)
+    dqkv1 = F.attention_backward(*f32[:3], f32[3], nh)
+    close((y1, l1, dqkv1), (y0, l0, dqkv0), np.float32, 2)
 
 
 @pytest.mark.parametrize("dt", [np.float64, np.float32])
