@@ -15,7 +15,9 @@ import sys
 import numpy as np
 
 BACKENDS = ("numpy", "numba", "native")
-AUTO_ORDER = ("native", "numba", "numpy")   # fastest first on this project's shapes (reports/kernels.md)
+# fastest first on this project's shapes (reports/kernels.md): native ~1.0-1.3x OpenBLAS, numba ~0.5-0.7x,
+# so auto only reaches numba if numpy itself cannot run
+AUTO_ORDER = ("native", "numpy", "numba")
 
 
 class BackendUnavailable(RuntimeError):
@@ -216,7 +218,7 @@ def step_shapes(batch, block, n_embd, n_head, vocab, n_layer):
 
 
 def time_product(L, M, N, K, ta, tb, min_time=0.2, warmup=2, min_calls=5, rng=None):
-    """Median seconds of one op(a) @ op(b) on the current backend (after warm-up), into a preallocated out."""
+    """Seconds of each timed call of op(a) @ op(b) on the current backend (after warm-up), into a preallocated out."""
     import time
     rng = rng or np.random.default_rng(0)
     lead = (L,) if L > 1 else ()
@@ -231,4 +233,4 @@ def time_product(L, M, N, K, ta, tb, min_time=0.2, warmup=2, min_calls=5, rng=No
         t0 = time.perf_counter()
         f(a, b, ta, tb, out)
         times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    return np.array(times)

@@ -17,9 +17,15 @@
 
 #define MR 8       /* micro-tile rows: 8x32 = 16 zmm accumulators */
 #define NR 32      /* micro-tile columns: two zmm vectors */
+#ifndef KC
 #define KC 256     /* depth of one packed block: a 32-wide B panel (32 KB) stays in L1 */
+#endif
+#ifndef MC
 #define MC 192     /* rows of A packed at once (192 KB, in L2) */
+#endif
+#ifndef NC
 #define NC 2048    /* columns of B packed at once */
+#endif
 
 typedef struct {
     int ta, tb, M, N, K, lda, ldb, ldc, L;
