@@ -102,7 +102,7 @@ def _fma(typingctx, a, b, c):
     return c(c, c, c), codegen
 
 
-_VEC = 32                  # LLVM's main vector loop takes 32 floats per trip (8 lanes x 4): pad short loops to it
+_VEC = 64                  # LLVM's main vector loop takes 64 floats per trip (16 lanes x 4): pad short loops to it
 
 
 @njit(**_JIT)

@@ -256,17 +256,36 @@ class CausalSelfAttention(Module):
             return self.resid_dropout.forward(self.c_proj.forward(y))
         if kv is not None:
             return self._forward_cached(qkv.reshape(B, T, 3, nh, hs).transpose(2, 0, 3, 1, 4), kv)
-        qkvh = self._buf("qkvh", (3, B, nh, T, hs), dt)              # q, k, v with heads first: one copy
-        np.copyto(qkvh, qkv.reshape(B, T, 3, nh, hs).transpose(2, 0, 3, 1, 4))
-        q, k, v = (a.reshape(L, T, hs) for a in qkvh)                 # each (L, T, hs), L = B*nh
-        att = K.bmm(q, k, tb=True, out=self._buf("att", (L, T, T), dt))   # (L, T, T) scores
-        F.causal_softmax(att, 1.0 / math.sqrt(hs), out=att)            # -> probabilities, in place
+        q, k, v = self._heads(qkv.reshape(B, T, 3, nh, hs), "qkvh")    # each (B, nh, T, hs)
+        att = K.bmm(q, k, tb=True, out=self._buf("att", (B, nh, T, T), dt))   # scores
+        a3 = att.reshape(L, T, T)
+        F.causal_softmax(a3, 1.0 / math.sqrt(hs), out=a3)              # -> probabilities, in place
         attd = self.attn_dropout.forward(att)
-        yh = K.bmm(attd, v, out=self._buf("yh", (L, T, hs), dt))       # (L, T, hs)
         y = self._buf("y", (B, T, C), dt)                              # heads side by side
-        np.copyto(y.reshape(B, T, nh, hs), yh.reshape(B, nh, T, hs).transpose(0, 2, 1, 3))
-        self.cache = {"qkvh": qkvh, "att": att, "attd": attd}
+        self._merge(lambda out: K.bmm(attd, v, out=out), y.reshape(B, T, 1, nh, hs), "yh")   # y = attd v
+        self.cache = {"q": q, "k": k, "v": v, "att": att, "attd": attd}
         return self.resid_dropout.forward(self.c_proj.forward(y))
+
+    def _heads(self, a5, name):
+        """(B, T, S, nh, hs) -> S arrays (B, nh, T, hs): strided views for numpy's matmul, else one copy into a
+        buffer (the fast backends take C-contiguous arrays only)."""
+        if K.backend() == "numpy":
+            return tuple(a5[:, :, s].transpose(0, 2, 1, 3) for s in range(a5.shape[2]))
+        h = self._buf(name, (a5.shape[2], a5.shape[0], a5.shape[3], a5.shape[1], a5.shape[4]), a5.dtype)
+        np.copyto(h, a5.transpose(2, 0, 3, 1, 4))
+        return tuple(h)
+
+    def _merge(self, bmm, out5, name):
+        """Run bmm(out=...) for each of S parts into out5 (B, T, S, nh, hs): straight into it on numpy, else via a
+        (B, nh, T, hs) buffer and one copy. bmm is a function of the out array for part s = 0 (S = 1) or a list."""
+        B, T, S, nh, hs = out5.shape
+        if K.backend() == "numpy":
+            parts = [out5[:, :, s].transpose(0, 2, 1, 3) for s in range(S)]
+            bmm(parts[0] if S == 1 else parts)
+            return
+        h = self._buf(name, (S, B, nh, T, hs), out5.dtype)
+        bmm(h[0] if S == 1 else list(h))
+        np.copyto(out5, h.transpose(1, 3, 0, 2, 4))
 
     def _forward_cached(self, qkv, kv):
         """Inference with a KV cache: append this call's keys/values at positions n.., attend over 0..n+T-1."""
@@ -292,20 +311,18 @@ class CausalSelfAttention(Module):
         if "lse" in c:                                                 # fused: fwd y = attention(qkv)
             F.attention_backward(c["qkv"], c["y"], dy.reshape(B, T, C), c["lse"], nh, out=dqkv)
             return self.c_attn.backward(dqkv)
-        q, k, v = (a.reshape(L, T, hs) for a in c["qkvh"])            # (L, T, hs) each
-        att, attd = c["att"], c["attd"]
-        dyh = self._buf("dyh", (B, nh, T, hs), dt)                     # heads first
-        np.copyto(dyh, dy.reshape(B, T, nh, hs).transpose(0, 2, 1, 3))
-        dyh = dyh.reshape(L, T, hs)
-        dqkvh = self._buf("dqkvh", (3, B, nh, T, hs), dt)              # dq, dk, dv
-        dq, dk, dv = (a.reshape(L, T, hs) for a in dqkvh)
-        dattd = K.bmm(dyh, v, tb=True, out=self._buf("datt", (L, T, T), dt))   # fwd: y = attd v -> d(attd) = dy v^T
-        K.bmm(attd, dyh, ta=True, out=dv)                              #                    dv = attd^T dy
-        datt = self.attn_dropout.backward(dattd)                       # (L, T, T)
-        ds = F.causal_softmax_backward(att, datt, 1.0 / math.sqrt(hs), out=datt)   # fwd: att = softmax(q k^T / sqrt(hs))
-        K.bmm(ds, k, out=dq)                                           # fwd: s = q k^T -> dq = ds k
-        K.bmm(ds, q, ta=True, out=dk)                                  #                   dk = ds^T q
-        np.copyto(dqkv.reshape(B, T, 3, nh, hs), dqkvh.transpose(1, 3, 0, 2, 4))
+        q, k, v, att, attd = c["q"], c["k"], c["v"], c["att"], c["attd"]   # (B, nh, T, hs), (B, nh, T, T)
+        (dyh,) = self._heads(dy.reshape(B, T, 1, nh, hs), "dyh")      # (B, nh, T, hs)
+        dattd = K.bmm(dyh, v, tb=True, out=self._buf("datt", (B, nh, T, T), dt))   # fwd: y = attd v -> d(attd) = dy v^T
+        datt = self.attn_dropout.backward(dattd)
+        d3 = datt.reshape(L, T, T)                                     # fwd: att = softmax(q k^T / sqrt(hs))
+        ds = F.causal_softmax_backward(att.reshape(L, T, T), d3, 1.0 / math.sqrt(hs), out=d3).reshape(B, nh, T, T)
+
+        def grads(out):                                                # out: dq, dk, dv, each (B, nh, T, hs)
+            K.bmm(ds, k, out=out[0])                                   # fwd: s = q k^T -> dq = ds k
+            K.bmm(ds, q, ta=True, out=out[1])                          #                   dk = ds^T q
+            K.bmm(attd, dyh, ta=True, out=out[2])                      # fwd: y = attd v -> dv = attd^T dy
+        self._merge(grads, dqkv.reshape(B, T, 3, nh, hs), "dqkvh")
         return self.c_attn.backward(dqkv)                              # (B, T, 3C) -> dx (B, T, C)
 
 

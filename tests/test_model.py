@@ -144,3 +144,24 @@ def test_gpt_rejects_bad_input():
     with pytest.raises(RuntimeError, match="targets"):
         model.forward(np.zeros((1, 3), int))
         model.backward()
+
+
+@pytest.mark.parametrize("backend", ["numba", "native"])
+def test_gpt_backends_match_numpy_float32(backend):
+    """The same float32 batch through a fast matmul backend gives the numpy backend's loss and every gradient."""
+    from minigpt import kernels as K
+    if backend not in K.available():
+        pytest.skip(f"{backend} backend not available here")
+    cfg = GPTConfig(vocab_size=29, block_size=16, n_layer=2, n_head=2, n_embd=32, dropout=0.1)
+    out = {}
+    for name in ("numpy", backend):
+        K.set_backend(name, verbose=False)
+        model = GPT(cfg, np.random.default_rng(0))
+        x, y = batch(np.random.default_rng(1), B=3, T=16, V=29)
+        model.zero_grad()
+        _, loss = model.forward(x, y)
+        model.backward()
+        out[name] = loss, {k: g.copy() for k, g in model.grads().items()}
+    assert abs(out[backend][0] - out["numpy"][0]) < 1e-4 * out["numpy"][0]
+    for k, g in out["numpy"][1].items():
+        np.testing.assert_allclose(out[backend][1][k], g, rtol=1e-4, atol=1e-4 * np.abs(g).max(), err_msg=k)
