@@ -147,7 +147,11 @@ static inline __attribute__((always_inline)) void kernel(int NV, int kc, const f
                                                          float *c, long ldc, int mr, int nr, float beta)
 {
     __m512 acc[MR][2];
-    for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (int i = 0; i < MR; i++) {
+        acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+        _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);       /* the C tile arrives while we compute */
+        if (NV == 2) _mm_prefetch((const char *)(c + i * ldc + 16), _MM_HINT_T0);
+    }
 #pragma GCC unroll 2
     for (int k = 0; k < kc; k++, ap += MR, bp += 16 * NV) {
         __m512 b0 = _mm512_loadu_ps(bp), b1 = NV == 2 ? _mm512_loadu_ps(bp + 16) : b0;
