@@ -6,7 +6,7 @@ Every kernel compiles for float32 (training) and float64, so the finite-differen
 kernels. numba here has no SVML: np.exp/np.tanh in @njit are scalar libm calls that also stop vectorisation,
 so float32 exp is inline (_exp32: range reduction + polynomial); float64 keeps math.exp/math.tanh, exact.
 fastmath stays off (STYLE §5), so a loop carrying a running sum never vectorises: row sums go through _sum8
-(8 float64 lanes), and wide loops are written as axpys over a contiguous last axis.
+(8 interleaved lanes), and wide loops are written as axpys over a contiguous last axis.
 """
 import math
 
@@ -107,8 +107,9 @@ _VEC = 64                  # LLVM's main vector loop takes 64 floats per trip (1
 
 @njit(**_JIT)
 def _sum8(a, n):
-    """sum(a[:n]) of a 1-D array in 8 float64 lanes (vectorises without fastmath; order is fixed)."""
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
+    """sum(a[:n]) of a 1-D array in 8 lanes of a's dtype: 8 independent adds per step instead of one
+    dependent chain (fastmath is off, so LLVM may not reorder a plain running sum itself; the order is fixed)."""
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = a.dtype.type(0.0)
     j = 0
     while j + 8 <= n:
         s0 += a[j]; s1 += a[j + 1]; s2 += a[j + 2]; s3 += a[j + 3]            # noqa: E702
@@ -119,6 +120,22 @@ def _sum8(a, n):
         s += a[j]
         j += 1
     return s
+
+
+@njit(**_JIT)
+def _max8(a, n):
+    """max(a[:n]), n >= 1, in 8 lanes as _sum8 (a NaN in the row reaches the softmax through exp anyway)."""
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = a[0]
+    j = 0
+    while j + 8 <= n:
+        m0 = max(m0, a[j]); m1 = max(m1, a[j + 1]); m2 = max(m2, a[j + 2]); m3 = max(m3, a[j + 3])    # noqa: E702
+        m4 = max(m4, a[j + 4]); m5 = max(m5, a[j + 5]); m6 = max(m6, a[j + 6]); m7 = max(m7, a[j + 7])  # noqa: E702
+        j += 8
+    m = max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+    while j < n:
+        m = max(m, a[j])
+        j += 1
+    return m
 
 
 @njit(**_JIT)
@@ -199,9 +216,7 @@ def causal_softmax_fwd(att, scale, start):                 # scores -> probabili
     for l in prange(L):
         for i in range(T):
             r, n = att[l, i], start + i + 1                 # query i sees keys 0..start+i
-            m = r[0]
-            for j in range(1, n):
-                m = max(m, r[j])                            # max-subtracted: exp never overflows
+            m = _max8(r, n)                                 # max-subtracted: exp never overflows
             for j in range(n):
                 r[j] = _exp((r[j] - m) * scale)
             inv = att.dtype.type(1.0 / _sum8(r, n))
@@ -262,9 +277,7 @@ def attention_fwd(qkv, nh, y, lse):                        # qkv (B, T, 3C) -> y
                 qd = q[i, d]
                 for j in range(nv):
                     p[j] = _fma(qd, kT[d, j], p[j])
-            m = p[0]
-            for j in range(1, n):
-                m = max(m, p[j])
+            m = _max8(p, n)
             for j in range(n):
                 p[j] = _exp(p[j] - m)
             l = _sum8(p, n)
@@ -337,9 +350,7 @@ def xent_fwd(logits, targets, lse):                        # logits (N, V), targ
     total = 0.0
     for i in range(N):
         r = logits[i]
-        m = r[0]
-        for j in range(1, V):
-            m = max(m, r[j])                                # max-subtracted: exp never overflows
+        m = _max8(r, V)                                     # max-subtracted: exp never overflows
         for j in range(V):
             e[j] = _exp(r[j] - m)
         lse[i] = m + math.log(_sum8(e, V))                  # log-sum-exp, never log(softmax)
@@ -369,18 +380,13 @@ def scatter_add(g, idx, dout):                            # g[idx[n]] += dout[n]
             g[r, j] += dout[n, j]
 
 
-@njit(parallel=True, **_JIT)
-def adamw(p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2, nt):     # all flat (n,), updated in place
-    n = p.size
-    nt = min(nt, max(1, n // 16384))
-    f = p.dtype.type                                       # coefficients in p's dtype: float32 math for float32
+@njit(**_JIT)
+def adamw(p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2):     # all flat (n,), updated in place
+    f = p.dtype.type                                        # coefficients in p's dtype: float32 math for float32
     a, rb, decay = f(lr / bc1), f(1.0 / math.sqrt(bc2)), f(1.0 - lr * wd)
     b1, c1, b2, c2, eps = f(b1), f(1.0 - b1), f(b2), f(1.0 - b2), f(eps)
-    for t in prange(nt):
-        lo, hi = _span(t, nt, n)
-        ps, gs, ms, vs = p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi]
-        for i in range(hi - lo):
-            gi = gs[i]
-            ms[i] = b1 * ms[i] + c1 * gi                   # m = b1 m + (1 - b1) g
-            vs[i] = b2 * vs[i] + c2 * (gi * gi)            # v = b2 v + (1 - b2) g^2
-            ps[i] = ps[i] * decay - a * ms[i] / (math.sqrt(vs[i]) * rb + eps)   # decoupled decay, then Adam
+    for i in range(p.size):                                 # serial: memory-bound, and a parallel launch costs
+        gi = g[i]                                           # ~20 us, more than most parameters take
+        m[i] = b1 * m[i] + c1 * gi                          # m = b1 m + (1 - b1) g
+        v[i] = b2 * v[i] + c2 * (gi * gi)                   # v = b2 v + (1 - b2) g^2
+        p[i] = p[i] * decay - a * m[i] / (np.sqrt(v[i]) * rb + eps)   # decoupled decay, then Adam

@@ -288,4 +288,4 @@ def adamw_ref(p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2):
 def adamw(p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2):
     if not (_use(p) and p.flags.c_contiguous and g.flags.c_contiguous):
         return adamw_ref(p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2)
-    _nb.adamw(p.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1), lr, b1, b2, eps, wd, bc1, bc2, _threads)
+    _nb.adamw(p.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1), lr, b1, b2, eps, wd, bc1, bc2)
