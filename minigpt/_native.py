@@ -7,9 +7,9 @@ missing, fails to load, or the CPU has no AVX-512. MINIGPT_NATIVE_LIB=/path/to/l
 """
 import ctypes
 import functools
-import math
 import glob
 import importlib.machinery
+import math
 import os
 
 import numpy as np
@@ -18,6 +18,7 @@ from .kernels import BackendUnavailable, check_f32, gemm_dims
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ERRORS = {-1: "bad argument", -2: "out of memory", -3: "could not start a worker thread"}
+_i, _ll = ctypes.c_int, ctypes.c_longlong
 _ndf32 = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
 
 
@@ -35,7 +36,6 @@ class _f32(_ndf32):
             except (TypeError, ValueError):                           # read-only buffer
                 pass
         return _ndf32.from_param(obj)
-_i, _ll = ctypes.c_int, ctypes.c_longlong
 
 
 def _find():

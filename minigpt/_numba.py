@@ -16,7 +16,6 @@ import numpy as np
 from .kernels import BackendUnavailable, check_f32, gemm_dims
 
 
-
 def _configure_numba():
     """Environment numba reads once, at import: only applied if numba is not loaded yet and the user set nothing."""
     if "numba" in sys.modules:

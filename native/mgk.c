@@ -4,14 +4,14 @@
    packing, so ta/tb cost no copies of the caller's arrays), then an 8x32 register-blocked FMA micro-kernel.
    Tails are zero-padded in the packs and stored with masks, so every shape takes the fast path.
    The AVX-512 code is compiled with a target pragma, so the file builds on any gcc/clang without -march flags;
-   the CPU is checked at run time. No -ffast-math: the sums are plain FMAs in k order. */
+   the CPU is checked at run time (-DMGK_NO_SIMD, or a non-x86 compiler, builds the scalar path only).
+   No -ffast-math: the sums are plain FMAs in k order. */
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
 #include <pthread.h>
 #include <unistd.h>
 #include "mgk.h"
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(MGK_NO_SIMD)
 #include <immintrin.h>     /* each intrinsic carries its own target attribute; used only under the pragma below */
 #endif
 
@@ -64,7 +64,7 @@ int mgk_sgemm_ref(int ta, int tb, int M, int N, int K, const float *A, int lda, 
     return MGK_OK;
 }
 
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(MGK_NO_SIMD)
 #define MGK_X86 1
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")
@@ -227,6 +227,7 @@ static void peak_job(void *arg, int tid, int nt)
    threading: split the batch over threads, or each product over a pm x pn grid of tile-aligned blocks */
 static float *bufs[256][2];            /* per thread id: packed A (MC x KC), packed B (KC x NC); allocated once */
 
+#ifdef MGK_X86
 static void split(int n, int unit, int parts, int p, int *lo, int *hi)
 {
     int tiles = (n + unit - 1) / unit;
@@ -237,7 +238,6 @@ static void split(int n, int unit, int parts, int p, int *lo, int *hi)
 
 static void run_job(void *arg, int tid, int nt)
 {
-#ifdef MGK_X86
     job_t *g = arg;
     if (!bufs[tid][0]) return;
     for (int l = 0; l < g->L; l++) {
@@ -252,10 +252,8 @@ static void run_job(void *arg, int tid, int nt)
         gemm_block(g, g->A + l * g->sA, g->B + l * g->sB, g->C + l * g->sC, m0, m1, n0, n1,
                    bufs[tid][0], bufs[tid][1]);
     }
-#else
-    (void)arg; (void)tid; (void)nt;
-#endif
 }
+#endif
 
 static int threads_now(void)
 {
