@@ -6,6 +6,7 @@ call. The numba kernels run for float32 and float64 alike, so the finite-differe
 trains. MINIGPT_FUSED=0 (or set_enabled(False)) selects the references; the default is the kernels whenever
 numba imports. Not here: matmuls (kernels.py), the Module bookkeeping (layers.py).
 """
+import functools
 import math
 import os
 
@@ -45,11 +46,16 @@ def _use(x):
     global _threads
     if not (_enabled and x.dtype in (np.float32, np.float64) and _kernels() is not None):
         return False
-    n = K._threads or K._cpus()
+    n = K._threads or _cpus()
     if n != _threads:                                      # one thread count for every pool
         _threads = n
         _nb.numba.set_num_threads(min(n, _nb.numba.config.NUMBA_NUM_THREADS))
     return True
+
+
+@functools.cache
+def _cpus():
+    return K._cpus()
 
 
 def _c(a):

@@ -57,13 +57,15 @@ class Module:
     def _make_grads(self):
         self.g = {k: np.zeros_like(v) for k, v in self.p.items()}
 
-    def _buf(self, name, shape, dtype):
+    def _buf(self, name, shape, dtype, shared=False):
         """A scratch array kept across steps: the same array while name, shape and dtype repeat (no allocation,
         no page faults). Only for arrays used inside this module between its forward and its backward (or
-        passed as out= to a child); never for an array it returns, which the caller may keep."""
-        a = self._bufs.get(name)
+        passed as out= to a child); never for an array it returns, which the caller may keep. shared=True: one
+        array for every module of this class, for a temporary that dies within one forward or backward call."""
+        bufs, key = (_SHARED, (type(self).__name__, name)) if shared else (self._bufs, name)
+        a = bufs.get(key)
         if a is None or a.shape != tuple(shape) or a.dtype != dtype:
-            a = self._bufs[name] = np.empty(shape, dtype)
+            a = bufs[key] = np.empty(shape, dtype)
         return a
 
     def _take_cache(self):
@@ -72,6 +74,9 @@ class Module:
                                "(each forward allows exactly one backward)")
         c, self.cache = self.cache, None
         return c
+
+
+_SHARED = {}                                   # Module._buf(shared=True): per-call temporaries, shared by layers
 
 
 def _normal(rng, shape, std, dtype):
@@ -266,12 +271,12 @@ class CausalSelfAttention(Module):
         self.cache = {"q": q, "k": k, "v": v, "att": att, "attd": attd}
         return self.resid_dropout.forward(self.c_proj.forward(y))
 
-    def _heads(self, a5, name):
+    def _heads(self, a5, name, shared=False):
         """(B, T, S, nh, hs) -> S arrays (B, nh, T, hs): strided views for numpy's matmul, else one copy into a
         buffer (the fast backends take C-contiguous arrays only)."""
         if K.backend() == "numpy":
             return tuple(a5[:, :, s].transpose(0, 2, 1, 3) for s in range(a5.shape[2]))
-        h = self._buf(name, (a5.shape[2], a5.shape[0], a5.shape[3], a5.shape[1], a5.shape[4]), a5.dtype)
+        h = self._buf(name, (a5.shape[2], a5.shape[0], a5.shape[3], a5.shape[1], a5.shape[4]), a5.dtype, shared)
         np.copyto(h, a5.transpose(2, 0, 3, 1, 4))
         return tuple(h)
 
@@ -283,7 +288,7 @@ class CausalSelfAttention(Module):
             parts = [out5[:, :, s].transpose(0, 2, 1, 3) for s in range(S)]
             bmm(parts[0] if S == 1 else parts)
             return
-        h = self._buf(name, (S, B, nh, T, hs), out5.dtype)
+        h = self._buf(name, (S, B, nh, T, hs), out5.dtype, True)      # dies within this call
         bmm(h[0] if S == 1 else list(h))
         np.copyto(out5, h.transpose(1, 3, 0, 2, 4))
 
@@ -306,14 +311,14 @@ class CausalSelfAttention(Module):
         B, T, C = dout.shape
         nh, hs = self.n_head, C // self.n_head
         dt, L = dout.dtype, B * nh
-        dy = self.c_proj.backward(self.resid_dropout.backward(dout), out=self._buf("dy", (B * T, C), dt))
-        dqkv = self._buf("dqkv", (B, T, 3 * C), dt)
+        dy = self.c_proj.backward(self.resid_dropout.backward(dout), out=self._buf("dy", (B * T, C), dt, True))
+        dqkv = self._buf("dqkv", (B, T, 3 * C), dt, True)
         if "lse" in c:                                                 # fused: fwd y = attention(qkv)
             F.attention_backward(c["qkv"], c["y"], dy.reshape(B, T, C), c["lse"], nh, out=dqkv)
             return self.c_attn.backward(dqkv)
         q, k, v, att, attd = c["q"], c["k"], c["v"], c["att"], c["attd"]   # (B, nh, T, hs), (B, nh, T, T)
-        (dyh,) = self._heads(dy.reshape(B, T, 1, nh, hs), "dyh")      # (B, nh, T, hs)
-        dattd = K.bmm(dyh, v, tb=True, out=self._buf("datt", (B, nh, T, T), dt))   # fwd: y = attd v -> d(attd) = dy v^T
+        (dyh,) = self._heads(dy.reshape(B, T, 1, nh, hs), "dyh", True)   # (B, nh, T, hs)
+        dattd = K.bmm(dyh, v, tb=True, out=self._buf("datt", (B, nh, T, T), dt, True))   # fwd: y = attd v -> d(attd) = dy v^T
         datt = self.attn_dropout.backward(dattd)
         d3 = datt.reshape(L, T, T)                                     # fwd: att = softmax(q k^T / sqrt(hs))
         ds = F.causal_softmax_backward(att.reshape(L, T, T), d3, 1.0 / math.sqrt(hs), out=d3).reshape(B, nh, T, T)
@@ -339,13 +344,13 @@ class MLP(Module):
 
     def forward(self, x):                                              # (B, T, C) -> (B, T, C)
         N, dt, H = x.size // x.shape[-1], x.dtype, self.c_fc.p["weight"].shape[1]
-        h = self.c_fc.forward(x.reshape(N, -1), out=self._buf("h", (N, H), dt))   # (N, 4C), pre-activation
+        h = self.c_fc.forward(x.reshape(N, -1), out=self._buf("h", (N, H), dt, True))   # (N, 4C), pre-activation
         g = self.gelu.forward(h, out=self._buf("g", (N, H), dt))       # (N, 4C)
         return self.dropout.forward(self.c_proj.forward(g).reshape(x.shape))
 
     def backward(self, dout):                                          # dout (B, T, C)
         N, dt, H = dout.size // dout.shape[-1], dout.dtype, self.c_fc.p["weight"].shape[1]
-        dg = self.c_proj.backward(self.dropout.backward(dout).reshape(N, -1), out=self._buf("dg", (N, H), dt))
+        dg = self.c_proj.backward(self.dropout.backward(dout).reshape(N, -1), out=self._buf("dg", (N, H), dt, True))
         dh = self.gelu.backward(dg, out=dg)                            # in place: d(pre-activation)
         return self.c_fc.backward(dh).reshape(dout.shape)
 
