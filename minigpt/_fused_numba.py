@@ -196,14 +196,21 @@ def layernorm_bwd_params(dy, x, mean, rstd, dw, db):        # dw, db (C,) += ove
 # GELU (tanh form): elementwise over a flat array
 
 @njit(parallel=True, **_JIT)
-def gelu_fwd(x, y, dydx, nt):                              # x -> y, dy/dx, all (n,): backward is dy * dydx
-    n = x.size
-    nt = min(nt, max(1, n // 16384))
-    for t in prange(nt):
-        lo, hi = _span(t, nt, n)
-        xs, ys, ds = x[lo:hi], y[lo:hi], dydx[lo:hi]      # 0-based: no negative-index check, so it vectorises
-        for i in range(hi - lo):
-            ys[i], ds[i] = _gelu(xs[i])
+def gelu_fwd(x, b, y, dydx):                                # x, y, dydx (N, H), b (H,): y = gelu(x + b)
+    N, H = x.shape                                          # dydx is kept for backward: dx = dy * dydx
+    for i in prange(N):
+        xi, yi, di = x[i], y[i], dydx[i]
+        for j in range(H):
+            yi[j], di[j] = _gelu(xi[j] + b[j])
+
+
+@njit(**_JIT)
+def gelu_bwd(dy, dydx, dx, db):                             # dx = dy * dydx (N, H); db (H,) += sum over rows of dx
+    N, H = dy.shape                                         # serial: db is one running sum per column
+    for i in range(N):
+        for j in range(H):
+            dx[i, j] = dy[i, j] * dydx[i, j]                # fwd: y = gelu(x + b) -> dx = dy gelu'(x + b)
+            db[j] += dx[i, j]                               #                          db = sum_rows dx
 
 
 # ----------------------------------------------------------------------------

@@ -136,14 +136,30 @@ def gelu_grad_ref(x):
     return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_C * (1.0 + 3 * 0.044715 * x * x)
 
 
-def gelu(x, out=None, dydx=None):
-    """x -> (y, dy/dx): the forward also makes the derivative (they share the exp), so backward is dy * dydx."""
+def gelu(x, out=None, dydx=None, b=None):
+    """x (..., H), b (H,) or None -> (y, dy/dx) of y = gelu(x + b). The forward also makes the derivative (they
+    share the exp), so the backward is one multiply."""
     if not _use(x):
-        return _into(out, gelu_ref(x)), _into(dydx, gelu_grad_ref(x))
-    x = _c(x)
+        xb = x if b is None else x + b
+        return _into(out, gelu_ref(xb)), _into(dydx, gelu_grad_ref(xb))
+    x2 = _c(x).reshape(-1, x.shape[-1])                    # (N, H)
     y, dydx = _new(out, x), _new(dydx, x)
-    _nb.gelu_fwd(x.reshape(-1), y.reshape(-1), dydx.reshape(-1), _threads)
+    _nb.gelu_fwd(x2, np.zeros(x2.shape[1], x.dtype) if b is None else b, y.reshape(x2.shape), dydx.reshape(x2.shape))
     return y, dydx
+
+
+def gelu_backward(dy, dydx, out=None, db=None):
+    """dx = dy * dydx (out may be dy); db (H,), when given, += dx summed over all but the last axis."""
+    if db is None:
+        return np.multiply(dy, dydx, out=out)
+    if not _use(dy):
+        dx = np.multiply(dy, dydx, out=out)
+        db += dx.reshape(-1, dx.shape[-1]).sum(0)
+        return dx
+    dx = _new(out, dy)
+    H = dy.shape[-1]
+    _nb.gelu_bwd(_c(dy).reshape(-1, H), _c(dydx).reshape(-1, H), dx.reshape(-1, H), db)
+    return dx
 
 
 # ----------------------------------------------------------------------------

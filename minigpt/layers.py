@@ -96,20 +96,21 @@ class Linear(Module):
             self.p["bias"] = np.zeros(n_out, dtype)                    # (out,)
         self._make_grads()
 
-    def forward(self, x, out=None):                                    # x (..., in) -> (..., out)
-        """out: an (N, out) array to write y into (a parent's buffer), else y is a new array."""
+    def forward(self, x, out=None, bias=True):                         # x (..., in) -> (..., out)
+        """out: an (N, out) array to write y into (a parent's buffer), else y is a new array.
+        bias=False: the caller adds the bias (and its gradient) itself, fused into its next operation."""
         x2 = x.reshape(-1, x.shape[-1])                                # (N, in)
         y = K.matmul(x2, self.p["weight"], out=out)                    # (N, out)
-        if "bias" in self.p:
+        if bias and "bias" in self.p:
             y += self.p["bias"]
         self.cache = x2
         return y.reshape(*x.shape[:-1], -1)
 
-    def backward(self, dy, out=None):                                  # dy (..., out) -> dx (..., in)
+    def backward(self, dy, out=None, bias=True):                       # dy (..., out) -> dx (..., in)
         x2 = self._take_cache()
         dy2 = dy.reshape(-1, dy.shape[-1])                             # (N, out)
         K.matmul(x2, dy2, ta=True, out=self.g["weight"], acc=True)     # fwd: y = x W -> dW += x^T dy
-        if "bias" in self.g:
+        if bias and "bias" in self.g:
             self.g["bias"] += dy2.sum(axis=0)                          # fwd: y += b  -> db += sum_N dy
         dx = K.matmul(dy2, self.p["weight"], tb=True, out=out)         # dx = dy W^T  (N, in)
         return dx.reshape(*dy.shape[:-1], -1)
@@ -191,14 +192,15 @@ class LayerNorm(Module):
 
 
 class GELU(Module):
-    """tanh approximation: y = 0.5 x (1 + tanh(c (x + 0.044715 x^3))), as GPT-2 (math in fused.py)."""
+    """tanh approximation: y = 0.5 x (1 + tanh(c (x + 0.044715 x^3))), as GPT-2 (math in fused.py).
+    forward(x, bias=b) applies it to x + b: the previous Linear's bias add, fused (MLP)."""
 
-    def forward(self, x, out=None):
-        y, self.cache = F.gelu(x, out, self._buf("dydx", x.shape, x.dtype))   # keeps dy/dx (made with y), not x
+    def forward(self, x, out=None, bias=None):
+        y, self.cache = F.gelu(x, out, self._buf("dydx", x.shape, x.dtype), bias)   # keeps dy/dx, not x
         return y
 
-    def backward(self, dy, out=None):                                  # out may be dy (in place)
-        return np.multiply(dy, self._take_cache(), out=out)            # fwd: y = gelu(x) -> dx = dy gelu'(x)
+    def backward(self, dy, out=None, dbias=None):                     # out may be dy (in place)
+        return F.gelu_backward(dy, self._take_cache(), out, dbias)     # dx = dy gelu'(x + b); dbias += sum dx
 
 
 class ReLU(Module):
@@ -344,15 +346,15 @@ class MLP(Module):
 
     def forward(self, x):                                              # (B, T, C) -> (B, T, C)
         N, dt, H = x.size // x.shape[-1], x.dtype, self.c_fc.p["weight"].shape[1]
-        h = self.c_fc.forward(x.reshape(N, -1), out=self._buf("h", (N, H), dt, True))   # (N, 4C), pre-activation
-        g = self.gelu.forward(h, out=self._buf("g", (N, H), dt))       # (N, 4C)
+        h = self.c_fc.forward(x.reshape(N, -1), out=self._buf("h", (N, H), dt, True), bias=False)   # (N, 4C)
+        g = self.gelu.forward(h, out=self._buf("g", (N, H), dt), bias=self.c_fc.p.get("bias"))   # gelu(h + b)
         return self.dropout.forward(self.c_proj.forward(g).reshape(x.shape))
 
     def backward(self, dout):                                          # dout (B, T, C)
         N, dt, H = dout.size // dout.shape[-1], dout.dtype, self.c_fc.p["weight"].shape[1]
         dg = self.c_proj.backward(self.dropout.backward(dout).reshape(N, -1), out=self._buf("dg", (N, H), dt, True))
-        dh = self.gelu.backward(dg, out=dg)                            # in place: d(pre-activation)
-        return self.c_fc.backward(dh).reshape(dout.shape)
+        dh = self.gelu.backward(dg, out=dg, dbias=self.c_fc.g.get("bias"))   # in place; c_fc's db += sum dh
+        return self.c_fc.backward(dh, bias=False).reshape(dout.shape)
 
 
 class Block(Module):

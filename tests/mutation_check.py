@@ -18,6 +18,7 @@ M = [
  ("minigpt/layers.py", 'c["lse"], scale / N)', 'c["lse"], 1.0 / N)', "tests/test_layers.py::test_cross_entropy_grad"),
  ("minigpt/model.py", 'K.matmul(dlogits, x2, ta=True, out=self.wte.g["weight"], acc=True)', 'pass', "tests/test_model.py::test_gpt_grad_every_parameter"),
  ("minigpt/model.py", 'self.wte.backward(self.wpe.backward(self.drop.backward(dx)))', 'self.wpe.backward(self.drop.backward(dx))', "tests/test_model.py::test_gpt_grad_every_parameter"),
+ ("minigpt/_fused_numba.py", 'db[j] += dx[i, j]', 'db[j] += 0.5 * dx[i, j]', "tests/test_layers.py::test_mlp_grad"),
  # the fused path's other kernels and the NumPy references are guarded by the kernel-vs-reference tests
  ("minigpt/_fused_numba.py", 'dv[j, d] = _fma(pj, g[i, d], dv[j, d])', 'dv[j, d] = _fma(dsj, g[i, d], dv[j, d])', "tests/test_fused.py::test_flash_attention_matches_reference"),
  ("minigpt/_fused_numba.py", 'p = p * r * r + r + F32(1.0)', 'p = p * r * r + r', "tests/test_fused.py::test_exp32_matches_numpy_over_the_whole_range"),

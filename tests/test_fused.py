@@ -87,8 +87,12 @@ def test_layernorm_matches_reference(both, rng, dt):
 
 @pytest.mark.parametrize("dt", [np.float64, np.float32])
 def test_gelu_matches_reference(both, rng, dt):
-    x = randn(rng, (3, 7, 33), dt, 3)
+    x, b, dy = randn(rng, (3, 7, 33), dt, 3), randn(rng, 33, dt), randn(rng, (3, 7, 33), dt)
     close(*[r[:2] for r in both(F.gelu, x)], dt, 2)               # y and dy/dx
+    (y1, d1), (y0, d0) = [r[:2] for r in both(F.gelu, x, None, None, b)]   # fused bias: gelu(x + b)
+    close((y1, d1), (y0, d0), dt, 2)
+    got, want = both(F.gelu_backward, dy, d0, None, np.ones(33, dt))      # dx and db += sum dx
+    close((got[0], got[-1]), (want[0], want[-1]), dt, 10)
 
 
 @pytest.mark.parametrize("dt", [np.float64, np.float32])
