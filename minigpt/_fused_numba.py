@@ -1,6 +1,6 @@
 """numba kernels for the non-matmul work of a training step. minigpt/fused.py holds the NumPy reference of
-each one (the tests compare them), the dispatch and the buffers; it imports this module lazily, and this is
-the only file of the fused path that imports numba.
+each one (the tests compare them) and the dispatch; it imports this module lazily, and this is the only file
+of the fused path that imports numba (after minigpt/_numba.py, which sets numba's environment).
 
 Every kernel compiles for float32 (training) and float64, so the finite-difference tests prove these very
 kernels. numba here has no SVML: np.exp/np.tanh in @njit are scalar libm calls that also stop vectorisation,
@@ -337,7 +337,7 @@ def attention_bwd(qkv, y, dy, lse, nh, dqkv):              # dy, y (B, T, C) -> 
                 dsj, pj = dp[j], p[j]
                 for d in range(hs):
                     dqi[d] = _fma(dsj, k[j, d], dqi[d])    # fwd: s_ij = scale q_i . k_j -> dq_i = scale sum_j ds_ij k_j
-                    dk[j, d] = _fma(dsj, q[i, d], dk[j, d])   #                             dk_j = sum_i ds_ij (scale q_i)
+                    dk[j, d] = _fma(dsj, q[i, d], dk[j, d])   # dk_j = sum_i ds_ij (scale q_i)
                     dv[j, d] = _fma(pj, g[i, d], dv[j, d])    # dv_j = sum_i p_ij dy_i
             for d in range(hs):
                 dqkv[b, i, h * hs + d] = scale * dqi[d]
@@ -351,7 +351,7 @@ def attention_bwd(qkv, y, dy, lse, nh, dqkv):              # dy, y (B, T, C) -> 
 # softmax cross-entropy: forward keeps the row log-sum-exp, backward writes (softmax - onehot) * scale
 
 @njit(**_JIT)
-def xent_fwd(logits, targets, lse):                        # logits (N, V), targets (N,) -> lse (N,); returns sum of losses
+def xent_fwd(logits, targets, lse):                        # logits (N, V), targets (N,) -> lse (N,); -> sum of losses
     N, V = logits.shape                                     # serial: (N, V) is small next to the matmuls
     e = np.empty(V, logits.dtype)
     total = 0.0

@@ -4,7 +4,10 @@ Each operation has a plain NumPy reference here (the executable specification; t
 the numba kernels of minigpt/_fused_numba.py with it in float64 and float32) and a dispatcher that the layers
 call. The numba kernels run for float32 and float64 alike, so the finite-difference tests check the code that
 trains. MINIGPT_FUSED=0 (or set_enabled(False)) selects the references; the default is the kernels whenever
-numba imports. Not here: matmuls (kernels.py), the Module bookkeeping (layers.py).
+numba imports. Attention runs its two matmuls on the kernels.py backend around the fused softmax, unless
+MINIGPT_ATTENTION=flash selects the all-numba kernel (no (T, T) tensor kept; slower at configs S and M).
+numba uses as many threads as the matmul backend (kernels.set_threads). Not here: matmuls (kernels.py), the
+Module bookkeeping and buffers (layers.py).
 """
 import functools
 import math
@@ -74,7 +77,7 @@ def _new(out, like, shape=None):
     return out if out is not None else np.empty(like.shape if shape is None else shape, like.dtype)
 
 
-FLASH = os.environ.get("MINIGPT_ATTENTION", "bmm") == "flash"
+FLASH = os.environ.get("MINIGPT_ATTENTION", "bmm") == "flash"       # see the module docstring
 
 
 def flash_attention(qkv):

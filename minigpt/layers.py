@@ -320,7 +320,8 @@ class CausalSelfAttention(Module):
             return self.c_attn.backward(dqkv)
         q, k, v, att, attd = c["q"], c["k"], c["v"], c["att"], c["attd"]   # (B, nh, T, hs), (B, nh, T, T)
         (dyh,) = self._heads(dy.reshape(B, T, 1, nh, hs), "dyh", True)   # (B, nh, T, hs)
-        dattd = K.bmm(dyh, v, tb=True, out=self._buf("datt", (B, nh, T, T), dt, True))   # fwd: y = attd v -> d(attd) = dy v^T
+        datt_buf = self._buf("datt", (B, nh, T, T), dt, True)
+        dattd = K.bmm(dyh, v, tb=True, out=datt_buf)                   # fwd: y = attd v -> d(attd) = dy v^T
         datt = self.attn_dropout.backward(dattd)
         d3 = datt.reshape(L, T, T)                                     # fwd: att = softmax(q k^T / sqrt(hs))
         ds = F.causal_softmax_backward(att.reshape(L, T, T), d3, 1.0 / math.sqrt(hs), out=d3).reshape(B, nh, T, T)
