@@ -17,7 +17,8 @@ from minigpt.sample import generate
 
 MODELS = {
     "S (block 64)": GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128),
-    "block 256": GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384),
+    "S dims, block 256": GPTConfig(vocab_size=65, block_size=256, n_layer=4, n_head=4, n_embd=128),
+    "M (block 256)": GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384),
 }
 
 
