@@ -1,10 +1,10 @@
 """Training-step speed of every backend at configs S and M, side by side with PyTorch; writes reports/benchmarks.md.
 
-    python scripts/bench_train.py [--threads 2] [--steps_S 30] [--steps_M 4]
+    python scripts/bench_train.py [--threads 2] [--steps_S 30] [--steps_M 3] [--rounds 3]
 
-One process, the same threads: minigpt and PyTorch steps alternate, medians after warm-up. A second, profiled
-pass splits a minigpt step into matmul / attention / LayerNorm / GELU / loss / optimizer / other (exclusive
-times). Peak RSS is measured per implementation in a child process (`--rss NAME`). PyTorch is optional.
+One invocation, the same threads: rounds alternate the implementations, each in its own child process
+(`--child NAME`), medians after warm-up. A profiled pass splits a minigpt step into matmul / attention /
+LayerNorm / GELU / loss / optimizer / other (exclusive times). PyTorch is optional.
 """
 import argparse
 import json
@@ -83,17 +83,15 @@ class TorchStep:
         return loss.item()
 
 
-def time_alternating(steps, n, warmup=2):
-    """{name: [seconds]}: warm up each, then run one step of each in turn, n rounds."""
-    for f in steps.values():
-        for _ in range(warmup):
-            f()
-    times = defaultdict(list)
+def time_steps(step, n, warmup=3):
+    """Seconds of each of n steps after warm-up."""
+    for _ in range(warmup):
+        step()
+    times = []
     for _ in range(n):
-        for name, f in steps.items():
-            t0 = time.perf_counter()
-            f()
-            times[name].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
     return times
 
 
@@ -150,25 +148,16 @@ def profile(step, n):
     return {k: float(np.median(v)) for k, v in shares.items()}
 
 
-def peak_rss(name, cfg_name, threads, steps=3):
-    """Peak RSS (MiB) of a child process that runs `steps` steps of one implementation."""
-    r = subprocess.run([sys.executable, __file__, "--rss", name, "--rss_config", cfg_name, "--threads", str(threads),
-                        "--rss_steps", str(steps)], capture_output=True, text=True)
-    return float(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else float("nan")
-
-
-def rss_child(a):
-    c = CONFIGS[a.rss_config]
-    K.set_threads(a.threads)
-    mini = MiniStep(c, a.rss if a.rss != "pytorch" else "numpy")
-    f = TorchStep(mini, a.threads) if a.rss == "pytorch" else mini
-    del_model = a.rss == "pytorch"
-    if del_model:
-        mini.model = mini.opt = None
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    for _ in range(a.rss_steps):
-        f()
-    print(max(base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024)
+def child(a):
+    """One implementation in this process: median step time, profiled shares, peak RSS, as one JSON line."""
+    c = CONFIGS[a.config]
+    K.set_backend(a.child if a.child != "pytorch" else "numpy", threads=a.threads)
+    mini = MiniStep(c, a.child if a.child != "pytorch" else "numpy")
+    step = TorchStep(mini, a.threads) if a.child == "pytorch" else mini
+    times = time_steps(step, a.steps)
+    shares = profile(mini, max(3, a.steps // 3)) if a.child != "pytorch" else None
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"median": float(np.median(times)), "shares": shares, "rss": rss}))
 
 
 # ----------------------------------------------------------------------------
@@ -177,48 +166,54 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--steps_S", type=int, default=30)
-    ap.add_argument("--steps_M", type=int, default=4)
+    ap.add_argument("--steps_M", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--configs", default="S,M")
     ap.add_argument("--out", default="reports/benchmarks.md")
-    ap.add_argument("--rss", help=argparse.SUPPRESS)
-    ap.add_argument("--rss_config", default="S", help=argparse.SUPPRESS)
-    ap.add_argument("--rss_steps", type=int, default=3, help=argparse.SUPPRESS)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--config", default="S", help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, default=3, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.rss:
-        return rss_child(a)
+    if a.child:
+        return child(a)
+    impls = K.available()
     try:
         import torch  # noqa: F401
-        have_torch = True
+        impls.append("pytorch")
     except ImportError:
-        have_torch = False
-    backends = K.available()
+        pass
     results = {}
     for cfg_name in a.configs.split(","):
         c = CONFIGS[cfg_name]
         n = a.steps_S if cfg_name == "S" else a.steps_M
-        steps = {b: MiniStep(c, b) for b in backends}
-        for b in backends:
-            K.set_backend(b, threads=a.threads)
-        if have_torch:
-            steps["pytorch"] = TorchStep(steps[backends[0]], a.threads)
-        times = time_alternating(steps, n)
-        shares = {b: profile(steps[b], max(3, n // 3)) for b in backends}
+        runs = defaultdict(list)
+        for _ in range(a.rounds):                  # rounds alternate the implementations, one process each
+            for name in impls:
+                r = subprocess.run([sys.executable, __file__, "--child", name, "--config", cfg_name, "--steps", str(n),
+                                    "--threads", str(a.threads)], capture_output=True, text=True, check=True)
+                runs[name].append(json.loads(r.stdout.strip().splitlines()[-1]))
         tokens = c["batch"] * c["block_size"]
         rows = {}
-        for name, ts in times.items():
-            med = float(np.median(ts))
+        for name, rs in runs.items():
+            med = float(np.median([r["median"] for r in rs]))
             rows[name] = {"ms": 1000 * med, "tok_s": tokens / med, "gflops": model_flops(c) / med / 1e9,
-                          "share": shares.get(name), "rss": peak_rss(name, cfg_name, a.threads)}
-            print(f"{cfg_name} {name:8s} {1000 * med:9.1f} ms/step {tokens / med:9,.0f} tok/s", flush=True)
+                          "share": rs[0]["shares"], "rss": max(r["rss"] for r in rs),
+                          "spread": [round(1000 * r["median"], 1) for r in rs]}
+            print(f"{cfg_name} {name:8s} {1000 * med:9.1f} ms/step {tokens / med:9,.0f} tok/s  rounds {rows[name]['spread']}",
+                  flush=True)
         results[cfg_name] = rows
-    write_report(a, results, have_torch)
+    write_report(a, results, "pytorch" in impls)
 
 
 def write_report(a, results, have_torch):
     lines = ["# Training-step speed: minigpt backends vs PyTorch", "",
-             f"Command: `python scripts/bench_train.py --threads {a.threads} --steps_S {a.steps_S} --steps_M {a.steps_M}`"
-             f" ({os.cpu_count()} cores; steps alternate between implementations in one process; medians after "
-             f"2 warm-up steps; a step is forward + backward + clip + AdamW, float32, bias off, vocab 65).", ""]
+             f"Command: `python scripts/bench_train.py --threads {a.threads} --steps_S {a.steps_S} --steps_M {a.steps_M} "
+             f"--rounds {a.rounds}` ({os.cpu_count()} cores, {a.threads} threads for every implementation). One "
+             f"invocation; each round runs every implementation in its own process, one after the other (in one "
+             f"process PyTorch's OpenMP threads spin and slow both sides). Each process: 3 warm-up steps, then the "
+             f"median step; the table gives the median over rounds (per-round medians in brackets). A step is "
+             f"forward + backward + clip + AdamW, float32, bias off, vocab 65, same initial weights and batch. "
+             f"Peak RSS is that process's maximum resident set (it imports numpy and numba; PyTorch's also imports torch).", ""]
     for cfg_name, rows in results.items():
         c = CONFIGS[cfg_name]
         lines += [f"## Config {cfg_name}: n_layer {c['n_layer']}, n_head {c['n_head']}, n_embd {c['n_embd']}, "
@@ -228,7 +223,7 @@ def write_report(a, results, have_torch):
         ref = rows.get("pytorch", {}).get("tok_s")
         for name, r in rows.items():
             ratio = f"{r['tok_s'] / ref:.2f}x" if ref else "n/a"
-            lines.append(f"| {name} | {r['ms']:.1f} | {r['tok_s']:,.0f} | {ratio} | {r['gflops']:.1f} | "
+            lines.append(f"| {name} | {r['ms']:.1f} {r['spread']} | {r['tok_s']:,.0f} | {ratio} | {r['gflops']:.1f} | "
                          f"{100 * r['gflops'] / PEAK_GFLOPS:.0f}% | {r['rss']:.0f} |")
         parts = list(PARTS) + ["other"]
         lines += ["", "Share of a minigpt step (profiled pass, exclusive times):", "",
@@ -239,7 +234,7 @@ def write_report(a, results, have_torch):
         lines.append("")
     if not have_torch:
         lines.append("PyTorch is not installed here (`pip install torch==2.13.0`), so there is no ratio.")
-    lines.append(f"fp32 peak: {PEAK_GFLOPS:.0f} GFLOP/s on 2 cores (FMA probe). Raw: `{json.dumps({k: {n: round(r['ms'], 2) for n, r in v.items()} for k, v in results.items()})}`")
+    lines.append(f"fp32 peak: {PEAK_GFLOPS:.0f} GFLOP/s on 2 cores (FMA probe, reports/kernels.md).")
     with open(a.out, "w") as f:
         f.write("\n".join(lines) + "\n")
     print(f"wrote {a.out}")
