@@ -262,19 +262,26 @@ def _head(qkv, b, o, T, hs, scale, a, aT):                  # a (T, hs) = scale 
             aT[d, t] = a[t, d]
 
 
+@njit(**_JIT)
+def _heads(qkv, b, h, C, T, hs):
+    """q (pre-scaled by 1/sqrt(hs)), k, v (T, hs) of head h of batch row b, and k^T, v^T (hs, T)."""
+    one, scale = qkv.dtype.type(1.0), qkv.dtype.type(1.0 / math.sqrt(hs))
+    q, k, v = np.empty((T, hs), qkv.dtype), np.empty((T, hs), qkv.dtype), np.empty((T, hs), qkv.dtype)
+    kT, vT = np.empty((hs, T), qkv.dtype), np.empty((hs, T), qkv.dtype)
+    _head(qkv, b, h * hs, T, hs, scale, q, kT)             # q pre-scaled: s_ij = q_i . k_j
+    _head(qkv, b, C + h * hs, T, hs, one, k, kT)
+    _head(qkv, b, 2 * C + h * hs, T, hs, one, v, vT)
+    return q, k, v, kT, vT
+
+
 @njit(parallel=True, **_JIT)
 def attention_fwd(qkv, nh, y, lse):                        # qkv (B, T, 3C) -> y (B, T, C), lse (B, nh, T)
     B, T, C3 = qkv.shape
     C = C3 // 3
     hs = C // nh
-    one, scale = qkv.dtype.type(1.0), qkv.dtype.type(1.0 / math.sqrt(hs))
     for bh in prange(B * nh):
         b, h = bh // nh, bh % nh
-        q, k, v = np.empty((T, hs), qkv.dtype), np.empty((T, hs), qkv.dtype), np.empty((T, hs), qkv.dtype)
-        kT, vT = np.empty((hs, T), qkv.dtype), np.empty((hs, T), qkv.dtype)
-        _head(qkv, b, h * hs, T, hs, scale, q, kT)         # q pre-scaled: s_ij = q_i . k_j
-        _head(qkv, b, C + h * hs, T, hs, one, k, kT)
-        _head(qkv, b, 2 * C + h * hs, T, hs, one, v, vT)
+        q, k, v, kT, vT = _heads(qkv, b, h, C, T, hs)
         p, yi = np.empty(T, qkv.dtype), np.empty(hs, qkv.dtype)
         for i in range(T):
             n = i + 1                                      # keys 0..i: the masked half is never used
@@ -303,15 +310,11 @@ def attention_bwd(qkv, y, dy, lse, nh, dqkv):              # dy, y (B, T, C) -> 
     B, T, C3 = qkv.shape
     C = C3 // 3
     hs = C // nh
-    one, scale = qkv.dtype.type(1.0), qkv.dtype.type(1.0 / math.sqrt(hs))
+    scale = qkv.dtype.type(1.0 / math.sqrt(hs))
     for bh in prange(B * nh):
         b, h = bh // nh, bh % nh
-        q, k, v, g = (np.empty((T, hs), qkv.dtype), np.empty((T, hs), qkv.dtype),
-                      np.empty((T, hs), qkv.dtype), np.empty((T, hs), qkv.dtype))
-        kT, vT = np.empty((hs, T), qkv.dtype), np.empty((hs, T), qkv.dtype)
-        _head(qkv, b, h * hs, T, hs, scale, q, kT)
-        _head(qkv, b, C + h * hs, T, hs, one, k, kT)
-        _head(qkv, b, 2 * C + h * hs, T, hs, one, v, vT)
+        q, k, v, kT, vT = _heads(qkv, b, h, C, T, hs)
+        g = np.empty((T, hs), qkv.dtype)
         dk, dv = np.zeros((T, hs), qkv.dtype), np.zeros((T, hs), qkv.dtype)
         p, dp, dqi = np.empty(T, qkv.dtype), np.empty(T, qkv.dtype), np.empty(hs, qkv.dtype)
         for i in range(T):

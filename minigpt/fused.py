@@ -183,14 +183,20 @@ def causal_softmax_backward_ref(att, datt, scale):
     return scale * att * (datt - (datt * att).sum(-1, keepdims=True))
 
 
+def _start_from(out, src):
+    """The array an in-place kernel works on: a copy of src, or out holding src (out may be src itself)."""
+    if out is None:
+        return src.copy()
+    if out is not src:
+        out[...] = src
+    return out
+
+
 def causal_softmax(s, scale, start=0, out=None):
     """Probabilities of the scores s (L, T, Tk); out= may be s itself (in place)."""
     if not _use(s):
         return _into(out, causal_softmax_ref(s, scale, start))
-    if out is None:
-        out = s.copy()
-    elif out is not s:
-        out[...] = s
+    out = _start_from(out, s)
     _nb.causal_softmax_fwd(out, scale, start)
     return out
 
@@ -199,10 +205,7 @@ def causal_softmax_backward(att, datt, scale, start=0, out=None):
     """d(scores) from d(probabilities) datt; out= may be datt itself (in place)."""
     if not _use(att):
         return _into(out, causal_softmax_backward_ref(att, datt, scale))
-    if out is None:
-        out = datt.copy()
-    elif out is not datt:
-        out[...] = datt
+    out = _start_from(out, datt)
     _nb.causal_softmax_bwd(_c(att), out, scale, start)
     return out
 
