@@ -123,6 +123,24 @@ def _sum8(a, n):
 
 
 @njit(**_JIT)
+def _dot8(a, b, n):
+    """a[:n] . b[:n] in 8 lanes, as _sum8."""
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = a.dtype.type(0.0)
+    j = 0
+    while j + 8 <= n:
+        s0 = _fma(a[j], b[j], s0); s1 = _fma(a[j + 1], b[j + 1], s1)              # noqa: E702
+        s2 = _fma(a[j + 2], b[j + 2], s2); s3 = _fma(a[j + 3], b[j + 3], s3)      # noqa: E702
+        s4 = _fma(a[j + 4], b[j + 4], s4); s5 = _fma(a[j + 5], b[j + 5], s5)      # noqa: E702
+        s6 = _fma(a[j + 6], b[j + 6], s6); s7 = _fma(a[j + 7], b[j + 7], s7)      # noqa: E702
+        j += 8
+    s = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+    while j < n:
+        s = _fma(a[j], b[j], s)
+        j += 1
+    return s
+
+
+@njit(**_JIT)
 def _max8(a, n):
     """max(a[:n]), n >= 1, in 8 lanes as _sum8 (a NaN in the row reaches the softmax through exp anyway)."""
     m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = a[0]
@@ -303,6 +321,31 @@ def attention_fwd(qkv, nh, y, lse):                        # qkv (B, T, 3C) -> y
                     yi[d] = _fma(pj, v[j, d], yi[d])
             for d in range(hs):
                 y[b, i, h * hs + d] = yi[d] / l
+
+
+@njit(parallel=True, **_JIT)
+def attention_cached_fwd(qkv, k_all, v_all, n, y):        # qkv (B, T, 3C); k_all, v_all (B, nh, S, hs) -> y (B, T, C)
+    B, T, C3 = qkv.shape
+    nh, hs = k_all.shape[1], k_all.shape[3]
+    scale = qkv.dtype.type(1.0 / math.sqrt(hs))
+    for bh in prange(B * nh):
+        b, h = bh // nh, bh % nh
+        p, yi = np.empty(n + T, qkv.dtype), np.empty(hs, qkv.dtype)
+        for t in range(T):
+            q, m = qkv[b, t, h * hs:(h + 1) * hs], n + t + 1      # new position n+t sees keys 0..n+t
+            for j in range(m):                                    # scores q . k_j, 8 lanes over hs
+                p[j] = _dot8(q, k_all[b, h, j], hs)
+            mx = _max8(p, m)
+            for j in range(m):
+                p[j] = _exp((p[j] - mx) * scale)
+            inv = qkv.dtype.type(1.0 / _sum8(p, m))
+            yi[:] = 0.0
+            for j in range(m):                                    # y = sum_j p_j v_j, an axpy over hs
+                pj, vj = p[j], v_all[b, h, j]
+                for d in range(hs):
+                    yi[d] = _fma(pj, vj[d], yi[d])
+            for d in range(hs):
+                y[b, t, h * hs + d] = yi[d] * inv
 
 
 @njit(parallel=True, **_JIT)

@@ -253,6 +253,35 @@ def attention(qkv, nh, out=None):
     return y, lse
 
 
+# ----------------------------------------------------------------------------
+# attention of a few new positions against a KV cache (generation): k_all, v_all (B, nh, S, hs) hold keys and
+# values at positions 0..n+T-1 (this call's included); new position n+t sees keys 0..n+t. The kernel reads the
+# cache in place: no copy of the filled part, no (B, nh, T, S) scores.
+
+DECODE_T = 8             # calls with more new positions (a prompt's prefill) take the matmul path in layers.py
+
+
+def attention_cached_ref(qkv, k_all, v_all, n):            # qkv (B, T, 3C) -> y (B, T, C)
+    B, T, C3 = qkv.shape
+    nh = k_all.shape[1]
+    q = _heads(qkv[..., :C3 // 3], B, T, nh)              # (B, nh, T, hs)
+    k, v = k_all[:, :, :n + T], v_all[:, :, :n + T]        # (B, nh, n+T, hs)
+    s = q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1])    # (B, nh, T, n+T)
+    s[..., np.triu(np.ones((T, n + T), bool), k=n + 1)] = -np.inf
+    p = np.exp(s - s.max(-1, keepdims=True))
+    y = (p / p.sum(-1, keepdims=True)) @ v                 # (B, nh, T, hs)
+    return y.transpose(0, 2, 1, 3).reshape(B, T, C3 // 3)
+
+
+def attention_cached(qkv, k_all, v_all, n, out=None):
+    if not _use(qkv):
+        return _into(out, attention_cached_ref(qkv, k_all, v_all, n))
+    B, T, C3 = qkv.shape
+    y = _new(out, qkv, (B, T, C3 // 3))
+    _nb.attention_cached_fwd(_c(qkv), k_all, v_all, n, y)
+    return y
+
+
 def attention_backward(qkv, y, dy, lse, nh, out=None):
     if not _use(qkv):
         return _into(out, attention_backward_ref(qkv, y, dy, lse, nh))

@@ -262,7 +262,7 @@ class CausalSelfAttention(Module):
             self.cache = {"qkv": qkv, "y": y, "lse": lse}
             return self.resid_dropout.forward(self.c_proj.forward(y))
         if kv is not None:
-            return self._forward_cached(qkv.reshape(B, T, 3, nh, hs).transpose(2, 0, 3, 1, 4), kv)
+            return self._forward_cached(qkv, kv)
         q, k, v = self._heads(qkv.reshape(B, T, 3, nh, hs), "qkvh")    # each (B, nh, T, hs)
         att = K.bmm(q, k, tb=True, out=self._buf("att", (B, nh, T, T), dt))   # scores
         a3 = att.reshape(L, T, T)
@@ -294,18 +294,21 @@ class CausalSelfAttention(Module):
         bmm(h[0] if S == 1 else list(h))
         np.copyto(out5, h.transpose(1, 3, 0, 2, 4))
 
-    def _forward_cached(self, qkv, kv):
+    def _forward_cached(self, qkv, kv):                                # qkv (B, T, 3C)
         """Inference with a KV cache: append this call's keys/values at positions n.., attend over 0..n+T-1."""
         k_all, v_all, n = kv                                           # (B, nh, block_size, hs) each
-        _, B, nh, T, hs = qkv.shape
-        k_all[:, :, n:n + T] = qkv[1]
-        v_all[:, :, n:n + T] = qkv[2]
-        q = np.ascontiguousarray(qkv[0]).reshape(B * nh, T, hs)       # (L, T, hs)
-        k = np.ascontiguousarray(k_all[:, :, :n + T]).reshape(B * nh, n + T, hs)   # (L, n+T, hs)
-        v = np.ascontiguousarray(v_all[:, :, :n + T]).reshape(B * nh, n + T, hs)
-        att = F.causal_softmax(K.bmm(q, k, tb=True), 1.0 / math.sqrt(hs), start=n)   # (L, T, n+T)
-        y = K.bmm(att, v)                                              # (L, T, hs)
-        y = y.reshape(B, nh, T, hs).transpose(0, 2, 1, 3).reshape(B, T, nh * hs)
+        B, T, _ = qkv.shape
+        _, nh, _, hs = k_all.shape
+        q, k, v = qkv.reshape(B, T, 3, nh, hs).transpose(2, 0, 3, 1, 4)   # each (B, nh, T, hs)
+        k_all[:, :, n:n + T], v_all[:, :, n:n + T] = k, v
+        if T <= F.DECODE_T:                                            # decoding: read the cache in place
+            y = F.attention_cached(qkv, k_all, v_all, n)
+        else:                                                          # prefill: the backend's matmuls
+            q = np.ascontiguousarray(q).reshape(B * nh, T, hs)         # (L, T, hs)
+            k = np.ascontiguousarray(k_all[:, :, :n + T]).reshape(B * nh, n + T, hs)   # (L, n+T, hs)
+            v = np.ascontiguousarray(v_all[:, :, :n + T]).reshape(B * nh, n + T, hs)
+            att = F.causal_softmax(K.bmm(q, k, tb=True), 1.0 / math.sqrt(hs), start=n)   # (L, T, n+T)
+            y = K.bmm(att, v).reshape(B, nh, T, hs).transpose(0, 2, 1, 3).reshape(B, T, nh * hs)
         return self.resid_dropout.forward(self.c_proj.forward(y))
 
     def backward(self, dout):                                          # dout (B, T, C)

@@ -26,12 +26,16 @@
 #ifndef NC
 #define NC 2048    /* columns of B packed at once */
 #endif
+#ifndef SMALL_M
+#define SMALL_M 4  /* products with at most this many rows skip packing (small_block) */
+#endif
 
 typedef struct {
     int ta, tb, M, N, K, lda, ldb, ldc, L;
     const float *A, *B; float *C; float beta;
     long long sA, sB, sC;
     int pm, pn;    /* thread grid over (M, N); pm*pn == threads, or 0 when threads split the batch */
+    int small;     /* few rows and A not transposed with B: the unpacked path (small_block) */
 } job_t;
 
 static int n_threads;                  /* 0 = not set yet -> number of online CPUs */
@@ -208,6 +212,98 @@ static void gemm_block(const job_t *g, const float *A, const float *B, float *C,
     }
 }
 
+/* ----------------------------------------------------------------------------
+   few rows (M <= SMALL_M, e.g. one decoding step per sample): no packing, which would cost as much as the
+   product. C[i, n0:n1] is read straight from op(A) rows and B; every tile keeps mr x 64 sums in registers. */
+static inline __attribute__((always_inline)) void small_nn_rows(int mr, const job_t *g, const float *A,
+                                                                const float *B, float *C, int n0, int n1)
+{
+    /* k outer, columns inner: B is read row by row, contiguously (a column-tile order would jump a whole row
+       of B per k and defeat the prefetcher); the mr rows of C[:, n0:n1] stay in L1 as accumulators */
+    long sa_i = g->ta ? 1 : g->lda, sa_k = g->ta ? g->lda : 1;   /* op(A)[i,k] = A[i*sa_i + k*sa_k] */
+    __m512 vb = _mm512_set1_ps(g->beta);
+    for (int i = 0; i < mr; i++)
+        for (int j = n0; j < n1; j += 16) {
+            __mmask16 m = n1 - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n1 - j)) - 1);
+            float *c = C + (long)i * g->ldc + j;
+            __m512 r = g->beta == 0.0f ? _mm512_setzero_ps() : _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(m, c));
+            _mm512_mask_storeu_ps(c, m, r);
+        }
+    int k = 0;
+    for (; k + 4 <= g->K; k += 4) {                       /* four rows of B per pass: a quarter of the C traffic */
+        const float *b = B + (long)k * g->ldb;
+        __m512 a[4][4];
+        for (int i = 0; i < mr; i++)
+            for (int u = 0; u < 4; u++) a[i][u] = _mm512_set1_ps(A[i * sa_i + (k + u) * sa_k]);
+        for (int j = n0; j < n1; j += 16) {
+            __mmask16 m = n1 - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n1 - j)) - 1);
+            __m512 bv[4];
+            for (int u = 0; u < 4; u++) bv[u] = _mm512_maskz_loadu_ps(m, b + u * g->ldb + j);
+            for (int i = 0; i < mr; i++) {
+                float *c = C + (long)i * g->ldc + j;
+                __m512 r = _mm512_maskz_loadu_ps(m, c);
+                for (int u = 0; u < 4; u++) r = _mm512_fmadd_ps(a[i][u], bv[u], r);   /* k order kept */
+                _mm512_mask_storeu_ps(c, m, r);
+            }
+        }
+    }
+    for (; k < g->K; k++) {
+        const float *b = B + (long)k * g->ldb;
+        for (int i = 0; i < mr; i++) {
+            __m512 a = _mm512_set1_ps(A[i * sa_i + k * sa_k]);
+            for (int j = n0; j < n1; j += 16) {
+                __mmask16 m = n1 - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n1 - j)) - 1);
+                float *c = C + (long)i * g->ldc + j;
+                _mm512_mask_storeu_ps(c, m, _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m, b + j), _mm512_maskz_loadu_ps(m, c)));
+            }
+        }
+    }
+}
+
+/* op(B) = B^T: C[i,j] = dot(op(A) row i, B row j), both contiguous in k when A is not transposed */
+static inline __attribute__((always_inline)) void small_nt_tile(int mr, const job_t *g, const float *A,
+                                                                const float *B, float *c, int j)
+{
+    __m512 acc[4];
+    for (int i = 0; i < 4; i++) acc[i] = _mm512_setzero_ps();
+    const float *b = B + (long)j * g->ldb;
+    for (int k = 0; k < g->K; k += 16) {
+        __mmask16 m = g->K - k >= 16 ? 0xFFFF : (__mmask16)((1u << (g->K - k)) - 1);
+        __m512 bv = _mm512_maskz_loadu_ps(m, b + k);
+        for (int i = 0; i < mr; i++)
+            acc[i] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, A + (long)i * g->lda + k), bv, acc[i]);
+    }
+    for (int i = 0; i < mr; i++) {
+        float *ci = c + (long)i * g->ldc + j, s = _mm512_reduce_add_ps(acc[i]);
+        *ci = g->beta == 0.0f ? s : s + g->beta * *ci;
+    }
+}
+
+static void small_block(const job_t *g, const float *A, const float *B, float *C, int n0, int n1)
+{
+    for (int i0 = 0; i0 < g->M; i0 += 4) {
+        int mr = g->M - i0 < 4 ? g->M - i0 : 4;
+        const float *a = A + (long)i0 * (g->ta ? 1 : g->lda);
+        float *c = C + (long)i0 * g->ldc;
+        if (g->tb) {
+            for (int j = n0; j < n1; j++)
+                switch (mr) {          /* constant mr: the row loops unroll */
+                case 4: small_nt_tile(4, g, a, B, c, j); break;
+                case 3: small_nt_tile(3, g, a, B, c, j); break;
+                case 2: small_nt_tile(2, g, a, B, c, j); break;
+                default: small_nt_tile(1, g, a, B, c, j);
+                }
+            continue;
+        }
+        switch (mr) {
+        case 4: small_nn_rows(4, g, a, B, c, n0, n1); break;
+        case 3: small_nn_rows(3, g, a, B, c, n0, n1); break;
+        case 2: small_nn_rows(2, g, a, B, c, n0, n1); break;
+        default: small_nn_rows(1, g, a, B, c, n0, n1);
+        }
+    }
+}
+
 /* peak: 16 independent FMA chains per thread (latency 4 x 2 ports needs >= 8), registers only */
 static void peak_job(void *arg, int tid, int nt)
 {
@@ -249,8 +345,11 @@ static void run_job(void *arg, int tid, int nt)
             split(g->N, NR, g->pn, tid / g->pm, &n0, &n1);
             if (m0 >= m1 || n0 >= n1) continue;
         }
-        gemm_block(g, g->A + l * g->sA, g->B + l * g->sB, g->C + l * g->sC, m0, m1, n0, n1,
-                   bufs[tid][0], bufs[tid][1]);
+        if (g->small)
+            small_block(g, g->A + l * g->sA, g->B + l * g->sB, g->C + l * g->sC, n0, n1);
+        else
+            gemm_block(g, g->A + l * g->sA, g->B + l * g->sB, g->C + l * g->sC, m0, m1, n0, n1,
+                       bufs[tid][0], bufs[tid][1]);
     }
 }
 #endif
@@ -294,6 +393,7 @@ static int plan(job_t *g)
     if (flops < 4e5) nt = 1;                   /* below ~4 us of work, waking a thread costs more than it saves */
     g->pm = 0; g->pn = 1;
     if (g->L >= nt && (g->L % nt == 0 || g->L >= 4 * nt)) return nt;
+    if (g->small) { g->pm = 1; g->pn = nt; return nt; }   /* few rows: split the columns */
     double best = 0;
     for (int pm = 1; pm <= nt; pm++) {
         if (nt % pm) continue;
@@ -346,7 +446,8 @@ int mgk_sgemm_batched(int L, int ta, int tb, int M, int N, int K, const float *A
 {
     if (L < 0 || sA < 0 || sB < 0 || sC < 0 || bad_args(ta, tb, M, N, K, A, lda, B, ldb, C, ldc))
         return MGK_EBADARG;
-    job_t g = {ta != 0, tb != 0, M, N, K, lda, ldb, ldc, L, A, B, C, beta, sA, sB, sC, 0, 1};
+    job_t g = {ta != 0, tb != 0, M, N, K, lda, ldb, ldc, L, A, B, C, beta, sA, sB, sC, 0, 1,
+               M <= SMALL_M && !(ta && tb)};
     return run(&g);
 }
 

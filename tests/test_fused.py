@@ -122,6 +122,19 @@ def test_flash_attention_matches_reference(rng, T):
 
 
 @pytest.mark.parametrize("dt", [np.float64, np.float32])
+@pytest.mark.parametrize("n,T,hs", [(0, 1, 5), (6, 1, 11), (9, 3, 16), (0, 4, 3)])
+def test_cached_attention_matches_reference(both, rng, dt, n, T, hs):
+    """Generation: T new positions at n.. attend to a cache filled up to n+T; what lies beyond is never read."""
+    B, nh, S = 2, 3, n + T + 4
+    qkv = randn(rng, (B, T, 3 * nh * hs), dt, 2)
+    k_all, v_all = randn(rng, (B, nh, S, hs), dt, 2), randn(rng, (B, nh, S, hs), dt)
+    k_all[:, :, n + T:] = v_all[:, :, n + T:] = np.nan                 # the unfilled part of the cache
+    (y1, *_), (y0, *_) = both(F.attention_cached, qkv, k_all, v_all, n)
+    assert y1.shape == (B, T, nh * hs) and np.isfinite(y1).all()
+    close((y1,), (y0,), dt, 2)
+
+
+@pytest.mark.parametrize("dt", [np.float64, np.float32])
 def test_cross_entropy_matches_reference(both, rng, dt):
     logits, t = randn(rng, (37, 11), dt, 4), rng.integers(0, 11, 37)
     (l1, s1), (l0, s0) = [r[:2] for r in both(F.cross_entropy, logits, t)]

@@ -70,6 +70,20 @@ def test_matmul_matches_float64(name, ta, tb, acc):
 
 @pytest.mark.parametrize("name", ALL)
 @pytest.mark.parametrize("ta,tb", FLAGS)
+def test_few_rows_match_float64(name, ta, tb):
+    # decoding multiplies 1..num_samples rows by a weight matrix: native has an unpacked path for these;
+    # widths cross its 64-column tiles, and the large ones are split over threads
+    K.set_backend(name)
+    rng = np.random.default_rng(2)
+    for M, N, Kd in itertools.product((1, 2, 3, 4, 5), (1, 63, 65, 130, 1536), (1, 17, 384)):
+        a, b, ref = _operands(rng, M, N, Kd, ta, tb)
+        out = rng.standard_normal((M, N)).astype(np.float32)
+        _close(K.matmul(a, b, ta=ta, tb=tb, out=out.copy(), acc=True), ref + out, Kd)
+        _close(K.matmul(a, b, ta=ta, tb=tb), ref, Kd)
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("ta,tb", FLAGS)
 def test_bmm_matches_float64(name, ta, tb):
     K.set_backend(name)
     rng = np.random.default_rng(1)

@@ -1,6 +1,7 @@
 """Sampling: top-k/top-p/temperature properties, determinism, and KV-cache exactness (tokens and logits)."""
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,8 +16,8 @@ from minigpt.sample import Decoder, generate, sample_next
 CFG = GPTConfig(vocab_size=13, block_size=8, n_layer=2, n_head=2, n_embd=16)
 
 
-def model_f32(seed=0):
-    m = GPT(CFG, np.random.default_rng(seed))
+def model_f32(seed=0, block=CFG.block_size):
+    m = GPT(replace(CFG, block_size=block), np.random.default_rng(seed))
     r = np.random.default_rng(seed + 1)
     for p in m.params().values():                      # sharper distributions than GPT-2 init
         p += (0.2 * r.standard_normal(p.shape)).astype(p.dtype)
@@ -65,12 +66,14 @@ def test_fixed_seed_gives_same_text_and_context_is_cropped():
 # ----------------------------------------------------------------------------
 # KV cache
 
-def test_kv_cache_logits_match_full_recompute_at_every_step():
-    m = model_f32()
+@pytest.mark.parametrize("block,prompt", [(8, 3), (12, 10)])
+def test_kv_cache_logits_match_full_recompute_at_every_step(block, prompt):
+    # block 12, prompt 10: prefills longer than fused.DECODE_T take the matmul path, decoding the fused kernel
+    m = model_f32(block=block)
     rng = np.random.default_rng(3)
-    idx = rng.integers(0, 13, (2, 3))
+    idx = rng.integers(0, 13, (2, prompt))
     full, cached = Decoder(m, idx, use_cache=False), Decoder(m, idx, use_cache=True)
-    for step in range(3 * CFG.block_size):                               # well past block_size
+    for step in range(3 * block):                                        # well past block_size
         a, b = full.logits(), cached.logits()
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-5, err_msg=f"step {step}")
         nxt = rng.integers(0, 13, 2)
