@@ -44,12 +44,17 @@ def _kernels():
     return _nb or None
 
 
-def _use(x):
-    """The numba kernel runs for a float32/float64 array when the fused path is on."""
+SERIAL_BELOW = 16384       # elements of work: below this a kernel runs on one thread (waking numba's other
+                           # threads costs ~17 us here, more than one-row LayerNorms and GELUs of decoding take)
+
+
+def _use(x, work=None):
+    """The numba kernel runs for a float32/float64 array when the fused path is on (on one thread when the
+    work, x.size unless given, is small)."""
     global _threads
     if not (_enabled and x.dtype in (np.float32, np.float64) and _kernels() is not None):
         return False
-    n = K._threads or _cpus()
+    n = 1 if (x.size if work is None else work) < SERIAL_BELOW else K._threads or _cpus()
     if n != _threads:                                      # one thread count for every pool
         _threads = n
         _nb.numba.set_num_threads(min(n, _nb.numba.config.NUMBA_NUM_THREADS))
@@ -274,7 +279,7 @@ def attention_cached_ref(qkv, k_all, v_all, n):            # qkv (B, T, 3C) -> y
 
 
 def attention_cached(qkv, k_all, v_all, n, out=None):
-    if not _use(qkv):
+    if not _use(qkv, work=k_all[:, :, :n + qkv.shape[1]].size // 4):   # ~1 FMA per cached element: light work
         return _into(out, attention_cached_ref(qkv, k_all, v_all, n))
     B, T, C3 = qkv.shape
     y = _new(out, qkv, (B, T, C3 // 3))
