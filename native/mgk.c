@@ -36,6 +36,7 @@ typedef struct {
     long long sA, sB, sC;
     int pm, pn;    /* thread grid over (M, N); pm*pn == threads, or 0 when threads split the batch */
     int small;     /* few rows and A not transposed with B: the unpacked path (small_block) */
+    int ksplit;    /* small, one product, op(B) = B: threads split K, each its own partial sum (see run) */
 } job_t;
 
 static int n_threads;                  /* 0 = not set yet -> number of online CPUs */
@@ -336,6 +337,15 @@ static void run_job(void *arg, int tid, int nt)
 {
     job_t *g = arg;
     if (!bufs[tid][0]) return;
+    if (g->ksplit) {                                       /* one product, rows k0..k1 of B into this thread's sum */
+        job_t h = *g;
+        int k0, k1;
+        split(g->K, 16, nt, tid, &k0, &k1);
+        h.K = k1 > k0 ? k1 - k0 : 0;
+        if (tid > 0) { h.C = bufs[tid][1]; h.ldc = g->N; h.beta = 0.0f; }   /* added into C by run() */
+        small_block(&h, g->A + (long)k0 * (g->ta ? g->lda : 1), g->B + (long)k0 * g->ldb, h.C, 0, g->N);
+        return;
+    }
     for (int l = 0; l < g->L; l++) {
         int m0 = 0, m1 = g->M, n0 = 0, n1 = g->N;
         if (g->pm == 0) {                                  /* batch split: items tid, tid+nt, ... */
@@ -393,7 +403,11 @@ static int plan(job_t *g)
     if (flops < 4e5) nt = 1;                   /* below ~4 us of work, waking a thread costs more than it saves */
     g->pm = 0; g->pn = 1;
     if (g->L >= nt && (g->L % nt == 0 || g->L >= 4 * nt)) return nt;
-    if (g->small) { g->pm = 1; g->pn = nt; return nt; }   /* few rows: split the columns */
+    if (g->small) {                            /* few rows: split K (each thread streams its own rows of B), */
+        g->ksplit = !g->tb && g->L == 1 && (long)g->M * g->N <= (long)KC * NC && g->K >= 64 * nt;
+        g->pm = 1; g->pn = nt;                 /* else the columns */
+        return nt;
+    }
     double best = 0;
     for (int pm = 1; pm <= nt; pm++) {
         if (nt % pm) continue;
@@ -426,6 +440,11 @@ static int run(job_t *g)
         unsigned int csr = _mm_getcsr();
         mgk_pool_set_ftz();                    /* the caller computes too; its FP mode is restored below */
         rc = mgk_pool_run(run_job, g, nt);
+        if (g->ksplit)                         /* C += the other threads' partial sums, in thread order */
+            for (int t = 1; t < nt; t++)
+                for (int i = 0; i < g->M; i++)
+                    for (int j = 0; j < g->N; j++)
+                        g->C[(long)i * g->ldc + j] += bufs[t][1][(long)i * g->N + j];
         _mm_setcsr(csr);
 #endif
     }
@@ -447,7 +466,7 @@ int mgk_sgemm_batched(int L, int ta, int tb, int M, int N, int K, const float *A
     if (L < 0 || sA < 0 || sB < 0 || sC < 0 || bad_args(ta, tb, M, N, K, A, lda, B, ldb, C, ldc))
         return MGK_EBADARG;
     job_t g = {ta != 0, tb != 0, M, N, K, lda, ldb, ldc, L, A, B, C, beta, sA, sB, sC, 0, 1,
-               M <= SMALL_M && !(ta && tb)};
+               M <= SMALL_M && !(ta && tb), 0};
     return run(&g);
 }
 
