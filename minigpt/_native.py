@@ -71,6 +71,7 @@ def _lib():
     lib.mgk_has_avx512.argtypes, lib.mgk_has_avx512.restype = [], _i
     lib.mgk_set_num_threads.argtypes, lib.mgk_set_num_threads.restype = [_i], _i
     lib.mgk_get_num_threads.argtypes, lib.mgk_get_num_threads.restype = [], _i
+    lib.mgk_set_spin_us.argtypes, lib.mgk_set_spin_us.restype = [_i], _i
     lib.mgk_peak_gflops.argtypes, lib.mgk_peak_gflops.restype = [_ll], ctypes.c_double
     return lib
 
@@ -108,6 +109,9 @@ class NativeBackend:
 
     def set_threads(self, n):
         self.lib.mgk_set_num_threads(max(1, int(n)))
+
+    def set_spin(self, us):
+        self.lib.mgk_set_spin_us(max(0, int(us)))
 
     def peak_gflops(self, iters=20_000_000):
         """fp32 FMA throughput of a register-only loop on the native threads (for reports)."""

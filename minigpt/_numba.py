@@ -212,6 +212,9 @@ class NumbaBackend:
     def set_threads(self, n):
         numba.set_num_threads(max(1, min(int(n), numba.config.NUMBA_NUM_THREADS)))
 
+    def set_spin(self, us):                                        # numba's OpenMP threads: passive, always
+        pass
+
 
 _backend = None
 

@@ -89,6 +89,9 @@ class _NumpyBackend:
     def set_threads(self, n):
         pass
 
+    def set_spin(self, us):
+        pass
+
 
 # ----------------------------------------------------------------------------
 # selection
@@ -152,6 +155,13 @@ def set_threads(n=None):
     global _threads
     _threads = n
     _current().set_threads(n or _cpus())
+
+
+def set_spin(us=0):
+    """Between products, let the backend's worker threads wait on the CPU up to `us` microseconds before they
+    sleep (native only; 0, the default, sleeps at once). Worth it only while nothing else needs the cores between
+    back-to-back products, as in token-by-token generation (minigpt/sample.py); training keeps 0."""
+    _current().set_spin(us)
 
 
 def _cpus():

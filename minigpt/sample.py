@@ -101,13 +101,20 @@ class Decoder:
         self.idx = np.concatenate([self.idx, nxt[:, None]], axis=1)
 
 
+SPIN_US = 200      # native workers wait this long on the CPU between decoding's back-to-back products
+
+
 def generate(model, idx, max_new_tokens, rng, temperature=1.0, top_k=0, top_p=1.0, use_cache=True):
     """Yield the next token ids (B,) max_new_tokens times, continuing idx (B, T0). model must be in eval mode."""
     dec = Decoder(model, idx, use_cache)
-    for _ in range(max_new_tokens):
-        nxt = sample_next(dec.logits(), rng, temperature, top_k, top_p)
-        dec.append(nxt)
-        yield nxt
+    K.set_spin(SPIN_US)
+    try:
+        for _ in range(max_new_tokens):
+            nxt = sample_next(dec.logits(), rng, temperature, top_k, top_p)
+            dec.append(nxt)
+            yield nxt
+    finally:
+        K.set_spin(0)
 
 
 # ----------------------------------------------------------------------------

@@ -23,6 +23,8 @@ int mgk_sgemm_ref(int ta, int tb, int M, int N, int K, const float *A, int lda, 
 int mgk_has_avx512(void);            /* 1 if the CPU (and OS) run the AVX-512 path; else mgk_sgemm uses the reference */
 int mgk_set_num_threads(int n);      /* n >= 1 threads including the caller; the only threading knob */
 int mgk_get_num_threads(void);
+int mgk_set_spin_us(int us);         /* workers (and the caller) wait up to us microseconds on the CPU for the
+                                        next job before sleeping; 0 (the default) sleeps at once */
 double mgk_peak_gflops(long long iters); /* GFLOP/s of a register-only FMA loop on the current threads */
 
 /* internal: the persistent worker pool (mgk_pool.c). fn(arg, tid, nt) runs on tids 0..nt-1, tid 0 = caller. */

@@ -1,9 +1,12 @@
 /* mgk_pool.c: the persistent worker pool behind mgk_sgemm. Workers SLEEP on a condition variable between
-   calls (no spin-waiting: the machine's cores are shared with numpy/numba and other processes) and run with
+   calls (no spin-waiting: the machine's cores are shared with numpy/numba and other processes) unless the
+   caller asks for a bounded wait on the CPU first (mgk_set_spin_us: generation, whose products come back to
+   back with nothing else running between them, would otherwise pay a wake-up per product), and run with
    flush-to-zero/denormals-are-zero set, because subnormal inputs slow the FMA loop down by two orders of magnitude.
    The caller is thread 0 and does its share of every job. One job at a time (mgk.c serialises calls). */
 #include <pthread.h>
 #include <stdint.h>
+#include <time.h>
 #include "mgk.h"
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
@@ -21,6 +24,34 @@ static void (*job_fn)(void *, int, int);
 static void *job_arg;
 static int job_nt;
 static unsigned long start_gen[MAX_WORKERS + 1];
+static int spin_us;                    /* 0: sleep at once; else wait this long on the CPU first */
+
+int mgk_set_spin_us(int us)
+{
+    if (us < 0) return MGK_EBADARG;
+    __atomic_store_n(&spin_us, us, __ATOMIC_RELAXED);
+    return MGK_OK;
+}
+
+/* wait on the CPU for at most spin_us microseconds until the job generation moves past old (workers), or
+   until no worker is pending (the caller, gen_p NULL); returns at once when spin_us is 0 */
+static void spin_wait(const unsigned long *gen_p, unsigned long old)
+{
+    int us = __atomic_load_n(&spin_us, __ATOMIC_RELAXED);
+    if (us <= 0) return;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 1; gen_p ? __atomic_load_n(gen_p, __ATOMIC_ACQUIRE) == old
+                          : __atomic_load_n(&pending, __ATOMIC_ACQUIRE) > 0; i++) {
+#if defined(__x86_64__) || defined(__i386__)
+        _mm_pause();
+#endif
+        if (i % 64 == 0) {
+            clock_gettime(CLOCK_MONOTONIC, &t);
+            if ((t.tv_sec - t0.tv_sec) * 1000000L + (t.tv_nsec - t0.tv_nsec) / 1000 >= us) return;
+        }
+    }
+}
 
 void mgk_pool_set_ftz(void)
 {
@@ -36,8 +67,13 @@ static void *worker(void *p)
     pthread_mutex_lock(&mu);
     unsigned long seen = start_gen[tid];
     for (;;) {
+        if (gen == seen) {                    /* optional bounded wait on the CPU (mgk_set_spin_us) */
+            pthread_mutex_unlock(&mu);
+            spin_wait(&gen, seen);
+            pthread_mutex_lock(&mu);
+        }
         while (gen == seen)
-            pthread_cond_wait(&cv_go, &mu);   /* sleeps in the kernel (futex), no spinning */
+            pthread_cond_wait(&cv_go, &mu);   /* sleeps in the kernel (futex) */
         seen = gen;
         if (tid >= job_nt)                    /* not part of this job (threads were reduced) */
             continue;
@@ -47,7 +83,7 @@ static void *worker(void *p)
         pthread_mutex_unlock(&mu);
         fn(arg, tid, nt);
         pthread_mutex_lock(&mu);
-        if (--pending == 0)
+        if (__atomic_sub_fetch(&pending, 1, __ATOMIC_RELEASE) == 0)
             pthread_cond_signal(&cv_done);
     }
     return NULL;
@@ -88,6 +124,7 @@ int mgk_pool_run(void (*fn)(void *arg, int tid, int nt), void *arg, int nt)
     pthread_mutex_unlock(&mu);
 
     fn(arg, 0, nt);                     /* the caller's share */
+    spin_wait(NULL, 0);                 /* optional: wait for the workers on the CPU before sleeping */
 
     pthread_mutex_lock(&mu);
     while (pending > 0)

@@ -154,8 +154,8 @@ def child(a):
     K.set_backend(a.child if a.child != "pytorch" else "numpy", threads=a.threads)
     mini = MiniStep(c, a.child if a.child != "pytorch" else "numpy")
     step = TorchStep(mini, a.threads) if a.child == "pytorch" else mini
-    times = time_steps(step, a.steps)
-    shares = profile(mini, max(3, a.steps // 3)) if a.child != "pytorch" else None
+    times = time_steps(step, a.steps, warmup=3 if a.config == "S" else 1)   # one M step warms every kernel
+    shares = profile(mini, max(1, a.steps // 3)) if a.child != "pytorch" and a.profile else None
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"median": float(np.median(times)), "shares": shares, "rss": rss}))
 
@@ -173,6 +173,7 @@ def main():
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--config", default="S", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=3, help=argparse.SUPPRESS)
+    ap.add_argument("--profile", type=int, default=1, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         return child(a)
@@ -187,10 +188,11 @@ def main():
         c = CONFIGS[cfg_name]
         n = a.steps_S if cfg_name == "S" else a.steps_M
         runs = defaultdict(list)
-        for _ in range(a.rounds):                  # rounds alternate the implementations, one process each
-            for name in impls:
+        for rnd in range(a.rounds):                # rounds alternate the implementations, one process each
+            for name in impls:                     # (the profiled pass, for the shares, only in the first round)
                 r = subprocess.run([sys.executable, __file__, "--child", name, "--config", cfg_name, "--steps", str(n),
-                                    "--threads", str(a.threads)], capture_output=True, text=True, check=True)
+                                    "--threads", str(a.threads), "--profile", str(int(rnd == 0))],
+                                   capture_output=True, text=True, check=True)
                 runs[name].append(json.loads(r.stdout.strip().splitlines()[-1]))
         tokens = c["batch"] * c["block_size"]
         rows = {}
@@ -210,8 +212,8 @@ def write_report(a, results, have_torch):
              f"Command: `python scripts/bench_train.py --threads {a.threads} --steps_S {a.steps_S} --steps_M {a.steps_M} "
              f"--rounds {a.rounds}` ({os.cpu_count()} cores, {a.threads} threads for every implementation). One "
              f"invocation; each round runs every implementation in its own process, one after the other (in one "
-             f"process PyTorch's OpenMP threads spin and slow both sides). Each process: 3 warm-up steps, then the "
-             f"median step; the table gives the median over rounds (per-round medians in brackets). A step is "
+             f"process PyTorch's OpenMP threads spin and slow both sides). Each process: 3 warm-up steps (1 at M), "
+             f"then the median step; the table gives the median over rounds (per-round medians in brackets). A step is "
              f"forward + backward + clip + AdamW, float32, bias off, vocab 65, same initial weights and batch. "
              f"Peak RSS is that process's maximum resident set (it imports numpy and numba; PyTorch's also imports torch).", ""]
     for cfg_name, rows in results.items():

@@ -110,13 +110,32 @@ def test_matmul_empty_and_k0(name):
 
 @pytest.mark.parametrize("name", FAST)
 def test_matmul_same_bits_for_any_thread_count(name):
-    # each C element is summed by one thread in k order, so threads change speed, not bits
+    # each C element is summed by one thread in k order, so threads change speed, not bits (products of <= 4 rows
+    # on native split K over threads instead: test_few_rows_match_float64 checks those)
     rng = np.random.default_rng(2)
     a, b, _ = _operands(rng, 129, 65, 300, False, True)
     K.set_backend(name, threads=1)
     one = K.matmul(a, b, tb=True)
     K.set_threads(2)
     np.testing.assert_array_equal(K.matmul(a, b, tb=True), one)
+
+
+def test_native_spin_wait_keeps_results():
+    # generation lets the workers wait on the CPU between products (kernels.set_spin); a worker that started a
+    # job late, or a caller that returned before its workers, would show here as a wrong product
+    if REASONS["native"]:
+        pytest.skip(REASONS["native"])
+    K.set_backend("native", threads=2)
+    rng = np.random.default_rng(4)
+    shapes = ((1, 1536, 384), (3, 130, 1536), (129, 65, 300), (257, 512, 2048))    # the last outlasts the spin
+    cases = [_operands(rng, M, N, Kd, False, False) for M, N, Kd in shapes]
+    try:
+        K.set_spin(300)
+        for _ in range(20):
+            for a, b, ref in cases:
+                _close(K.matmul(a, b), ref, a.shape[1])
+    finally:
+        K.set_spin(0)
 
 
 def test_native_matches_its_scalar_reference():

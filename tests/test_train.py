@@ -177,3 +177,16 @@ def test_train_shakespeare_script_smoke(tmp_path):
     assert "---- sample ----" in r.stdout and "val loss" in r.stdout
     assert len(read_log(out / "log.jsonl")) == 6 + 3
     assert (out / "ckpt_last.npz").exists() and png.stat().st_size > 10_000
+    ev = subprocess.run([sys.executable, "scripts/eval_checkpoint.py", "--ckpt", str(out / "ckpt_last.npz"),
+                         "--data", str(data), "--draws", "2", "--backend", "numpy"],
+                        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert ev.returncode == 0, ev.stderr
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from eval_checkpoint import whole_split_loss                        # batched; here one block at a time
+    from minigpt.sample import load_model
+    model, tok = load_model(str(out / "ckpt_last.npz"))
+    ids = Dataset(data.read_text(), tok, 16).splits["val"]
+    one = [model.forward(ids[None, i:i + 16].astype(np.int32), ids[None, i + 1:i + 17].astype(np.int32))[1]
+           for i in range(0, len(ids) - 16, 16)]
+    assert abs(whole_split_loss(model, ids, 16, 4) - np.mean(one)) < 1e-5
+    assert f"val  : whole split {np.mean(one):.4f}" in ev.stdout

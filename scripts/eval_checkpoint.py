@@ -1,0 +1,63 @@
+"""Loss of a checkpoint over whole splits, and the spread of the training loop's 20-batch estimate.
+
+    python scripts/eval_checkpoint.py --ckpt out/ckpt_last.npz [--data data/tinyshakespeare.txt] [--draws 10]
+
+The training loop estimates train/val loss from eval_iters random batches (a fixed generator, so curves are
+comparable). This script measures the same weights two more ways: over every non-overlapping block of each
+split (each target once, with a context of up to block_size tokens), and over `--draws` independent
+draws of eval_iters batches, to show how much the 20-batch figure moves with the batches alone.
+"""
+import argparse
+import sys
+
+import numpy as np
+
+from minigpt import checkpoint, kernels as K
+from minigpt.config import UserError
+from minigpt.data import Dataset, load_text
+from minigpt.sample import load_model
+
+
+def whole_split_loss(model, ids, block_size, batch_size):
+    """Mean loss over the non-overlapping blocks ids[i : i+T+1], i = 0, T, 2T, ... (the tail is dropped)."""
+    n = (len(ids) - 1) // block_size                       # number of full blocks
+    starts = np.arange(n) * block_size
+    total = 0.0
+    for s in range(0, n, batch_size):
+        rows = starts[s:s + batch_size, None] + np.arange(block_size + 1)   # (b, T+1)
+        chunk = ids[rows].astype(np.int32)
+        total += model.forward(chunk[:, :-1], chunk[:, 1:])[1] * len(rows)
+    return total / n
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ckpt", default="out/ckpt_last.npz")
+    ap.add_argument("--data", default="data/tinyshakespeare.txt")
+    ap.add_argument("--draws", type=int, default=10)
+    ap.add_argument("--backend", default="auto")
+    a = ap.parse_args()
+    try:
+        K.set_backend(a.backend)
+        model, tok = load_model(a.ckpt)
+        cfg = checkpoint.load(a.ckpt)[0]["train_config"]
+        data = Dataset(load_text(a.data), tok, model.config.block_size, source=a.data)
+    except (UserError, K.BackendUnavailable) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    T, B, iters = model.config.block_size, cfg["batch_size"], cfg["eval_iters"]
+    print(f"{a.ckpt}: block {T}, batch {B}, eval_iters {iters}")
+    for split in ("train", "val"):
+        full = whole_split_loss(model, data.splits[split], T, B)
+        est = []
+        for d in range(a.draws):
+            rng = np.random.default_rng([cfg["seed"], 100 + d])  # not the loop's generator [seed, 2]
+            est.append(np.mean([model.forward(*data.batch(split, B, T, rng))[1] for _ in range(iters)]))
+        print(f"{split:5s}: whole split {full:.4f} ({len(data.splits[split]):,} tokens); {iters}-batch estimate "
+              f"over {a.draws} draws: mean {np.mean(est):.4f}, std {np.std(est):.4f}, "
+              f"min {np.min(est):.4f}, max {np.max(est):.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
