@@ -25,6 +25,7 @@ M = [
  ("minigpt/_fused_numba.py", 'm[i] = b1 * m[i] + c1 * gi', 'm[i] = b1 * m[i] + gi', "tests/test_fused.py::test_adamw_matches_reference"),
  ("minigpt/fused.py", 'return xc * rstd[:, None] * w + b, mean, rstd', 'return xc * rstd[:, None] * w, mean, rstd', "tests/test_fused.py::test_layernorm_matches_reference"),
  ("minigpt/fused.py", 'ds = p * (dp - (dy4 * y4).sum(-1, keepdims=True)) * scale', 'ds = p * dp * scale', "tests/test_fused.py::test_flash_attention_matches_reference"),
+ ("minigpt/_fused_numba.py", 'q, m = qkv[b, t, h * hs:(h + 1) * hs], n + t + 1', 'q, m = qkv[b, t, h * hs:(h + 1) * hs], n + t', "tests/test_fused.py::test_cached_attention_matches_reference"),
 ]
 for path, old, new, test in M:
     p = pathlib.Path(path); src = p.read_text()
