@@ -35,6 +35,18 @@ def tokens_per_s(model, batch, n_new, use_cache, repeats, prompt_len):
     return batch * n_new / float(np.median(times))
 
 
+def policy_cost(model, batch, n_new, prompt_len):
+    """Median ms per step with the cache: (steps that decode one position, steps past block_size that re-prefill)."""
+    idx = np.tile(np.arange(prompt_len), (batch, 1))
+    times, t0 = [], time.perf_counter()
+    for _ in generate(model, idx, n_new, np.random.default_rng(0), temperature=0.8):
+        t1 = time.perf_counter()
+        times.append(t1 - t0)
+        t0 = t1
+    fits = model.config.block_size - prompt_len            # steps 1..fits decode one position (step 0 prefills)
+    return 1000 * float(np.median(times[1:fits + 1])), 1000 * float(np.median(times[fits + 1:]))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", default="auto")
@@ -44,9 +56,11 @@ def main():
     ap.add_argument("--out", default="reports/generation.md")
     a = ap.parse_args()
     K.set_backend(a.backend, verbose=True)
-    rows = []
+    rows, policy = [], []
     for name, cfg in MODELS.items():
         model = GPT(cfg, np.random.default_rng(0)).eval()
+        if cfg.block_size < a.prompt_len + a.new_tokens - 1:
+            policy += [(name, b, *policy_cost(model, b, a.new_tokens, a.prompt_len)) for b in (1, 8)]
         for batch in (1, 8):
             with_cache = tokens_per_s(model, batch, a.new_tokens, True, a.repeats, a.prompt_len)
             without = tokens_per_s(model, batch, a.new_tokens, False, a.repeats, a.prompt_len)
@@ -61,6 +75,11 @@ def main():
              f"tokens/s counts every sample of the batch; median of {a.repeats} runs.", "",
              "| model | batch | no cache (tok/s) | KV cache (tok/s) | speed-up |", "|---|---|---|---|---|"]
     lines += [f"| {n} | {b} | {w:,.1f} | {c:,.1f} | {c / w:.1f}x |" for n, b, w, c in rows]
+    if policy:
+        lines += ["", "The policy's cost (same runs' settings, KV cache on; median ms per generation step):", "",
+                  "| model | batch | decoding one position | past the block (re-prefill of block_size) |",
+                  "|---|---|---|---|"]
+        lines += [f"| {n} | {b} | {d:.2f} | {r:.2f} ({r / d:.0f}x) |" for n, b, d, r in policy]
     lines += ["", "Policy past block_size: the learned positional table cannot slide, so once the context holds "
               "block_size tokens every further step re-prefills the last block_size tokens (exactly what "
               "recomputation over the cropped context gives; tests/test_sample.py checks tokens and logits). "
