@@ -119,10 +119,11 @@ def layernorm(x, w, b, eps, out=None):
     return y, mean, rstd
 
 
-def layernorm_backward(dy, x, w, mean, rstd, dw, db):
+def layernorm_backward(dy, x, w, mean, rstd, dw, db, out=None):
+    """dx (N, C), into out when given (out must not be dy: the parameter gradients read dy after dx is written)."""
     if not _use(x):
-        return layernorm_backward_ref(dy, x, w, mean, rstd, dw, db)
-    dy, x, dx = _c(dy), _c(x), np.empty_like(x)
+        return _into(out, layernorm_backward_ref(dy, x, w, mean, rstd, dw, db))
+    dy, x, dx = _c(dy), _c(x), _new(out, x)
     _nb.layernorm_bwd(dy, x, w, mean, rstd, dx)
     _nb.layernorm_bwd_params(dy, x, mean, rstd, dw, db)
     return dx
@@ -318,10 +319,10 @@ def cross_entropy(logits, t):
     return total / max(1, t.size), lse
 
 
-def cross_entropy_backward(logits, t, lse, scale):
+def cross_entropy_backward(logits, t, lse, scale, out=None):
     if not _use(logits):
-        return cross_entropy_backward_ref(logits, t, lse, scale)
-    d = np.empty_like(logits)
+        return _into(out, cross_entropy_backward_ref(logits, t, lse, scale))
+    d = _new(out, logits)
     _nb.xent_bwd(_c(logits), t.astype(np.int64, copy=False), lse, scale, d)
     return d
 

@@ -77,12 +77,18 @@ def _t(x, flag):
 class _NumpyBackend:
     name = "numpy"
 
+    def __init__(self):
+        self._scratch = {}               # acc=True: np.matmul cannot add into out, so it writes here first
+
     def matmul(self, a, b, ta, tb, out, acc):
-        r = np.matmul(_t(a, ta), _t(b, tb), out=None if acc else out)
-        if acc:
-            out += r
-            return out
-        return r
+        if not acc:
+            return np.matmul(_t(a, ta), _t(b, tb), out=out)
+        key = (out.shape, out.dtype)
+        r = self._scratch.get(key)
+        if r is None:
+            r = self._scratch[key] = np.empty_like(out)   # once per shape: no allocation per step
+        out += np.matmul(_t(a, ta), _t(b, tb), out=r)
+        return out
 
     bmm = matmul
 

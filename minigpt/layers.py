@@ -130,7 +130,8 @@ class Embedding(Module):
             raise ValueError(f"token ids must lie in [0, {V}), got min {idx.min()} max {idx.max()}; "
                              "encode the text with the model's own tokenizer")
         self.cache = idx
-        return self.p["weight"][idx]
+        W = self.p["weight"]
+        return np.take(W, idx, axis=0, out=self._buf("y", (*idx.shape, W.shape[1]), W.dtype))   # W[idx]
 
     def backward(self, dout):                                          # dout (B, T, C); ids have no gradient
         idx = self._take_cache()
@@ -153,7 +154,7 @@ class PositionalEncoding(Module):
             raise ValueError(f"positions {start}..{start + T - 1} exceed the positional table of length "
                              f"{n_pos} (block_size); crop the context to its last {n_pos} tokens")
         self.cache = (start, T)
-        return x + self.p["weight"][start:start + T]
+        return np.add(x, self.p["weight"][start:start + T], out=self._buf("y", x.shape, x.dtype))
 
     def backward(self, dout):
         start, T = self._take_cache()
@@ -180,11 +181,12 @@ class LayerNorm(Module):
         self.cache = {"x": x2, "mean": mean, "rstd": rstd}            # x is the caller's array: no copy
         return y.reshape(x.shape)
 
-    def backward(self, dy):                                            # dy (..., C) -> dx (..., C)
+    def backward(self, dy, out=None):                                  # dy (..., C) -> dx (..., C); out: dx's buffer
         c = self._take_cache()
         db = self.g["bias"] if "bias" in self.g else np.zeros_like(self.p["weight"])   # bias=False: discarded
         dx = F.layernorm_backward(dy.reshape(c["x"].shape), c["x"], self.p["weight"], c["mean"], c["rstd"],
-                                  self.g["weight"], db)                # xhat recomputed from mean, rstd
+                                  self.g["weight"], db,                # xhat recomputed from mean, rstd
+                                  out=None if out is None else out.reshape(c["x"].shape))
         return dx.reshape(dy.shape)
 
     def _bias(self):
@@ -251,8 +253,9 @@ class CausalSelfAttention(Module):
         return [("c_attn", self.c_attn), ("c_proj", self.c_proj),
                 ("attn_dropout", self.attn_dropout), ("resid_dropout", self.resid_dropout)]
 
-    def forward(self, x, kv=None):                                    # x (B, T, C)
-        """kv: None in training; at inference a (k, v, n) slot of a KVCache, whose first n positions are filled."""
+    def forward(self, x, kv=None, out=None):                          # x (B, T, C)
+        """kv: None in training; at inference a (k, v, n) slot of a KVCache, whose first n positions are filled.
+        out: a (B*T, C) array for the output projection (the parent's residual-stream buffer)."""
         B, T, C = x.shape
         nh, hs = self.n_head, C // self.n_head
         dt, L = x.dtype, B * nh
@@ -260,9 +263,9 @@ class CausalSelfAttention(Module):
         if kv is None and F.flash_attention(qkv) and (self.attn_dropout.p_drop == 0.0 or not self.training):
             y, lse = F.attention(qkv, nh, out=self._buf("y", (B, T, C), dt))   # lse (B, nh, T): no (T, T) kept
             self.cache = {"qkv": qkv, "y": y, "lse": lse}
-            return self.resid_dropout.forward(self.c_proj.forward(y))
+            return self.resid_dropout.forward(self.c_proj.forward(y, out=out))
         if kv is not None:
-            return self._forward_cached(qkv, kv)
+            return self._forward_cached(qkv, kv, out)
         q, k, v = self._heads(qkv.reshape(B, T, 3, nh, hs), "qkvh")    # each (B, nh, T, hs)
         att = K.bmm(q, k, tb=True, out=self._buf("att", (B, nh, T, T), dt))   # scores
         a3 = att.reshape(L, T, T)
@@ -271,7 +274,7 @@ class CausalSelfAttention(Module):
         y = self._buf("y", (B, T, C), dt)                              # heads side by side
         self._merge(lambda out: K.bmm(attd, v, out=out), y.reshape(B, T, 1, nh, hs), "yh")   # y = attd v
         self.cache = {"q": q, "k": k, "v": v, "att": att, "attd": attd}
-        return self.resid_dropout.forward(self.c_proj.forward(y))
+        return self.resid_dropout.forward(self.c_proj.forward(y, out=out))
 
     def _heads(self, a5, name, shared=False):
         """(B, T, S, nh, hs) -> S arrays (B, nh, T, hs): strided views for numpy's matmul, else one copy into a
@@ -294,7 +297,7 @@ class CausalSelfAttention(Module):
         bmm(h[0] if S == 1 else list(h))
         np.copyto(out5, h.transpose(1, 3, 0, 2, 4))
 
-    def _forward_cached(self, qkv, kv):                                # qkv (B, T, 3C)
+    def _forward_cached(self, qkv, kv, out=None):                      # qkv (B, T, 3C)
         """Inference with a KV cache: append this call's keys/values at positions n.., attend over 0..n+T-1."""
         k_all, v_all, n = kv                                           # (B, nh, block_size, hs) each
         B, T, _ = qkv.shape
@@ -309,7 +312,7 @@ class CausalSelfAttention(Module):
             v = np.ascontiguousarray(v_all[:, :, :n + T]).reshape(B * nh, n + T, hs)
             att = F.causal_softmax(K.bmm(q, k, tb=True), 1.0 / math.sqrt(hs), start=n)   # (L, T, n+T)
             y = K.bmm(att, v).reshape(B, nh, T, hs).transpose(0, 2, 1, 3).reshape(B, T, nh * hs)
-        return self.resid_dropout.forward(self.c_proj.forward(y))
+        return self.resid_dropout.forward(self.c_proj.forward(y, out=out))
 
     def backward(self, dout):                                          # dout (B, T, C)
         c = self._take_cache()
@@ -348,11 +351,11 @@ class MLP(Module):
     def children(self):
         return [("c_fc", self.c_fc), ("gelu", self.gelu), ("c_proj", self.c_proj), ("dropout", self.dropout)]
 
-    def forward(self, x):                                              # (B, T, C) -> (B, T, C)
+    def forward(self, x, out=None):                                    # (B, T, C) -> (B, T, C); out: (B*T, C)
         N, dt, H = x.size // x.shape[-1], x.dtype, self.c_fc.p["weight"].shape[1]
         h = self.c_fc.forward(x.reshape(N, -1), out=self._buf("h", (N, H), dt, True), bias=False)   # (N, 4C)
         g = self.gelu.forward(h, out=self._buf("g", (N, H), dt), bias=self.c_fc.p.get("bias"))   # gelu(h + b)
-        return self.dropout.forward(self.c_proj.forward(g).reshape(x.shape))
+        return self.dropout.forward(self.c_proj.forward(g, out=out).reshape(x.shape))
 
     def backward(self, dout):                                          # dout (B, T, C)
         N, dt, H = dout.size // dout.shape[-1], dout.dtype, self.c_fc.p["weight"].shape[1]
@@ -375,17 +378,20 @@ class Block(Module):
         return [("ln_1", self.ln_1), ("attn", self.attn), ("ln_2", self.ln_2), ("mlp", self.mlp)]
 
     def forward(self, x, kv=None):                                    # (B, T, C) -> (B, T, C)
-        dt = x.dtype
-        x1 = self.attn.forward(self.ln_1.forward(x, out=self._buf("ln_1", x.shape, dt)), kv)
-        x1 += x                                                        # x1 = x + attn(ln_1(x)), into attn's new array
-        x2 = self.mlp.forward(self.ln_2.forward(x1, out=self._buf("ln_2", x.shape, dt)))
+        dt, N2 = x.dtype, (x.size // x.shape[-1], x.shape[-1])         # the residual stream lives in this
+        x1 = self.attn.forward(self.ln_1.forward(x, out=self._buf("ln_1", x.shape, dt)), kv,   # block's buffers
+                               out=self._buf("x1", N2, dt))
+        x1 += x                                                        # x1 = x + attn(ln_1(x))
+        x2 = self.mlp.forward(self.ln_2.forward(x1, out=self._buf("ln_2", x.shape, dt)), out=self._buf("x2", N2, dt))
         x2 += x1                                                       # x2 = x1 + mlp(ln_2(x1))
         return x2
 
     def backward(self, dout):
-        dx = self.ln_2.backward(self.mlp.backward(dout))
+        # shared buffers: dx dies within this call; dx0 is the next block's dout, which that block reads for
+        # the last time (dx += dout) before it writes its own dx0 into the same array
+        dx = self.ln_2.backward(self.mlp.backward(dout), out=self._buf("dx", dout.shape, dout.dtype, True))
         dx += dout                                                     # fwd: x2 = x1 + mlp(ln_2(x1))
-        dx0 = self.ln_1.backward(self.attn.backward(dx))
+        dx0 = self.ln_1.backward(self.attn.backward(dx), out=self._buf("dx0", dout.shape, dout.dtype, True))
         dx0 += dx                                                      # fwd: x1 = x + attn(ln_1(x))
         return dx0
 
@@ -412,4 +418,6 @@ class CrossEntropy(Module):
     def backward(self, scale=1.0):
         c = self._take_cache()
         N = c["t"].size                                                # fwd: loss = mean over N
-        return F.cross_entropy_backward(c["logits"], c["t"], c["lse"], scale / N).reshape(c["shape"])
+        d = F.cross_entropy_backward(c["logits"], c["t"], c["lse"], scale / N,
+                                     out=self._buf("dlogits", c["logits"].shape, c["logits"].dtype))
+        return d.reshape(c["shape"])

@@ -84,7 +84,7 @@ class GPT(Module):
             x = block.forward(x, None if kv is None else (kv.k[i], kv.v[i], start))
         if kv is not None:
             kv.n += T
-        x = self.ln_f.forward(x)                                          # (B, T, C)
+        x = self.ln_f.forward(x, out=self._buf("ln_f", x.shape, x.dtype))  # (B, T, C)
         logits = self._head_forward(x.reshape(B * T, -1)).reshape(B, T, -1)   # (B, T, V)
         loss = None
         if targets is not None:
@@ -98,7 +98,7 @@ class GPT(Module):
         dlogits = self.loss_fn.backward(scale)                            # (B, T, V)
         B, T, V = dlogits.shape
         dx = self._head_backward(dlogits.reshape(B * T, V)).reshape(B, T, -1)   # (B, T, C)
-        dx = self.ln_f.backward(dx)
+        dx = self.ln_f.backward(dx, out=self._buf("dln_f", dx.shape, dx.dtype))
         for block in reversed(self.h):
             dx = block.backward(dx)
         self.wte.backward(self.wpe.backward(self.drop.backward(dx)))     # wte grad += embedding part
@@ -114,7 +114,8 @@ class GPT(Module):
             return self.lm_head.backward(dlogits)
         x2 = self._take_cache()
         K.matmul(dlogits, x2, ta=True, out=self.wte.g["weight"], acc=True)   # d(wte) += dlogits^T x
-        return K.matmul(dlogits, self.wte.p["weight"])                    # dx = dlogits wte
+        N, C = dlogits.shape[0], self.wte.p["weight"].shape[1]
+        return K.matmul(dlogits, self.wte.p["weight"], out=self._buf("dx", (N, C), dlogits.dtype))   # dlogits wte
 
 
 class KVCache:

@@ -15,7 +15,7 @@ M = [
  ("minigpt/_fused_numba.py", 'r[j] = scale * a[j] * (r[j] - d)', 'r[j] = a[j] * (r[j] - d)', "tests/test_layers.py::test_attention_grad"),
  ("minigpt/layers.py", 'K.bmm(attd, dyh, ta=True, out=out[2])', 'K.bmm(att, dyh, ta=True, out=out[2])', "tests/test_layers.py::test_attention_grad"),
  ("minigpt/layers.py", 'dx += dout ', 'dx += 0 * dout ', "tests/test_layers.py::test_block_grad"),
- ("minigpt/layers.py", 'c["lse"], scale / N)', 'c["lse"], 1.0 / N)', "tests/test_layers.py::test_cross_entropy_grad"),
+ ("minigpt/layers.py", 'c["lse"], scale / N,', 'c["lse"], 1.0 / N,', "tests/test_layers.py::test_cross_entropy_grad"),
  ("minigpt/model.py", 'K.matmul(dlogits, x2, ta=True, out=self.wte.g["weight"], acc=True)', 'pass', "tests/test_model.py::test_gpt_grad_every_parameter"),
  ("minigpt/model.py", 'self.wte.backward(self.wpe.backward(self.drop.backward(dx)))', 'self.wpe.backward(self.drop.backward(dx))', "tests/test_model.py::test_gpt_grad_every_parameter"),
  ("minigpt/_fused_numba.py", 'db[j] += dx[i, j]', 'db[j] += 0.5 * dx[i, j]', "tests/test_layers.py::test_mlp_grad"),

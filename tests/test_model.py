@@ -165,3 +165,37 @@ def test_gpt_backends_match_numpy_float32(backend):
     assert abs(out[backend][0] - out["numpy"][0]) < 1e-4 * out["numpy"][0]
     for k, g in out["numpy"][1].items():
         np.testing.assert_allclose(out[backend][1][k], g, rtol=1e-4, atol=1e-4 * np.abs(g).max(), err_msg=k)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "native"])
+def test_training_step_allocates_nothing_large(backend):
+    """After a warm-up step, forward + backward + clip + AdamW reuse their buffers: nothing of activation size is
+    allocated per step except the logits the model returns (tracemalloc sees numpy's allocations)."""
+    import tracemalloc
+    from minigpt import fused as F, kernels as K
+    from minigpt.optim import AdamW, clip_grad_norm
+    if backend not in K.available():
+        pytest.skip(f"{backend} backend not available here")
+    if not F.enabled():
+        pytest.skip("numba is not installed: the NumPy references allocate by design")
+    K.set_backend(backend, verbose=False)
+    B, T, C, V = 4, 32, 64, 65
+    model = GPT(GPTConfig(vocab_size=V, block_size=T, n_layer=2, n_head=2, n_embd=C), np.random.default_rng(0))
+    opt = AdamW(model.params())
+    x, y = batch(np.random.default_rng(1), B=B, T=T, V=V)
+
+    def step():
+        model.zero_grad()
+        model.forward(x, y)
+        model.backward()
+        clip_grad_norm(model.grads(), 1.0)
+        opt.step(model.params(), model.grads(), 1e-3)
+    step()
+    tracemalloc.start()
+    try:
+        step()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    logits, activation = B * T * V * 4, B * T * C * 4                 # bytes: 33 KB and 32 KB here
+    assert peak < logits + activation // 2, f"a step allocated {peak} bytes at its peak"
