@@ -1,6 +1,6 @@
 """Generation speed with and without the KV cache; writes reports/generation.md.
 
-    python scripts/bench_generate.py [--backend auto] [--repeats 3]
+    python scripts/bench_generate.py [--backend auto] [--repeats 3] [--prompt_len 1]
 
 Weights are random (speed does not depend on them). For each model, 256 new tokens from a 1-token prompt (the
 sampler's default prompt is one newline), so at block 256 the whole text fits the block; --prompt_len 5 adds
