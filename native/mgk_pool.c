@@ -67,7 +67,7 @@ static void *worker(void *p)
     pthread_mutex_lock(&mu);
     unsigned long seen = start_gen[tid];
     for (;;) {
-        if (gen == seen) {                    /* optional bounded wait on the CPU (mgk_set_spin_us) */
+        if (gen == seen && __atomic_load_n(&spin_us, __ATOMIC_RELAXED) > 0) {   /* optional (mgk_set_spin_us) */
             pthread_mutex_unlock(&mu);
             spin_wait(&gen, seen);
             pthread_mutex_lock(&mu);

@@ -80,12 +80,13 @@ def main():
                   "| model | batch | decoding one position | past the block (re-prefill of block_size) |",
                   "|---|---|---|---|"]
         lines += [f"| {n} | {b} | {d:.2f} | {r:.2f} ({r / d:.0f}x) |" for n, b, d, r in policy]
+    T = MODELS["S (block 64)"].block_size
     lines += ["", "Policy past block_size: the learned positional table cannot slide, so once the context holds "
               "block_size tokens every further step re-prefills the last block_size tokens (exactly what "
               "recomputation over the cropped context gives; tests/test_sample.py checks tokens and logits). "
-              f"With block 64, {a.new_tokens} new tokens and a {a.prompt_len}-token prompt, "
-              f"after the prompt's prefill {64 - a.prompt_len} steps decode one position from the cache and the other "
-              f"{a.new_tokens - 1 - 64 + a.prompt_len} pay a full block prefill, so the speed-up there is small by "
+              f"With block {T}, {a.new_tokens} new tokens and a {a.prompt_len}-token prompt, "
+              f"after the prompt's prefill {T - a.prompt_len} steps decode one position from the cache and the other "
+              f"{a.new_tokens - 1 - T + a.prompt_len} pay a full block prefill, so the speed-up there is small by "
               f"design; at block 256, {max(0, a.prompt_len + a.new_tokens - 1 - 256)} steps go past the block."]
     with open(a.out, "w") as f:
         f.write("\n".join(lines) + "\n")
