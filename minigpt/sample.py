@@ -34,9 +34,9 @@ class SampleConfig:
     threads: int = 0
 
 
-def load_model(path):
-    """-> (GPT in eval mode, CharTokenizer) from a checkpoint file."""
-    meta, params, _, _ = checkpoint.load(path)
+def load_model(path, loaded=None):
+    """-> (GPT in eval mode, CharTokenizer) from a checkpoint file (or from its checkpoint.load(path) result)."""
+    meta, params, _, _ = loaded if loaded is not None else checkpoint.load(path)
     model = GPT(GPTConfig(**meta["model_config"]), np.random.default_rng(0))
     checkpoint.load_params(model, params, path)
     tok = CharTokenizer.from_json(meta["tokenizer"])

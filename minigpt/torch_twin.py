@@ -2,7 +2,8 @@
 PyTorch side of scripts/bench_train.py. PyTorch is not a dependency; importing this module needs it.
 
 Weights are copied from a minigpt GPT (`TorchGPT.from_minigpt`); our Linear weights are (in, out), torch's
-nn.Linear stores (out, in), hence the transposes. GELU is the tanh form, as ours.
+nn.Linear stores (out, in), hence the transposes. GELU is the tanh form, as ours; gelu="erf" gives nanoGPT's
+exact nn.GELU() (used only by scripts/nanogpt_reference.py).
 """
 import math
 
@@ -27,24 +28,25 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, C, nh, bias):
+    def __init__(self, C, nh, bias, gelu="tanh"):
         super().__init__()
+        self.gelu = "none" if gelu == "erf" else gelu                 # torch's name for the exact form
         self.ln_1, self.ln_2 = nn.LayerNorm(C, bias=bias), nn.LayerNorm(C, bias=bias)
         self.attn = Attention(C, nh, bias)
         self.c_fc, self.c_proj = nn.Linear(C, 4 * C, bias=bias), nn.Linear(4 * C, C, bias=bias)
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
-        return x + self.c_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+        return x + self.c_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate=self.gelu))
 
 
 class TorchGPT(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, gelu="tanh"):
         super().__init__()
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
-        self.h = nn.ModuleList(Block(cfg.n_embd, cfg.n_head, cfg.bias) for _ in range(cfg.n_layer))
+        self.h = nn.ModuleList(Block(cfg.n_embd, cfg.n_head, cfg.bias, gelu) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.lm_head = None if cfg.tie_weights else nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         for n, p in self.named_parameters():                   # GPT-2 init (overwritten by from_minigpt)

@@ -39,8 +39,9 @@ def main():
     a = ap.parse_args()
     try:
         K.set_backend(a.backend)
-        model, tok = load_model(a.ckpt)
-        cfg = checkpoint.load(a.ckpt)[0]["train_config"]
+        loaded = checkpoint.load(a.ckpt)
+        model, tok = load_model(a.ckpt, loaded)
+        cfg = loaded[0]["train_config"]
         data = Dataset(load_text(a.data), tok, model.config.block_size, source=a.data)
     except (UserError, K.BackendUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -58,3 +58,26 @@ def test_adamw_and_clipping_match_pytorch():
     for k, (p, t) in names.items():
         np.testing.assert_allclose(model.params()[k], (p.T if t else p).detach().numpy(), rtol=1e-9, atol=1e-12,
                                    err_msg=k)
+
+
+def test_nanogpt_reference_script_runs(tmp_path):
+    """scripts/nanogpt_reference.py (the PyTorch distribution behind the quality bar) on a tiny config."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    report = tmp_path / "ref.md"
+    cmd = [sys.executable, "scripts/nanogpt_reference.py", "--seeds", "3", "4", "--threads", "1",
+           "--report", str(report), "--data", str(text), "--n_layer", "1", "--n_embd", "16", "--n_head", "2",
+           "--block_size", "8", "--batch_size", "4", "--max_iters", "6", "--eval_interval", "3", "--eval_iters", "2",
+           "--warmup_iters", "2", "--lr_decay_iters", "6"]
+    r = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = [line for line in report.read_text().splitlines() if line.startswith("| 3 ") or line.startswith("| 4 ")]
+    assert len(rows) == 2
+    vals = [float(row.split("|")[3]) for row in rows]
+    assert all(np.isfinite(vals)) and all(v < np.log(len(set(text.read_text()))) + 0.5 for v in vals)
+    bad = subprocess.run(cmd[:2] + ["--n_layr", "2"], cwd=root, capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "--n_layer" in bad.stderr

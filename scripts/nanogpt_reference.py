@@ -1,0 +1,115 @@
+"""What nanoGPT itself reaches on config S: an independent PyTorch run per seed, for the quality bar's context.
+
+    python scripts/nanogpt_reference.py --seeds 1337 1 2 3 [--gelu erf|tanh] [--threads 2] [--key value ...]
+
+Each seed trains minigpt/torch_twin.py's TorchGPT the way nanoGPT's train.py does, with nothing from minigpt
+but the text and the tokenizer: torch.manual_seed(seed), GPT-2 init drawn by torch, batches and eval batches
+drawn by torch.randint from the one global generator, torch.optim.AdamW with nanoGPT's two decay groups,
+clip_grad_norm_, and the same warmup + cosine schedule (minigpt.optim.get_lr, a pure function). The GELU is
+nanoGPT's exact erf form by default. Other `--key value` pairs override config S as in train_shakespeare.py
+(e.g. `--bias true`). Needs PyTorch (not a minigpt dependency). Writes reports/nanogpt_reference.md.
+"""
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from minigpt.config import UserError, parse_args
+from minigpt.data import CharTokenizer, Dataset, load_text
+from minigpt.model import GPTConfig
+from minigpt.optim import get_lr
+
+
+def run(seed, data, vocab_size, cfg, gelu, torch):
+    from minigpt.torch_twin import TorchGPT
+    torch.manual_seed(seed)
+    mcfg = GPTConfig(vocab_size=vocab_size, **cfg.model_dict())
+    model = TorchGPT(mcfg, gelu=gelu)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+    splits = {k: torch.from_numpy(v.astype(np.int64)) for k, v in data.splits.items()}
+    T = cfg.block_size
+
+    def get_batch(split):                                       # nanoGPT's sampler, same global generator
+        d = splits[split]
+        ix = torch.randint(len(d) - T, (cfg.batch_size,))
+        x = torch.stack([d[i:i + T] for i in ix])
+        y = torch.stack([d[i + 1:i + 1 + T] for i in ix])
+        return x, y
+
+    @torch.no_grad()
+    def estimate():
+        model.eval()
+        out = {s: float(np.mean([model(*get_batch(s))[1].item() for _ in range(cfg.eval_iters)]))
+               for s in ("train", "val")}
+        model.train()
+        return out
+
+    curve = []
+    for it in range(cfg.max_iters + 1):
+        lr = get_lr(it, cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        if it % cfg.eval_interval == 0 or it == cfg.max_iters:
+            curve.append((it, estimate()))
+            print(f"  seed {seed} iter {it}: train {curve[-1][1]['train']:.4f} val {curve[-1][1]['val']:.4f}",
+                  flush=True)
+        if it == cfg.max_iters:
+            break
+        x, y = get_batch("train")
+        _, loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+    return curve
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1337, 1, 2, 3])
+    ap.add_argument("--gelu", choices=("erf", "tanh"), default="erf")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--report", default="reports/nanogpt_reference.md")
+    a, rest = ap.parse_known_args()
+    try:
+        cfg = parse_args(rest)                                  # config S, with any overrides
+    except UserError as e:
+        sys.exit(f"error: {e}")
+    try:
+        import torch
+    except ImportError:
+        sys.exit("this script needs PyTorch, which minigpt does not depend on: pip install torch")
+    torch.set_num_threads(a.threads)
+    text = load_text(cfg.data)
+    tok = CharTokenizer.from_text(text)
+    data = Dataset(text, tok, cfg.block_size)
+    rows, t0 = [], time.time()
+    for seed in a.seeds:
+        curve = run(seed, data, tok.vocab_size, cfg, a.gelu, torch)
+        rows.append((seed, curve[-1][1]["train"], curve[-1][1]["val"]))
+    vals = [r[2] for r in rows]
+    cmd = "python scripts/nanogpt_reference.py " + " ".join(sys.argv[1:])
+    lines = [f"# nanoGPT's own distribution on config S (PyTorch {torch.__version__}, GELU {a.gelu})", "",
+             f"Command: `{cmd}` ({(time.time() - t0) / 60:.0f} min). Each seed is an independent PyTorch run in",
+             "nanoGPT's manner (torch init, torch.randint batches and eval batches, torch.optim.AdamW); see the",
+             "script's docstring. Loss at the last iteration from eval_iters batches, as nanoGPT's CPU run reports it.", "",
+             f"| seed | train loss at {cfg.max_iters} | val loss at {cfg.max_iters} |", "|---|---|---|"]
+    lines += [f"| {s} | {tr:.4f} | {v:.4f} |" for s, tr, v in rows]
+    sd = statistics.stdev(vals) if len(vals) > 1 else float("nan")
+    lines += ["", f"Val loss over {len(vals)} seeds: mean {statistics.mean(vals):.4f}, sd {sd:.4f}, "
+              f"min {min(vals):.4f}, max {max(vals):.4f}; {sum(v <= 1.88 for v in vals)} of {len(vals)} at or below 1.88.", ""]
+    os.makedirs(os.path.dirname(a.report) or ".", exist_ok=True)
+    with open(a.report, "w") as f:
+        f.write("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
