@@ -10,7 +10,6 @@ nanoGPT's exact erf form by default. Other `--key value` pairs override config S
 (e.g. `--bias true`). Needs PyTorch (not a minigpt dependency). Writes reports/nanogpt_reference.md.
 """
 import argparse
-import math
 import os
 import statistics
 import sys
