@@ -19,6 +19,7 @@ from .kernels import BackendUnavailable, check_f32, gemm_dims
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ERRORS = {-1: "bad argument", -2: "out of memory", -3: "could not start a worker thread"}
 _i, _ll = ctypes.c_int, ctypes.c_longlong
+_ABI = 2                                                  # MGK_ABI in native/mgk.h
 _ndf32 = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
 
 
@@ -62,7 +63,12 @@ def _lib():
         lib = ctypes.CDLL(path)
     except OSError as e:
         raise BackendUnavailable(f"native: cannot load {path}: {e}. Fix: rebuild with `pip install -e .`") from e
-    lib.mgk_sgemm_batched.argtypes = [_i] * 6 + [_f32, _i, _ll, _f32, _i, _ll, ctypes.c_float, _f32, _i, _ll]
+    abi = lib.mgk_abi() if hasattr(lib, "mgk_abi") else 1
+    if abi != _ABI:
+        raise BackendUnavailable(f"native: {path} is a build of another version of native/mgk.c (ABI {abi}, this "
+                                 f"code needs {_ABI}). Fix: rebuild with `pip install -e .`")
+    _p = ctypes.c_void_p                                              # strided views: checked by _matrices
+    lib.mgk_sgemm_batched.argtypes = [_i] * 7 + [_p, _i, _ll, _ll, _p, _i, _ll, _ll, ctypes.c_float, _p, _i, _ll, _ll]
     lib.mgk_sgemm_batched.restype = _i
     lib.mgk_sgemm.argtypes = [_i] * 5 + [_f32, _i, _f32, _i, ctypes.c_float, _f32, _i]
     lib.mgk_sgemm.restype = _i
@@ -70,7 +76,6 @@ def _lib():
     lib.mgk_sgemm_ref.restype = _i
     lib.mgk_has_avx512.argtypes, lib.mgk_has_avx512.restype = [], _i
     lib.mgk_set_num_threads.argtypes, lib.mgk_set_num_threads.restype = [_i], _i
-    lib.mgk_get_num_threads.argtypes, lib.mgk_get_num_threads.restype = [], _i
     lib.mgk_set_spin_us.argtypes, lib.mgk_set_spin_us.restype = [_i], _i
     lib.mgk_peak_gflops.argtypes, lib.mgk_peak_gflops.restype = [_ll], ctypes.c_double
     return lib
@@ -97,13 +102,19 @@ class NativeBackend:
         _check(rc, "mgk_sgemm", a, b)
         return out
 
-    def bmm(self, a, b, ta, tb, out, acc):                         # a (L,M,K), b (L,K,N) -> (L,M,N)
+    strided_bmm = True                                             # bmm reads and writes strided views
+
+    def bmm(self, a, b, ta, tb, out, acc):                         # a (L,M,K), b (L,K,N) -> (L,M,N); or (B,nh,..)
         M, N, K = gemm_dims(a, b, ta, tb)
         lead = a.shape[:-2]
-        L = math.prod(lead)
-        out = _out(out, (*lead, M, N), acc, a, b)
-        rc = self.lib.mgk_sgemm_batched(L, ta, tb, M, N, K, a, a.shape[-1], M * K, b, b.shape[-1], K * N,
-                                        1.0 if acc else 0.0, out, N, M * N)
+        if out is None:
+            out = np.empty((*lead, M, N), np.float32)               # beta = 0: never read
+        elif np.may_share_memory(out, a) or np.may_share_memory(out, b):
+            raise ValueError("native: out= must not overlap the inputs")
+        elif not out.flags.writeable:
+            raise ValueError("native: out= is read-only (a broadcast view?); pass a writable array")
+        (L1, L2), A, B, C = _lead(lead), _matrices(a), _matrices(b), _matrices(out)
+        rc = self.lib.mgk_sgemm_batched(L1, L2, ta, tb, M, N, K, *A, *B, 1.0 if acc else 0.0, *C)
         _check(rc, "mgk_sgemm_batched", a, b)
         return out
 
@@ -116,6 +127,29 @@ class NativeBackend:
     def peak_gflops(self, iters=20_000_000):
         """fp32 FMA throughput of a register-only loop on the native threads (for reports)."""
         return self.lib.mgk_peak_gflops(iters)
+
+
+def _lead(lead):
+    """Leading (batch) dims -> (L1, L2), the two levels mgk_sgemm_batched walks (past two: contiguous only)."""
+    return (lead[0], 1) if len(lead) == 1 else tuple(lead) if len(lead) == 2 else (math.prod(lead), 1)
+
+
+def _matrices(x):
+    """(pointer, row stride, outer stride, inner stride), in floats, of a stack of row-major float32 matrices
+    whose rows are contiguous: a C-contiguous array, or a view with at most two batch dims such as one head's
+    q, (B, nh, T, hs), inside a (B, T, 3, nh, hs) array. The strides are numpy's own for the view, so every
+    item lies inside the array's buffer."""
+    check_f32(x, backend="native", contiguous=False)
+    rows, cols, nb = x.shape[-2], x.shape[-1], x.ndim - 2
+    if x.flags.c_contiguous:
+        outer = x.shape[1] * rows * cols if nb == 2 else rows * cols
+        return x.ctypes.data, cols, outer, rows * cols
+    st = [s // 4 if n > 1 else 0 for s, n in zip(x.strides, x.shape)]   # floats; a size-1 axis is never stepped
+    if nb > 2 or any(s % 4 for s in x.strides) or min(st) < 0 or (cols > 1 and st[-1] != 1):
+        raise ValueError(f"native backend: cannot walk an array of shape {x.shape} with strides {x.strides}: it "
+                         "needs rows of contiguous floats and at most two batch dims. Pass transposes with the "
+                         "ta/tb flags, or copy with np.ascontiguousarray")
+    return x.ctypes.data, st[-2] if rows > 1 else cols, st[0] if nb else 0, st[1] if nb == 2 else 0
 
 
 def _out(out, shape, acc, a, b):

@@ -53,8 +53,9 @@ def _check_shapes(a, b, ta, tb, out, acc, batched):
         raise ValueError(f"matmul: out has shape {out.shape}, expected {(*a.shape[:-2], M, N)}")
 
 
-def check_f32(*arrays, backend=None):
-    """The fast backends run float32, C-contiguous arrays only (no silent casts or copies)."""
+def check_f32(*arrays, backend=None, contiguous=True):
+    """The fast backends run float32 arrays only, C-contiguous unless the caller walks strides itself (native
+    bmm); no silent casts or copies."""
     name = backend or (_impl.name if _impl is not None else "this backend")
     for x in arrays:
         if x is None:
@@ -62,7 +63,7 @@ def check_f32(*arrays, backend=None):
         if x.dtype != np.float32:
             raise TypeError(f"{name} backend: float32 arrays only, got {x.dtype}. Cast with .astype(np.float32), "
                             "or use MINIGPT_BACKEND=numpy (dtype-generic, e.g. float64 gradient tests)")
-        if not x.flags.c_contiguous:
+        if contiguous and not x.flags.c_contiguous:
             raise ValueError(f"{name} backend: array of shape {x.shape} is not C-contiguous. Pass transposes "
                              "with the ta/tb flags, or make a copy with np.ascontiguousarray")
 
@@ -91,6 +92,7 @@ class _NumpyBackend:
         return out
 
     bmm = matmul
+    strided_bmm = True                   # np.matmul takes any strided views
 
     def set_threads(self, n):
         pass
@@ -209,9 +211,15 @@ def matmul(a, b, ta=False, tb=False, out=None, acc=False):
 
 
 def bmm(a, b, ta=False, tb=False, out=None, acc=False):
-    """Batched op(a) @ op(b) for a (..., M, K) and b (..., K, N) after the flags, same leading dims (L, or B, nh)."""
+    """Batched op(a) @ op(b) for a (..., M, K) and b (..., K, N) after the flags, same leading dims (L, or B, nh).
+    On backends with bmm_takes_views(), a, b and out may be strided views (e.g. heads inside a qkv array)."""
     _check_shapes(a, b, ta, tb, out, acc, batched=True)
     return _current().bmm(a, b, bool(ta), bool(tb), out, acc)
+
+
+def bmm_takes_views():
+    """True if bmm reads and writes strided views (numpy, native) rather than C-contiguous arrays only (numba)."""
+    return getattr(_current(), "strided_bmm", False)
 
 
 # ----------------------------------------------------------------------------

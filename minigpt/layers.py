@@ -277,19 +277,20 @@ class CausalSelfAttention(Module):
         return self.resid_dropout.forward(self.c_proj.forward(y, out=out))
 
     def _heads(self, a5, name, shared=False):
-        """(B, T, S, nh, hs) -> S arrays (B, nh, T, hs): strided views for numpy's matmul, else one copy into a
-        buffer (the fast backends take C-contiguous arrays only)."""
-        if K.backend() == "numpy":
+        """(B, T, S, nh, hs) -> S arrays (B, nh, T, hs): strided views where bmm takes them (numpy, native),
+        else one copy into a buffer (numba takes C-contiguous arrays only)."""
+        if K.bmm_takes_views():
             return tuple(a5[:, :, s].transpose(0, 2, 1, 3) for s in range(a5.shape[2]))
         h = self._buf(name, (a5.shape[2], a5.shape[0], a5.shape[3], a5.shape[1], a5.shape[4]), a5.dtype, shared)
         np.copyto(h, a5.transpose(2, 0, 3, 1, 4))
         return tuple(h)
 
     def _merge(self, bmm, out5, name):
-        """Run bmm(out=...) for each of S parts into out5 (B, T, S, nh, hs): straight into it on numpy, else via a
-        (B, nh, T, hs) buffer and one copy. bmm is a function of the out array for part s = 0 (S = 1) or a list."""
+        """Run bmm(out=...) for each of S parts into out5 (B, T, S, nh, hs): straight into it where bmm takes views,
+        else via a (B, nh, T, hs) buffer and one copy. bmm is a function of the out array for part s = 0 (S = 1)
+        or a list."""
         B, T, S, nh, hs = out5.shape
-        if K.backend() == "numpy":
+        if K.bmm_takes_views():
             parts = [out5[:, :, s].transpose(0, 2, 1, 3) for s in range(S)]
             bmm(parts[0] if S == 1 else parts)
             return

@@ -38,21 +38,26 @@ def estimate_loss(model, data, cfg):
     return out
 
 
-def train(cfg, given=()):
-    """Train per cfg; `given` names the settings the user set explicitly (checked against a resumed model)."""
+def train(cfg, given=None, fetch=None):
+    """Train per cfg. From the command line, `given` names the settings the user typed: on --resume the others
+    come from the checkpoint, and a typed model setting must match it. given=None (a config built in code):
+    on --resume only the model's shape comes from the checkpoint, every other setting is cfg's.
+    fetch(path), if given, is called when the data file is missing (the script's download)."""
+    out_dir = cfg.out_dir
+    last_path, best_path = os.path.join(out_dir, "ckpt_last.npz"), os.path.join(out_dir, "ckpt_best.npz")
+    log_path = os.path.join(out_dir, "log.jsonl")
+    ckpt = _load_resume(cfg, last_path, given) if cfg.resume else None   # settings first: they may change cfg
     check(cfg)
     try:
         K.set_backend(cfg.backend, threads=cfg.threads or None, verbose=True)
     except K.BackendUnavailable as e:
         raise UserError(f"--backend {cfg.backend}: {e}") from None
-    out_dir = cfg.out_dir
     _ensure_writable(out_dir)
-    last_path, best_path = os.path.join(out_dir, "ckpt_last.npz"), os.path.join(out_dir, "ckpt_best.npz")
-    log_path = os.path.join(out_dir, "log.jsonl")
 
     # ---- data, model, optimizer (from the last checkpoint when resuming)
+    if fetch is not None and not os.path.exists(cfg.data):
+        fetch(cfg.data)
     text = load_text(cfg.data)
-    ckpt = _load_resume(cfg, last_path, given) if cfg.resume else None
     tok = CharTokenizer.from_json(ckpt[0]["tokenizer"]) if ckpt else CharTokenizer.from_text(text)
     data = Dataset(text, tok, cfg.block_size, source=cfg.data)
     mcfg = GPTConfig(vocab_size=tok.vocab_size, **cfg.model_dict())
@@ -173,10 +178,13 @@ def _load_resume(cfg, path, given):
     ckpt = checkpoint.load(path)
     saved = ckpt[0]["model_config"]
     for k, v in cfg.model_dict().items():
-        if k in given and saved[k] != v:
+        if given is not None and k in given and saved[k] != v:
             raise UserError(f"--{k} {v} does not match the resumed model's {k}={saved[k]} "
                             f"({path}); drop --{k} or start a new --out_dir")
         setattr(cfg, k, saved[k])                             # the model's shape comes from the checkpoint
+    for k, v in ckpt[0]["train_config"].items():             # every other setting too, unless given again
+        if given is not None and k not in given and k not in ("resume", "out_dir") and hasattr(cfg, k):
+            setattr(cfg, k, v)
     return ckpt
 
 
@@ -208,7 +216,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     try:
         cfg = parse_args(argv)
-        train(cfg, given=getattr(cfg, "given", ()))
+        train(cfg, given=cfg.given)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 3 if isinstance(e, Diverged) else 2

@@ -33,11 +33,19 @@
 typedef struct {
     int ta, tb, M, N, K, lda, ldb, ldc, L;
     const float *A, *B; float *C; float beta;
-    long long sA, sB, sC;
+    long long sA, sB, sC;        /* strides of the outer batch index l / L2 (floats) */
+    int L2;                      /* inner batch size: item l is (l / L2, l % L2), e.g. (batch, head) */
+    long long sA2, sB2, sC2;     /* strides of the inner index l % L2 */
     int pm, pn;    /* thread grid over (M, N); pm*pn == threads, or 0 when threads split the batch */
     int small;     /* few rows and A not transposed with B: the unpacked path (small_block) */
     int ksplit;    /* small, one product, op(B) = B: threads split K, each its own partial sum (see run) */
 } job_t;
+
+/* offset of item l of the batch, in floats, for outer/inner strides s1/s2 */
+static inline long long item(const job_t *g, int l, long long s1, long long s2)
+{
+    return (long long)(l / g->L2) * s1 + (long long)(l % g->L2) * s2;
+}
 
 static int n_threads;                  /* 0 = not set yet -> number of online CPUs */
 static pthread_mutex_t call_mu = PTHREAD_MUTEX_INITIALIZER;  /* one GEMM at a time: buffers are per thread id */
@@ -355,11 +363,12 @@ static void run_job(void *arg, int tid, int nt)
             split(g->N, NR, g->pn, tid / g->pm, &n0, &n1);
             if (m0 >= m1 || n0 >= n1) continue;
         }
+        const float *A = g->A + item(g, l, g->sA, g->sA2), *B = g->B + item(g, l, g->sB, g->sB2);
+        float *C = g->C + item(g, l, g->sC, g->sC2);
         if (g->small)
-            small_block(g, g->A + l * g->sA, g->B + l * g->sB, g->C + l * g->sC, n0, n1);
+            small_block(g, A, B, C, n0, n1);
         else
-            gemm_block(g, g->A + l * g->sA, g->B + l * g->sB, g->C + l * g->sC, m0, m1, n0, n1,
-                       bufs[tid][0], bufs[tid][1]);
+            gemm_block(g, A, B, C, m0, m1, n0, n1, bufs[tid][0], bufs[tid][1]);
     }
 }
 #endif
@@ -381,6 +390,8 @@ int mgk_set_num_threads(int n)
 }
 
 int mgk_get_num_threads(void) { return threads_now(); }
+
+int mgk_abi(void) { return MGK_ABI; }
 
 int mgk_has_avx512(void)
 {
@@ -425,8 +436,8 @@ static int run(job_t *g)
     if (g->M == 0 || g->N == 0 || g->L == 0) return MGK_OK;
     if (!mgk_has_avx512()) {
         for (int l = 0; l < g->L; l++)
-            mgk_sgemm_ref(g->ta, g->tb, g->M, g->N, g->K, g->A + l * g->sA, g->lda, g->B + l * g->sB, g->ldb,
-                          g->beta, g->C + l * g->sC, g->ldc);
+            mgk_sgemm_ref(g->ta, g->tb, g->M, g->N, g->K, g->A + item(g, l, g->sA, g->sA2), g->lda,
+                          g->B + item(g, l, g->sB, g->sB2), g->ldb, g->beta, g->C + item(g, l, g->sC, g->sC2), g->ldc);
         return MGK_OK;
     }
     pthread_mutex_lock(&call_mu);
@@ -457,16 +468,19 @@ static int run(job_t *g)
 int mgk_sgemm(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
               float beta, float *C, int ldc)
 {
-    return mgk_sgemm_batched(1, ta, tb, M, N, K, A, lda, 0, B, ldb, 0, beta, C, ldc, 0);
+    return mgk_sgemm_batched(1, 1, ta, tb, M, N, K, A, lda, 0, 0, B, ldb, 0, 0, beta, C, ldc, 0, 0);
 }
 
-int mgk_sgemm_batched(int L, int ta, int tb, int M, int N, int K, const float *A, int lda, long long sA,
-                      const float *B, int ldb, long long sB, float beta, float *C, int ldc, long long sC)
+int mgk_sgemm_batched(int L1, int L2, int ta, int tb, int M, int N, int K,
+                      const float *A, int lda, long long sA1, long long sA2,
+                      const float *B, int ldb, long long sB1, long long sB2,
+                      float beta, float *C, int ldc, long long sC1, long long sC2)
 {
-    if (L < 0 || sA < 0 || sB < 0 || sC < 0 || bad_args(ta, tb, M, N, K, A, lda, B, ldb, C, ldc))
+    if (L1 < 0 || L2 < 1 || (long long)L1 * L2 > 0x7fffffff || sA1 < 0 || sB1 < 0 || sC1 < 0 || sA2 < 0 ||
+        sB2 < 0 || sC2 < 0 || bad_args(ta, tb, M, N, K, A, lda, B, ldb, C, ldc))
         return MGK_EBADARG;
-    job_t g = {ta != 0, tb != 0, M, N, K, lda, ldb, ldc, L, A, B, C, beta, sA, sB, sC, 0, 1,
-               M <= SMALL_M && !(ta && tb), 0};
+    job_t g = {ta != 0, tb != 0, M, N, K, lda, ldb, ldc, L1 * L2, A, B, C, beta, sA1, sB1, sC1, L2, sA2, sB2, sC2,
+               0, 1, M <= SMALL_M && !(ta && tb), 0};
     return run(&g);
 }
 

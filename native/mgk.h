@@ -5,6 +5,8 @@
 #ifndef MGK_H
 #define MGK_H
 
+#define MGK_ABI      2   /* bumped when a signature changes; minigpt/_native.py refuses any other build */
+
 #define MGK_OK       0
 #define MGK_EBADARG -1   /* negative size, too small leading dimension, NULL pointer */
 #define MGK_ENOMEM  -2   /* packing buffer allocation failed */
@@ -13,13 +15,18 @@
 /* A is (M,K) (or (K,M) stored if ta), B is (K,N) (or (N,K) stored if tb), C is (M,N); ld* = row strides in floats */
 int mgk_sgemm(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
               float beta, float *C, int ldc);
-/* L independent products; item l uses A + l*sA, B + l*sB, C + l*sC (strides in floats) */
-int mgk_sgemm_batched(int L, int ta, int tb, int M, int N, int K, const float *A, int lda, long long sA,
-                      const float *B, int ldb, long long sB, float beta, float *C, int ldc, long long sC);
+/* L1*L2 independent products over a two-level batch (e.g. batch x head); item (i, j) uses A + i*sA1 + j*sA2,
+   B + i*sB1 + j*sB2, C + i*sC1 + j*sC2 (strides in floats, >= 0), so attention reads its heads in place out of
+   a (B, T, 3, n_head, hs) array. One level: L2 = 1. The C items must not overlap one another. */
+int mgk_sgemm_batched(int L1, int L2, int ta, int tb, int M, int N, int K,
+                      const float *A, int lda, long long sA1, long long sA2,
+                      const float *B, int ldb, long long sB1, long long sB2,
+                      float beta, float *C, int ldc, long long sC1, long long sC2);
 /* plain scalar loops, one thread: the reference the fast path is tested against */
 int mgk_sgemm_ref(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                   float beta, float *C, int ldc);
 
+int mgk_abi(void);                   /* MGK_ABI of this build */
 int mgk_has_avx512(void);            /* 1 if the CPU (and OS) run the AVX-512 path; else mgk_sgemm uses the reference */
 int mgk_set_num_threads(int n);      /* n >= 1 threads including the caller; the only threading knob */
 int mgk_get_num_threads(void);

@@ -38,9 +38,7 @@ def download(path):
 def main(argv):
     try:
         cfg = parse_args(argv)
-        if cfg.data == DEFAULT_DATA and not os.path.exists(cfg.data):
-            download(cfg.data)
-        result = train(cfg, given=cfg.given)
+        result = train(cfg, given=cfg.given, fetch=lambda path: path == DEFAULT_DATA and download(path))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 3 if isinstance(e, Diverged) else 2

@@ -98,6 +98,40 @@ def test_bmm_matches_float64(name, ta, tb):
         _close(out, 2 * ref, Kd)
 
 
+def _head_view(x):
+    """x (B, nh, r, c) copied into a strided view laid out like one head's q inside qkv (B, r, 3, nh, hs):
+    heads interleaved, rows nh*(c+3) floats apart, NaN between them."""
+    B, nh, r, c = x.shape
+    v = np.full((B, r, nh, c + 3), np.nan, np.float32)[..., :c].transpose(0, 2, 1, 3)
+    v[...] = x
+    return v
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("ta,tb", FLAGS)
+def test_bmm_on_views_matches_float64(name, ta, tb):
+    """Attention's products on heads read and written in place (two batch levels, long rows), and a one-level
+    stack whose rows are longer than its matrices."""
+    K.set_backend(name)
+    if not K.bmm_takes_views():
+        pytest.skip(f"{name} bmm takes C-contiguous arrays only (the model copies heads for it)")
+    rng = np.random.default_rng(7)
+    for M, N, Kd in [(17, 17, 7), (17, 7, 17), (1, 9, 5), (33, 20, 64)]:
+        a, b, ref = _operands(rng, M, N, Kd, ta, tb, (3, 5))
+        av, bv = _head_view(a), _head_view(b)
+        assert not (av.flags.c_contiguous or bv.flags.c_contiguous)
+        _close(K.bmm(av, bv, ta=ta, tb=tb), ref, Kd)
+        out = _head_view(np.full((3, 5, M, N), np.nan, np.float32))   # beta = 0 must never read out
+        assert K.bmm(av, bv, ta=ta, tb=tb, out=out) is out
+        _close(out, ref, Kd)
+        K.bmm(av, bv, ta=ta, tb=tb, out=out, acc=True)
+        _close(out, 2 * ref, Kd)
+        assert np.isnan(out.base).sum() == 3 * 5 * M * 3               # the gaps between heads were not written
+    a, b, ref = _operands(rng, 9, 11, 13, ta, tb, (4,))
+    av = np.pad(a, ((0, 0), (0, 0), (0, 5)))[:, :, :a.shape[-1]]        # (4, r, c) with rows c+5 apart
+    _close(K.bmm(av, b, ta=ta, tb=tb), ref, 13)
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_matmul_empty_and_k0(name):
     K.set_backend(name)
@@ -232,6 +266,32 @@ def test_explicit_unavailable_backend_raises(monkeypatch, tmp_path):
         _native._lib.cache_clear(), _native.backend.cache_clear()
     with pytest.raises(K.BackendUnavailable, match="unknown backend"):
         K.set_backend("cuda")
+
+
+@pytest.mark.skipif(REASONS["native"] is not None, reason=str(REASONS["native"]))
+def test_native_refuses_a_stale_build(monkeypatch):
+    """A library built from another version of mgk.c (other signatures) is refused before any call."""
+    from minigpt import _native
+    K.set_backend("numpy")
+    monkeypatch.setattr(_native, "_ABI", _native._ABI + 1)
+    _native._lib.cache_clear(), _native.backend.cache_clear()
+    try:
+        with pytest.raises(K.BackendUnavailable, match="pip install -e"):
+            K.set_backend("native")
+    finally:
+        _native._lib.cache_clear(), _native.backend.cache_clear()
+
+
+@pytest.mark.skipif(REASONS["native"] is not None, reason=str(REASONS["native"]))
+def test_native_bmm_rejects_unwalkable_views():
+    K.set_backend("native")
+    a, b = np.ones((2, 4, 3), np.float32), np.ones((2, 3, 5), np.float32)
+    with pytest.raises(ValueError, match="read-only"):
+        K.bmm(a, b, out=np.broadcast_to(np.zeros((4, 5), np.float32), (2, 4, 5)))
+    with pytest.raises(ValueError, match="contiguous floats"):
+        K.bmm(np.broadcast_to(np.ones((4, 1), np.float32), (2, 4, 3)), b)   # rows of stride-0 columns
+    with pytest.raises(ValueError, match="two batch dims"):
+        K.bmm(np.ones((2, 2, 2, 4, 3), np.float32)[:, :, :, :, :], np.ones((2, 2, 2, 6, 5), np.float32)[..., ::2, :])
 
 
 def test_numba_unavailable_without_numba(monkeypatch):

@@ -14,7 +14,7 @@ from minigpt.data import CharTokenizer, Dataset
 from minigpt.model import GPT, GPTConfig
 from minigpt.optim import AdamW, clip_grad_norm, get_lr
 from minigpt.train import train
-from helpers import tiny_cfg, write_text
+from helpers import TINY_TRAIN, tiny_cfg, write_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -150,6 +150,23 @@ def test_resume_is_bit_identical(tmp_path, dropout):
     assert [r["grad_norm"] for r in a] == [r["grad_norm"] for r in b]
     for k, p in straight["model"].params().items():
         np.testing.assert_array_equal(resumed["model"].params()[k], p)
+
+
+def test_cli_resume_keeps_the_runs_settings(tmp_path):
+    """`--out_dir D --resume --max_iters N` continues the run as it was set up (data, lr, batch, ...), and is
+    bit-identical to the same N iterations in one run; a setting typed again wins."""
+    from minigpt.train import main
+    data = tmp_path / "text.txt"
+    write_text(data)
+    flags = [f"--{k}={v}" for k, v in TINY_TRAIN.items() if k not in ("max_iters", "plot")] + ["--plot="]
+    assert main(flags + ["--data", str(data), "--out_dir", str(tmp_path / "a"), "--max_iters", "8"]) == 0
+    assert main(flags + ["--data", str(data), "--out_dir", str(tmp_path / "b"), "--max_iters", "5"]) == 0
+    assert main(["--out_dir", str(tmp_path / "b"), "--resume", "--max_iters", "8"]) == 0   # nothing else typed
+    a, b = (read_log(str(tmp_path / d / "log.jsonl")) for d in ("a", "b"))
+    assert [r.get("loss") for r in a] == [r.get("loss") for r in b]
+    meta = checkpoint.load(str(tmp_path / "b" / "ckpt_last.npz"))[0]
+    assert meta["train_config"]["data"] == str(data) and meta["train_config"]["lr"] == TINY_TRAIN["lr"]
+    assert meta["iter"] == 8 and meta["train_config"]["max_iters"] == 8
 
 
 def test_cli_overrides_and_errors():
