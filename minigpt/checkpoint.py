@@ -48,7 +48,7 @@ def load(path):
     try:
         with np.load(path, allow_pickle=False) as z:
             files = {k: z[k] for k in z.files}
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, TypeError) as e:   # TypeError: a bare .npy
         raise UserError(f"{path!r} is not a readable checkpoint ({type(e).__name__}: {e}); it may be truncated "
                         "or another kind of file. Use another checkpoint (ckpt_best.npz / ckpt_last.npz)") from None
     try:

@@ -4,11 +4,17 @@ The defaults are config S, nanoGPT's documented CPU Shakespeare-char run (config
 with the README's CPU overrides). Unknown keys and wrong types are UserErrors that name the fix.
 """
 import difflib
-from dataclasses import asdict, dataclass, fields
+import os
+from dataclasses import asdict, dataclass, field, fields
 
 
 class UserError(Exception):
     """A problem with the user's input: the scripts print the message (no traceback) and exit with status 2."""
+
+
+def default_backend():
+    """--backend when it is not typed: $MINIGPT_BACKEND if set, else auto."""
+    return os.environ.get("MINIGPT_BACKEND", "auto")
 
 
 @dataclass
@@ -45,7 +51,7 @@ class TrainConfig:
     sample_chars: int = 500
     seed: int = 1337
     # execution
-    backend: str = "auto"                      # auto | numpy | numba | native
+    backend: str = field(default_factory=default_backend)   # auto | numpy | numba | native
     threads: int = 0                           # 0: all cores
 
     def model_dict(self):
@@ -77,7 +83,8 @@ def check(cfg):
         if not 0.0 <= getattr(cfg, k) < 1.0:
             raise UserError(f"--{k} must lie in [0, 1), got {getattr(cfg, k)}")
     if cfg.backend not in ("auto", "numpy", "numba", "native"):
-        raise UserError(f"--backend must be one of auto, numpy, numba, native; got {cfg.backend!r}")
+        raise UserError(f"--backend must be one of auto, numpy, numba, native; got {cfg.backend!r} "
+                        "(from --backend, else MINIGPT_BACKEND)")
     return cfg
 
 

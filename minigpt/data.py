@@ -1,6 +1,6 @@
 """Text data: load a UTF-8 file, a character tokenizer, a 90/10 train/val split, random (B, T) batches.
 
-Token ids are stored once as compact uint16 (int32 past 65,535 symbols) and batches are gathered from them
+Token ids are stored once as compact uint16 (int32 past 65,536 symbols) and batches are gathered from them
 with one fancy-index; the file is never re-read. Every bad input raises a UserError naming the fix.
 """
 import json
@@ -20,8 +20,12 @@ def load_text(path):
         raise UserError(f"data file {path!r} does not exist; pass --data PATH to a UTF-8 text file")
     if os.path.isdir(path):
         raise UserError(f"data path {path!r} is a directory; pass --data PATH to a text file inside it")
-    with open(path, "rb") as f:
-        raw = f.read()
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise UserError(f"cannot read data file {path!r} ({e.strerror}); fix its permissions or pass another "
+                        "--data") from None
     if not raw:
         raise UserError(f"data file {path!r} is empty; pass --data PATH to a file with text in it")
     try:

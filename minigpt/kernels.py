@@ -95,7 +95,8 @@ class _NumpyBackend:
     strided_bmm = True                   # np.matmul takes any strided views
 
     def set_threads(self, n):
-        pass
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(n, user_api="blas")   # OpenBLAS's own pool (the cap of _cap_blas when it is off)
 
     def set_spin(self, us):
         pass

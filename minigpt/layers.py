@@ -59,9 +59,11 @@ class Module:
 
     def _buf(self, name, shape, dtype, shared=False):
         """A scratch array kept across steps: the same array while name, shape and dtype repeat (no allocation,
-        no page faults). Only for arrays used inside this module between its forward and its backward (or
-        passed as out= to a child); never for an array it returns, which the caller may keep. shared=True: one
-        array for every module of this class, for a temporary that dies within one forward or backward call."""
+        no page faults). For arrays used inside this module between its forward and its backward, arrays passed
+        as out= to a child, and arrays it returns to a parent that uses them up before the next call (the
+        residual stream, a backward's dx); each such return says so. Never for an array that a caller outside
+        the model keeps: GPT.forward's logits are new. shared=True: one array for every module of this class,
+        for a temporary that dies before the next module of the class runs."""
         bufs, key = (_SHARED, (type(self).__name__, name)) if shared else (self._bufs, name)
         a = bufs.get(key)
         if a is None or a.shape != tuple(shape) or a.dtype != dtype:
@@ -324,7 +326,7 @@ class CausalSelfAttention(Module):
         dqkv = self._buf("dqkv", (B, T, 3 * C), dt, True)
         if "lse" in c:                                                 # fused: fwd y = attention(qkv)
             F.attention_backward(c["qkv"], c["y"], dy.reshape(B, T, C), c["lse"], nh, out=dqkv)
-            return self.c_attn.backward(dqkv)
+            return self.c_attn.backward(dqkv, out=self._buf("dx", (B * T, C), dt, True)).reshape(B, T, C)
         q, k, v, att, attd = c["q"], c["k"], c["v"], c["att"], c["attd"]   # (B, nh, T, hs), (B, nh, T, T)
         (dyh,) = self._heads(dy.reshape(B, T, 1, nh, hs), "dyh", True)   # (B, nh, T, hs)
         datt_buf = self._buf("datt", (B, nh, T, T), dt, True)
@@ -338,7 +340,8 @@ class CausalSelfAttention(Module):
             K.bmm(ds, q, ta=True, out=out[1])                          #                   dk = ds^T q
             K.bmm(attd, dyh, ta=True, out=out[2])                      # fwd: y = attd v -> dv = attd^T dy
         self._merge(grads, dqkv.reshape(B, T, 3, nh, hs), "dqkvh")
-        return self.c_attn.backward(dqkv)                              # (B, T, 3C) -> dx (B, T, C)
+        dx = self.c_attn.backward(dqkv, out=self._buf("dx", (B * T, C), dt, True))   # (B, T, 3C) -> (B*T, C)
+        return dx.reshape(B, T, C)                                     # dies in the parent's ln_1.backward
 
 
 class MLP(Module):
@@ -362,7 +365,8 @@ class MLP(Module):
         N, dt, H = dout.size // dout.shape[-1], dout.dtype, self.c_fc.p["weight"].shape[1]
         dg = self.c_proj.backward(self.dropout.backward(dout).reshape(N, -1), out=self._buf("dg", (N, H), dt, True))
         dh = self.gelu.backward(dg, out=dg, dbias=self.c_fc.g.get("bias"))   # in place; c_fc's db += sum dh
-        return self.c_fc.backward(dh, bias=False).reshape(dout.shape)
+        dx = self.c_fc.backward(dh, bias=False, out=self._buf("dx", (N, dout.shape[-1]), dt, True))   # (N, C)
+        return dx.reshape(dout.shape)                                  # dies in the parent's ln_2.backward
 
 
 class Block(Module):

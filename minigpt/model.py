@@ -89,6 +89,8 @@ class GPT(Module):
         loss = None
         if targets is not None:
             loss = self.loss_fn.forward(logits, np.asarray(targets))
+        else:
+            self.loss_fn.cache = None                                     # backward() now refuses, not mixes
         return logits, loss
 
     def backward(self, scale=1.0):

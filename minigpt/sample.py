@@ -7,12 +7,12 @@ The context given to the model is cropped to its last block_size tokens. top_k=1
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import checkpoint, kernels as K
-from .config import UserError, parse_args
+from .config import UserError, default_backend, parse_args
 from .data import CharTokenizer
 from .model import GPT, GPTConfig, KVCache
 
@@ -30,7 +30,7 @@ class SampleConfig:
     top_p: float = 1.0             # 1.0: off
     seed: int = 1337
     kv_cache: bool = True
-    backend: str = "auto"
+    backend: str = field(default_factory=default_backend)   # $MINIGPT_BACKEND, else auto
     threads: int = 0
 
 
@@ -136,8 +136,12 @@ def main(argv=None):
         if cfg.prompt_file:
             if not os.path.isfile(cfg.prompt_file):
                 raise UserError(f"--prompt_file {cfg.prompt_file!r} is not a file")
-            with open(cfg.prompt_file, encoding="utf-8") as f:
-                prompt = f.read()
+            try:
+                with open(cfg.prompt_file, encoding="utf-8") as f:
+                    prompt = f.read()
+            except (OSError, UnicodeDecodeError) as e:
+                raise UserError(f"--prompt_file {cfg.prompt_file!r} cannot be read as UTF-8 text ({e}); "
+                                "convert it to UTF-8 or pass --prompt TEXT") from None
         if not prompt:
             raise UserError("the prompt is empty; pass --prompt TEXT (at least one character)")
         ids = tok.encode(prompt)

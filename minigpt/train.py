@@ -183,7 +183,8 @@ def _load_resume(cfg, path, given):
                             f"({path}); drop --{k} or start a new --out_dir")
         setattr(cfg, k, saved[k])                             # the model's shape comes from the checkpoint
     for k, v in ckpt[0]["train_config"].items():             # every other setting too, unless given again
-        if given is not None and k not in given and k not in ("resume", "out_dir") and hasattr(cfg, k):
+        env = k == "backend" and "MINIGPT_BACKEND" in os.environ                  # the variable counts as typed
+        if given is not None and k not in given and k not in ("resume", "out_dir") and not env and hasattr(cfg, k):
             setattr(cfg, k, v)
     return ckpt
 
@@ -192,10 +193,17 @@ def _truncate_log(log_path, start):
     """Keep the rows of iterations before `start`, so a resumed log equals an uninterrupted one."""
     if not os.path.exists(log_path):
         return
+    rows = []
     with open(log_path) as f:
-        rows = [line for line in f if line.strip() and json.loads(line)["iter"] < start]
-    with open(log_path, "w") as f:
-        f.writelines(rows)
+        for line in f:
+            try:
+                if json.loads(line)["iter"] < start:
+                    rows.append(line)
+            except (ValueError, KeyError, TypeError):              # blank, or torn by a kill mid-write
+                pass
+    with open(log_path + ".tmp", "w") as f:                        # rewritten beside it, then renamed:
+        f.writelines(rows)                                         # a crash here leaves the old log whole
+    os.replace(log_path + ".tmp", log_path)
 
 
 def _rss_mb():

@@ -313,3 +313,15 @@ def test_fast_backend_caps_blas_threads(name):
     assert all(n == 1 for n in blas())
     K.set_backend("numpy")
     assert blas() == before
+
+
+def test_numpy_threads_set_blas_threads():
+    from threadpoolctl import threadpool_info
+    blas = lambda: [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]   # noqa: E731
+    if not blas():
+        pytest.skip("numpy here has no BLAS that threadpoolctl can see")
+    try:
+        K.set_backend("numpy", threads=1)
+        assert blas() and all(n == 1 for n in blas())
+    finally:
+        K.set_backend("numpy", threads=K._cpus())

@@ -144,6 +144,10 @@ def test_gpt_rejects_bad_input():
     with pytest.raises(RuntimeError, match="targets"):
         model.forward(np.zeros((1, 3), int))
         model.backward()
+    model.forward(np.zeros((1, 3), int), np.ones((1, 3), int))
+    model.forward(np.zeros((1, 4), int))                              # no targets: the old loss must not linger
+    with pytest.raises(RuntimeError, match="targets"):
+        model.backward()
 
 
 @pytest.mark.parametrize("backend", ["numba", "native"])
@@ -184,18 +188,26 @@ def test_training_step_allocates_nothing_large(backend):
     opt = AdamW(model.params())
     x, y = batch(np.random.default_rng(1), B=B, T=T, V=V)
 
-    def step():
+    def forward():
         model.zero_grad()
         model.forward(x, y)
-        model.backward()
+
+    def update():
         clip_grad_norm(model.grads(), 1.0)
         opt.step(model.params(), model.grads(), 1e-3)
-    step()
-    tracemalloc.start()
-    try:
-        step()
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+
+    phases = {"forward": forward, "backward": model.backward, "update": update}
+    for f in phases.values():                                          # warm-up: buffers are made here
+        f()
+    peak = {}
+    for name, f in phases.items():                                     # each phase's own peak, so that an
+        tracemalloc.start()                                            # array made and freed inside the
+        try:                                                           # backward is seen too
+            f()
+            peak[name] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
     logits, activation = B * T * V * 4, B * T * C * 4                 # bytes: 33 KB and 32 KB here
-    assert peak < logits + activation // 2, f"a step allocated {peak} bytes at its peak"
+    assert peak["forward"] < logits + activation // 2, f"the forward allocated {peak['forward']} bytes at its peak"
+    assert peak["backward"] < activation // 2, f"the backward allocated {peak['backward']} bytes at its peak"
+    assert peak["update"] < activation // 2, f"clip + AdamW allocated {peak['update']} bytes at its peak"

@@ -98,7 +98,19 @@ def test_resume_errors(tmp_path, text):
     other.write_text(text.read_text() + "XYZ" * 50)
     assert_clear_error(train_cli("--data", str(other), "--out_dir", out, "--resume", "--max_iters=6"),
                        "not in the tokenizer's vocabulary", "'X', 'Y', 'Z'")
+    with open(os.path.join(out, "log.jsonl"), "a") as f:
+        f.write('{"iter": 3, "kind": "tr')                              # a row torn by a kill mid-write
     assert train_cli("--data", str(text), "--out_dir", out, "--resume", "--max_iters=6").returncode == 0
+    with open(os.path.join(out, "log.jsonl")) as f:
+        rows = [json.loads(line) for line in f]                          # the torn row is gone, the rest kept
+    assert [r["iter"] for r in rows if r["kind"] == "train"] == list(range(6))
+
+
+def test_text_without_newline_trains_and_samples(tmp_path):
+    (tmp_path / "one_line.txt").write_text("to be or not to be that is the question " * 60)
+    r = train_cli("--data", str(tmp_path / "one_line.txt"), "--out_dir", str(tmp_path / "run"), "--sample_chars=20")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "---- sample ----" in r.stdout
 
 
 def test_bad_checkpoints(tmp_path, text):
@@ -119,6 +131,11 @@ def test_bad_checkpoints(tmp_path, text):
     assert_clear_error(sample_cli("--ckpt", str(tmp_path / "mismatch.npz")), "has shape", "expects")
     assert_clear_error(sample_cli("--ckpt", str(good), "--prompt", "héllo"), "'é'")
     assert_clear_error(sample_cli("--ckpt", str(good), "--temperature=0"), "--temperature must be positive")
+    np.save(tmp_path / "bare.npy", np.zeros(3))                          # np.load gives an array, not an archive
+    assert_clear_error(sample_cli("--ckpt", str(tmp_path / "bare.npy")), "not a readable checkpoint")
+    (tmp_path / "prompt.txt").write_bytes("caf\xe9".encode("latin-1"))
+    assert_clear_error(sample_cli("--ckpt", str(good), "--prompt_file", str(tmp_path / "prompt.txt")),
+                       "cannot be read as UTF-8", "--prompt")
 
 
 # ----------------------------------------------------------------------------

@@ -169,6 +169,19 @@ def test_cli_resume_keeps_the_runs_settings(tmp_path):
     assert meta["iter"] == 8 and meta["train_config"]["max_iters"] == 8
 
 
+def test_backend_comes_from_the_environment_unless_typed(monkeypatch):
+    from minigpt.config import check
+    from minigpt.sample import SampleConfig
+    monkeypatch.setenv("MINIGPT_BACKEND", "numpy")
+    assert parse_args([]).backend == "numpy" and SampleConfig().backend == "numpy"
+    assert parse_args(["--backend", "native"]).backend == "native"
+    monkeypatch.setenv("MINIGPT_BACKEND", "gpu")
+    with pytest.raises(UserError, match="MINIGPT_BACKEND"):
+        check(parse_args([]))
+    monkeypatch.delenv("MINIGPT_BACKEND")
+    assert parse_args([]).backend == "auto"
+
+
 def test_cli_overrides_and_errors():
     cfg = parse_args(["--n_layer", "6", "--lr=3e-4", "--bias", "--resume=false", "--data", "x.txt"])
     assert (cfg.n_layer, cfg.lr, cfg.bias, cfg.resume, cfg.data) == (6, 3e-4, True, False, "x.txt")
