@@ -202,15 +202,20 @@ class NumbaBackend:
             raise ValueError("numba: out= must not overlap the inputs")
         L = math.prod(lead)
         if L and M and N:
-            nt = numba.get_num_threads()
+            nt = self.nt
+            if numba.get_num_threads() != nt:                      # the fused kernels may have set 1 (fused._use)
+                numba.set_num_threads(nt)
             mb, nb = _blocks(L, M, N, nt)
             ntask = L * -(-M // mb) * -(-N // nb)
             _gemm(a.reshape(L, *a.shape[-2:]), b.reshape(L, *b.shape[-2:]), out.reshape(L, M, N),
                   ta, tb, np.float32(1.0 if acc else 0.0), mb, nb, min(nt, ntask))
         return out
 
+    nt = 1
+
     def set_threads(self, n):
-        numba.set_num_threads(max(1, min(int(n), numba.config.NUMBA_NUM_THREADS)))
+        self.nt = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
+        numba.set_num_threads(self.nt)
 
     def set_spin(self, us):                                        # numba's OpenMP threads: passive, always
         pass

@@ -29,6 +29,9 @@ def save(path, model, opt, meta):
             np.savez(f, **arrays)
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)                          # mkstemp makes 0600: give the usual file mode
         os.replace(tmp, path)                                  # atomic on POSIX
     except BaseException:
         if os.path.exists(tmp):

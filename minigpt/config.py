@@ -4,6 +4,7 @@ The defaults are config S, nanoGPT's documented CPU Shakespeare-char run (config
 with the README's CPU overrides). Unknown keys and wrong types are UserErrors that name the fix.
 """
 import difflib
+import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 
@@ -100,7 +101,10 @@ def _convert(key, typ, text):
             return text.lower() in _TRUE
         raise UserError(f"--{key} expects true or false, got {text!r}")
     try:
-        return typ(text)
+        value = typ(text)
+        if typ is float and not math.isfinite(value):
+            raise ValueError(text)
+        return value
     except ValueError:
         kind = {int: "an integer", float: "a number"}.get(typ, typ.__name__)
         raise UserError(f"--{key} expects {kind}, got {text!r}") from None

@@ -19,7 +19,6 @@ from . import kernels as K
 
 _enabled = os.environ.get("MINIGPT_FUSED", "1") != "0"
 _nb = None               # the _fused_numba module once loaded, False if numba is missing
-_threads = None          # numba threads last set (kept equal to the matmul backend's threads)
 
 
 def set_enabled(on=True):
@@ -51,13 +50,12 @@ SERIAL_BELOW = 16384       # elements of work: below this a kernel runs on one t
 def _use(x, work=None):
     """The numba kernel runs for a float32/float64 array when the fused path is on (on one thread when the
     work, x.size unless given, is small)."""
-    global _threads
     if not (_enabled and x.dtype in (np.float32, np.float64) and _kernels() is not None):
         return False
     n = 1 if (x.size if work is None else work) < SERIAL_BELOW else K._threads or _cpus()
-    if n != _threads:                                      # one thread count for every pool
-        _threads = n
-        _nb.numba.set_num_threads(min(n, _nb.numba.config.NUMBA_NUM_THREADS))
+    n = min(n, _nb.numba.config.NUMBA_NUM_THREADS)
+    if n != _nb.numba.get_num_threads():                   # numba's matmul backend sets its own count back
+        _nb.numba.set_num_threads(n)
     return True
 
 

@@ -185,14 +185,22 @@ class LayerNorm(Module):
 
     def backward(self, dy, out=None):                                  # dy (..., C) -> dx (..., C); out: dx's buffer
         c = self._take_cache()
-        db = self.g["bias"] if "bias" in self.g else np.zeros_like(self.p["weight"])   # bias=False: discarded
+        if "bias" in self.g:
+            db = self.g["bias"]
+        else:                                                          # bias=False: a sink, discarded
+            db = self._buf("db", self.p["weight"].shape, self.p["weight"].dtype)
+            db[...] = 0
         dx = F.layernorm_backward(dy.reshape(c["x"].shape), c["x"], self.p["weight"], c["mean"], c["rstd"],
                                   self.g["weight"], db,                # xhat recomputed from mean, rstd
                                   out=None if out is None else out.reshape(c["x"].shape))
         return dx.reshape(dy.shape)
 
     def _bias(self):
-        return self.p["bias"] if "bias" in self.p else np.zeros_like(self.p["weight"])
+        if "bias" in self.p:
+            return self.p["bias"]
+        if getattr(self, "_zero", None) is None or self._zero.dtype != self.p["weight"].dtype:
+            self._zero = np.zeros_like(self.p["weight"])               # bias=False: a constant zero bias
+        return self._zero
 
 
 class GELU(Module):

@@ -70,7 +70,7 @@ def sample_next(logits, rng, temperature=1.0, top_k=0, top_p=1.0):
         return probs.argmax(-1)                                        # greedy, no randomness used
     cdf = np.cumsum(probs, -1)                                         # (B, V)
     u = rng.random((probs.shape[0], 1)) * cdf[:, -1:]
-    return np.minimum((cdf < u).sum(-1), probs.shape[-1] - 1)          # inverse-CDF draw
+    return np.minimum((cdf <= u).sum(-1), probs.shape[-1] - 1)         # inverse-CDF draw; skips p = 0 even at u = 0
 
 
 class Decoder:

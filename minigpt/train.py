@@ -84,8 +84,8 @@ def train(cfg, given=None, fetch=None):
                                                        "batch": batch_rng.bit_generator.state}}
         checkpoint.save(path, model, opt, meta)
 
-    stop = _StopFlag()
     log = open(log_path, "a", buffering=1)                   # line-buffered: rows reach disk as they are made
+    stop = _StopFlag()                                       # restored in the finally below
     tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.grad_accum
     last_loss, t_train, n_timed = None, 0.0, 0
     try:

@@ -66,6 +66,7 @@ def test_data_too_short_for_block(tmp_path):
     (["--n_layer=0"], "--n_layer must be positive"), (["--batch_size=-2"], "--batch_size must be positive"),
     (["--n_embd=30", "--n_head=4"], "divisible by --n_head"), (["--dropout=1.5"], "--dropout must lie in [0, 1)"),
     (["--n_layr=2"], "unknown setting --n_layr; did you mean --n_layer?"), (["--lr=fast"], "--lr expects a number"),
+    (["--lr=nan"], "--lr expects a number"), (["--weight_decay=inf"], "--weight_decay expects a number"),
     (["--bias=maybe"], "--bias expects true or false"), (["--backend=cuda"], "--backend must be one of"),
 ])
 def test_bad_settings(text, args, needle):

@@ -53,6 +53,12 @@ def test_top_k_and_top_p_restrict_the_support():
     with pytest.raises(UserError, match="temperature"):
         sample_next(logits, rng, 0.0)
 
+    class Zero:                                                          # the draw u = 0 exactly
+        def random(self, shape):
+            return np.zeros(shape)
+    masked = np.log(np.array([[0.5, 0.3, 0.15, 0.05]]))[:, ::-1].copy()   # the largest last: top_k drops the first
+    assert sample_next(masked, Zero(), 1.0, top_k=2)[0] == 2             # never a token of probability 0
+
 
 def test_fixed_seed_gives_same_text_and_context_is_cropped():
     m = model_f32()

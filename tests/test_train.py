@@ -136,6 +136,9 @@ def test_checkpoint_round_trip_restores_every_array(tmp_path):
         np.testing.assert_array_equal(m[k], opt.m[k])
         np.testing.assert_array_equal(v[k], opt.v[k])
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp")]    # no temporary file left
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask               # a normal file, not mkstemp's 0600
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
