@@ -79,6 +79,9 @@ def main():
     a, rest = ap.parse_known_args()
     try:
         cfg = parse_args(rest)                                  # config S, with any overrides
+        text = load_text(cfg.data)
+        tok = CharTokenizer.from_text(text)
+        data = Dataset(text, tok, cfg.block_size, source=cfg.data)
     except UserError as e:
         sys.exit(f"error: {e}")
     try:
@@ -86,9 +89,6 @@ def main():
     except ImportError:
         sys.exit("this script needs PyTorch, which minigpt does not depend on: pip install torch")
     torch.set_num_threads(a.threads)
-    text = load_text(cfg.data)
-    tok = CharTokenizer.from_text(text)
-    data = Dataset(text, tok, cfg.block_size)
     rows, t0 = [], time.time()
     for seed in a.seeds:
         curve = run(seed, data, tok.vocab_size, cfg, a.gelu, torch)
