@@ -1,5 +1,6 @@
-"""The same GPT in PyTorch, for reference only: gradient cross-checks (tests/test_torch_reference.py) and the
-PyTorch side of scripts/bench_train.py. PyTorch is not a dependency; importing this module needs it.
+"""The same GPT in PyTorch, for reference only: gradient cross-checks (tests/test_torch_reference.py), the
+PyTorch side of scripts/bench_train.py, and nanoGPT's training procedure (train_like_nanogpt, for
+scripts/nanogpt_reference.py). PyTorch is not a dependency; importing this module needs it.
 
 Weights are copied from a minigpt GPT (`TorchGPT.from_minigpt`); our Linear weights are (in, out), torch's
 nn.Linear stores (out, in), hence the transposes. GELU is the tanh form, as ours; gelu="erf" gives nanoGPT's
@@ -7,6 +8,7 @@ exact nn.GELU() (used only by scripts/nanogpt_reference.py).
 """
 import math
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -100,3 +102,58 @@ class TorchGPT(nn.Module):
     def grads_as_minigpt(self):
         """{minigpt name: numpy gradient in minigpt's layout}."""
         return {k: (p.grad.T if t else p.grad).detach().numpy() for k, (p, t) in self.minigpt_names().items()}
+
+
+# ----------------------------------------------------------------------------
+# nanoGPT's training procedure, for the distribution behind the quality bar
+
+def train_like_nanogpt(seed, data, vocab_size, cfg, gelu="erf"):
+    """Train a fresh TorchGPT on data (a minigpt Dataset) per cfg (a TrainConfig) the way nanoGPT's train.py
+    does: torch.manual_seed(seed), torch's init, batches and eval batches from torch.randint on the one global
+    generator, torch.optim.AdamW with the two decay groups, clip_grad_norm_, minigpt's get_lr (a pure function).
+    Returns [(iter, {"train": loss, "val": loss})] at every eval. For scripts/nanogpt_reference.py."""
+    from .model import GPTConfig
+    from .optim import get_lr
+    torch.manual_seed(seed)
+    mcfg = GPTConfig(vocab_size=vocab_size, **cfg.model_dict())
+    model = TorchGPT(mcfg, gelu=gelu)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+    splits = {k: torch.from_numpy(v.astype(np.int64)) for k, v in data.splits.items()}
+    T = cfg.block_size
+
+    def get_batch(split):                                       # nanoGPT's sampler, same global generator
+        d = splits[split]
+        ix = torch.randint(len(d) - T, (cfg.batch_size,))
+        x = torch.stack([d[i:i + T] for i in ix])
+        y = torch.stack([d[i + 1:i + 1 + T] for i in ix])
+        return x, y
+
+    @torch.no_grad()
+    def estimate():
+        model.eval()
+        out = {s: float(np.mean([model(*get_batch(s))[1].item() for _ in range(cfg.eval_iters)]))
+               for s in ("train", "val")}
+        model.train()
+        return out
+
+    curve = []
+    for it in range(cfg.max_iters + 1):
+        lr = get_lr(it, cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        if it % cfg.eval_interval == 0 or it == cfg.max_iters:
+            curve.append((it, estimate()))
+            print(f"  seed {seed} iter {it}: train {curve[-1][1]['train']:.4f} val {curve[-1][1]['val']:.4f}",
+                  flush=True)
+        if it == cfg.max_iters:
+            break
+        x, y = get_batch("train")
+        _, loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+    return curve

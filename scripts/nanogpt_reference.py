@@ -15,59 +15,8 @@ import statistics
 import sys
 import time
 
-import numpy as np
-
 from minigpt.config import UserError, parse_args
 from minigpt.data import CharTokenizer, Dataset, load_text
-from minigpt.model import GPTConfig
-from minigpt.optim import get_lr
-
-
-def run(seed, data, vocab_size, cfg, gelu, torch):
-    from minigpt.torch_twin import TorchGPT
-    torch.manual_seed(seed)
-    mcfg = GPTConfig(vocab_size=vocab_size, **cfg.model_dict())
-    model = TorchGPT(mcfg, gelu=gelu)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
-    splits = {k: torch.from_numpy(v.astype(np.int64)) for k, v in data.splits.items()}
-    T = cfg.block_size
-
-    def get_batch(split):                                       # nanoGPT's sampler, same global generator
-        d = splits[split]
-        ix = torch.randint(len(d) - T, (cfg.batch_size,))
-        x = torch.stack([d[i:i + T] for i in ix])
-        y = torch.stack([d[i + 1:i + 1 + T] for i in ix])
-        return x, y
-
-    @torch.no_grad()
-    def estimate():
-        model.eval()
-        out = {s: float(np.mean([model(*get_batch(s))[1].item() for _ in range(cfg.eval_iters)]))
-               for s in ("train", "val")}
-        model.train()
-        return out
-
-    curve = []
-    for it in range(cfg.max_iters + 1):
-        lr = get_lr(it, cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        if it % cfg.eval_interval == 0 or it == cfg.max_iters:
-            curve.append((it, estimate()))
-            print(f"  seed {seed} iter {it}: train {curve[-1][1]['train']:.4f} val {curve[-1][1]['val']:.4f}",
-                  flush=True)
-        if it == cfg.max_iters:
-            break
-        x, y = get_batch("train")
-        _, loss = model(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-    return curve
 
 
 def main():
@@ -88,10 +37,11 @@ def main():
         import torch
     except ImportError:
         sys.exit("this script needs PyTorch, which minigpt does not depend on: pip install torch")
+    from minigpt.torch_twin import train_like_nanogpt
     torch.set_num_threads(a.threads)
     rows, t0 = [], time.time()
     for seed in a.seeds:
-        curve = run(seed, data, tok.vocab_size, cfg, a.gelu, torch)
+        curve = train_like_nanogpt(seed, data, tok.vocab_size, cfg, a.gelu)
         rows.append((seed, curve[-1][1]["train"], curve[-1][1]["val"]))
     vals = [r[2] for r in rows]
     cmd = "python scripts/nanogpt_reference.py " + " ".join(sys.argv[1:])
