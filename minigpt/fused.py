@@ -16,6 +16,7 @@ import os
 import numpy as np
 
 from . import kernels as K
+from .config import UserError
 
 _enabled = os.environ.get("MINIGPT_FUSED", "1") != "0"
 _nb = None               # the _fused_numba module once loaded, False if numba is missing
@@ -80,12 +81,21 @@ def _new(out, like, shape=None):
     return out if out is not None else np.empty(like.shape if shape is None else shape, like.dtype)
 
 
-FLASH = os.environ.get("MINIGPT_ATTENTION", "bmm") == "flash"       # see the module docstring
+_ATTENTION = os.environ.get("MINIGPT_ATTENTION", "bmm")              # see the module docstring
+FLASH = _ATTENTION == "flash"
 
 
 def flash_attention(qkv):
-    """Attention layers take the fused numba path for qkv (else: matmuls on the backend + fused softmax)."""
-    return FLASH and _use(qkv)
+    """Attention layers take the fused numba path for qkv (else: matmuls on the backend + fused softmax).
+    Asked for with MINIGPT_ATTENTION=flash, it runs or it is an error: never a silent switch to bmm."""
+    if _ATTENTION not in ("bmm", "flash"):
+        raise UserError(f"MINIGPT_ATTENTION={_ATTENTION!r}: choose bmm (the default) or flash, or unset it")
+    if not FLASH:
+        return False
+    if not _use(qkv):
+        raise UserError("MINIGPT_ATTENTION=flash needs the fused numba kernels (numba installed, MINIGPT_FUSED "
+                        "not 0) and a float32/float64 array; unset MINIGPT_ATTENTION to use bmm attention")
+    return True
 
 
 # ----------------------------------------------------------------------------

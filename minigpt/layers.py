@@ -14,6 +14,7 @@ import numpy as np
 
 from . import fused as F
 from . import kernels as K
+from .config import UserError
 
 
 # ----------------------------------------------------------------------------
@@ -270,7 +271,10 @@ class CausalSelfAttention(Module):
         nh, hs = self.n_head, C // self.n_head
         dt, L = x.dtype, B * nh
         qkv = self.c_attn.forward(x, out=self._buf("qkv", (B * T, 3 * C), dt)).reshape(B, T, 3 * C)
-        if kv is None and F.flash_attention(qkv) and (self.attn_dropout.p_drop == 0.0 or not self.training):
+        if kv is None and F.flash_attention(qkv):
+            if self.attn_dropout.p_drop and self.training:
+                raise UserError("MINIGPT_ATTENTION=flash has no attention dropout; train with --dropout 0 or "
+                                "unset MINIGPT_ATTENTION")
             y, lse = F.attention(qkv, nh, out=self._buf("y", (B, T, C), dt))   # lse (B, nh, T): no (T, T) kept
             self.cache = {"qkv": qkv, "y": y, "lse": lse}
             return self.resid_dropout.forward(self.c_proj.forward(y, out=out))

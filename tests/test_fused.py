@@ -171,8 +171,9 @@ def test_gpt_float32_fused_matches_unfused(flash, monkeypatch):
         p += (0.1 * r.standard_normal(p.shape)).astype(np.float32)
     x, y = r.integers(0, 29, (3, 16)), r.integers(0, 29, (3, 16))
     out = {}
-    for on in (True, False):
+    for on in (True, False):                                       # off: the references, bmm attention
         old = F.set_enabled(on)
+        monkeypatch.setattr(F, "FLASH", flash and on)
         model.zero_grad()
         _, loss = model.forward(x, y)
         model.backward()
@@ -181,6 +182,32 @@ def test_gpt_float32_fused_matches_unfused(flash, monkeypatch):
     assert abs(out[True][0] - out[False][0]) < 1e-4 * abs(out[False][0])
     for k, g in out[False][1].items():
         np.testing.assert_allclose(out[True][1][k], g, rtol=1e-4, atol=1e-4 * np.abs(g).max(), err_msg=k)
+
+
+def test_flash_attention_asked_for_runs_or_is_an_error(monkeypatch):
+    from minigpt.config import UserError
+    qkv = np.zeros((1, 4, 6), np.float32)
+    monkeypatch.setattr(F, "FLASH", True)
+    monkeypatch.setattr(F, "_ATTENTION", "flash")
+    if F.enabled():
+        assert F.flash_attention(qkv)
+    old = F.set_enabled(False)
+    try:
+        with pytest.raises(UserError, match="needs the fused numba kernels"):
+            F.flash_attention(qkv)                                  # no silent switch to bmm
+    finally:
+        F.set_enabled(old)
+    monkeypatch.setattr(F, "_ATTENTION", "flsh")
+    with pytest.raises(UserError, match="choose bmm"):
+        F.flash_attention(qkv)
+    if F.enabled():                                                # dropout in training has no flash kernel
+        monkeypatch.setattr(F, "_ATTENTION", "flash")
+        model = GPT(GPTConfig(vocab_size=7, block_size=4, n_layer=1, n_head=2, n_embd=6, dropout=0.1),
+                    np.random.default_rng(0))
+        with pytest.raises(UserError, match="no attention dropout"):
+            model.forward(np.zeros((1, 4), int), np.zeros((1, 4), int))
+        model.eval()
+        model.forward(np.zeros((1, 4), int))                       # eval: dropout is off, flash runs
 
 
 def test_switch_selects_references(monkeypatch):
