@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from . import _numba  # noqa: F401  # first: sets numba's environment (passive OpenMP, 512-bit vectors)
+from ._numba import _fma  # first: importing _numba sets numba's environment (passive OpenMP, 512-bit vectors)
 import numba                                               # noqa: E402
 from llvmlite import ir                                    # noqa: E402
 from numba import njit, prange, types                      # noqa: E402
@@ -90,16 +90,6 @@ def _gelu_impl(x):
         t = math.tanh(GELU_C * (x + GELU_A * x * x * x))
         return 0.5 * x * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_C * (1.0 + 3 * GELU_A * x * x)
     return gelu64
-
-
-@intrinsic
-def _fma(typingctx, a, b, c):
-    """a * b + c rounded once (llvm.fma, exact IEEE; not fast-math): half the instructions of a mul + add."""
-    def codegen(context, builder, sig, args):
-        t = context.get_value_type(sig.return_type)
-        fn = builder.module.declare_intrinsic("llvm.fma", [t], ir.FunctionType(t, [t, t, t]))
-        return builder.call(fn, args)
-    return c(c, c, c), codegen
 
 
 _VEC = 64                  # LLVM's main vector loop takes 64 floats per trip (16 lanes x 4): pad short loops to it

@@ -52,12 +52,13 @@ NB = 256      # at most this many columns per task: the (4, nb) stack tile (4 KB
 if numba is not None:
     @intrinsic
     def _fma(typingctx, a, b, c):
-        """a*b + c rounded once (llvm.fma): not fast-math, the exact IEEE fused multiply-add."""
+        """a * b + c rounded once (llvm.fma, exact IEEE; not fast-math), in c's float type. Also used by
+        _fused_numba.py."""
         def codegen(context, builder, sig, args):
-            f32 = ir.FloatType()
-            fn = builder.module.declare_intrinsic("llvm.fma", [f32], ir.FunctionType(f32, [f32, f32, f32]))
+            t = context.get_value_type(sig.return_type)
+            fn = builder.module.declare_intrinsic("llvm.fma", [t], ir.FunctionType(t, [t, t, t]))
             return builder.call(fn, args)
-        return types.float32(types.float32, types.float32, types.float32), codegen
+        return c(c, c, c), codegen
 
     @intrinsic
     def _stack_tile(typingctx):
