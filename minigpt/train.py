@@ -25,6 +25,15 @@ class Diverged(UserError):
     """The loss or gradient norm stopped being finite."""
 
 
+class StoppedTwice(UserError):
+    """A second SIGINT/SIGTERM before the step finished: stop at once, without saving."""
+
+
+def exit_code(e):
+    """The command's exit status for a UserError: 3 diverged, 130 stopped by a second signal, else 2."""
+    return 3 if isinstance(e, Diverged) else 130 if isinstance(e, StoppedTwice) else 2
+
+
 def estimate_loss(model, data, cfg):
     """Mean loss over cfg.eval_iters batches of each split, drawn from a fixed evaluation generator."""
     rng = np.random.default_rng([cfg.seed, 2])
@@ -146,13 +155,17 @@ def train(cfg, given=None, fetch=None):
 # helpers
 
 class _StopFlag:
-    """Turns SIGINT/SIGTERM into a flag the loop checks between steps."""
+    """Turns SIGINT/SIGTERM into a flag the loop checks between steps; a second one stops at once."""
 
     def __init__(self):
         self.signal = None
         self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
 
     def _handle(self, signum, frame):
+        if self.signal is not None:                          # the second one: the user means now
+            self.restore()
+            raise StoppedTwice(f"second {signal.Signals(signum).name}: stopped at once without saving this step; "
+                               "the checkpoints in --out_dir are intact, continue with --resume")
         self.signal = signal.Signals(signum).name
 
     def restore(self):
@@ -227,7 +240,7 @@ def main(argv=None):
         train(cfg, given=cfg.given)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 3 if isinstance(e, Diverged) else 2
+        return exit_code(e)
     return 0
 
 

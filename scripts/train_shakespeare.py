@@ -14,7 +14,7 @@ import numpy as np
 
 from minigpt.config import UserError, parse_args
 from minigpt.sample import generate
-from minigpt.train import Diverged, train
+from minigpt.train import exit_code, train
 from plot_losses import plot
 
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -41,7 +41,7 @@ def main(argv):
         result = train(cfg, given=cfg.given, fetch=lambda path: path == DEFAULT_DATA and download(path))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 3 if isinstance(e, Diverged) else 2
+        return exit_code(e)
     if result["interrupted"]:
         return 0
     if cfg.plot:

@@ -182,6 +182,21 @@ def test_signal_saves_and_resume_is_exact(tmp_path, text, sig):
     assert _train_losses(out) == _train_losses(straight)               # bit-identical to the uninterrupted run
 
 
+def test_second_signal_stops_at_once():
+    from minigpt.train import StoppedTwice, _StopFlag, exit_code
+    before = signal.getsignal(signal.SIGINT)
+    stop = _StopFlag()
+    try:
+        stop._handle(signal.SIGINT, None)                                 # the first: finish the step, save
+        assert stop.signal == "SIGINT"
+        with pytest.raises(StoppedTwice, match="second SIGTERM: stopped at once") as e:
+            stop._handle(signal.SIGTERM, None)                            # the second: now
+        assert exit_code(e.value) == 130
+        assert signal.getsignal(signal.SIGINT) is before                  # a third goes to the old handler
+    finally:
+        stop.restore()
+
+
 def test_sigkill_while_saving_leaves_previous_checkpoint_loadable(tmp_path, text):
     out = tmp_path / "run"
     args = ["--data", str(text), "--out_dir", str(out), "--n_layer=4", "--n_head=4", "--n_embd=256",
