@@ -97,7 +97,7 @@ class NativeBackend:
 
     def matmul(self, a, b, ta, tb, out, acc):                      # a (M,K)|(K,M), b (K,N)|(N,K) -> (M,N)
         M, N, K = gemm_dims(a, b, ta, tb)
-        out = _out(out, (M, N), acc, a, b)
+        out = _out(out, (M, N), a, b)
         rc = self.lib.mgk_sgemm(ta, tb, M, N, K, a, a.shape[1], b, b.shape[1], 1.0 if acc else 0.0, out, N)
         _check(rc, "mgk_sgemm", a, b)
         return out
@@ -107,12 +107,7 @@ class NativeBackend:
     def bmm(self, a, b, ta, tb, out, acc):                         # a (L,M,K), b (L,K,N) -> (L,M,N); or (B,nh,..)
         M, N, K = gemm_dims(a, b, ta, tb)
         lead = a.shape[:-2]
-        if out is None:
-            out = np.empty((*lead, M, N), np.float32)               # beta = 0: never read
-        elif np.may_share_memory(out, a) or np.may_share_memory(out, b):
-            raise ValueError("native: out= must not overlap the inputs")
-        elif not out.flags.writeable:
-            raise ValueError("native: out= is read-only (a broadcast view?); pass a writable array")
+        out = _out(out, (*lead, M, N), a, b, contiguous=False)      # strides are checked by _matrices
         (L1, L2), A, B, C = _lead(lead), _matrices(a), _matrices(b), _matrices(out)
         rc = self.lib.mgk_sgemm_batched(L1, L2, ta, tb, M, N, K, *A, *B, 1.0 if acc else 0.0, *C)
         _check(rc, "mgk_sgemm_batched", a, b)
@@ -152,12 +147,14 @@ def _matrices(x):
     return x.ctypes.data, st[-2] if rows > 1 else cols, st[0] if nb else 0, st[1] if nb == 2 else 0
 
 
-def _out(out, shape, acc, a, b):
-    check_f32(a, b, out, backend="native")
+def _out(out, shape, a, b, contiguous=True):
+    check_f32(a, b, out, backend="native", contiguous=contiguous)
     if out is None:
         return np.empty(shape, np.float32)                          # beta = 0: never read
     if np.may_share_memory(out, a) or np.may_share_memory(out, b):
         raise ValueError("native: out= must not overlap the inputs")
+    if not out.flags.writeable:
+        raise ValueError("native: out= is read-only (a broadcast view?); pass a writable array")
     return out
 
 

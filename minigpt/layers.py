@@ -175,6 +175,7 @@ class LayerNorm(Module):
         self.p["weight"] = np.ones(d, dtype)
         if bias:
             self.p["bias"] = np.zeros(d, dtype)
+        self._zero = None if bias else np.zeros(d, dtype)              # bias=False: a constant zero bias
         self._make_grads()
 
     def forward(self, x, out=None):                                    # x (..., C); out: y's buffer (a parent's)
@@ -197,11 +198,7 @@ class LayerNorm(Module):
         return dx.reshape(dy.shape)
 
     def _bias(self):
-        if "bias" in self.p:
-            return self.p["bias"]
-        if getattr(self, "_zero", None) is None or self._zero.dtype != self.p["weight"].dtype:
-            self._zero = np.zeros_like(self.p["weight"])               # bias=False: a constant zero bias
-        return self._zero
+        return self.p["bias"] if "bias" in self.p else self._zero
 
 
 class GELU(Module):
