@@ -9,8 +9,8 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
-from . import kernels as K
-from .layers import Block, CrossEntropy, Dropout, Embedding, LayerNorm, Linear, Module, PositionalEncoding
+from .backends import ops
+from .layers import Block, CrossEntropy, Dropout, Embedding, LayerNorm, Linear, Module, PositionalEmbedding, flat
 
 
 @dataclass
@@ -50,13 +50,14 @@ class GPT(Module):
         proj_std = 0.02 / math.sqrt(2 * cfg.n_layer)                     # GPT-2: scaled residual projections
         C = cfg.n_embd
         self.wte = Embedding(cfg.vocab_size, C, self.rng, dtype=dtype)
-        self.wpe = PositionalEncoding(cfg.block_size, C, self.rng, dtype=dtype)
+        self.wpe = PositionalEmbedding(cfg.block_size, C, self.rng, dtype=dtype)
         self.drop = Dropout(cfg.dropout, self.rng)
         self.h = [Block(C, cfg.n_head, self.rng, cfg.dropout, cfg.bias, proj_std, dtype)
                   for _ in range(cfg.n_layer)]
         self.ln_f = LayerNorm(C, cfg.bias, dtype=dtype)
         self.lm_head = None if cfg.tie_weights else Linear(C, cfg.vocab_size, self.rng, bias=False, dtype=dtype)
-        self.loss_fn = CrossEntropy()
+        self.loss_fn = CrossEntropy(cfg.vocab_size)
+        self.loss = None                                                  # the last forward's, until backward
 
     def children(self):
         out = [("wte", self.wte), ("wpe", self.wpe), ("drop", self.drop)]
@@ -64,71 +65,52 @@ class GPT(Module):
         out.append(("ln_f", self.ln_f))
         if self.lm_head is not None:
             out.append(("lm_head", self.lm_head))
-        return out
+        return out + [("loss_fn", self.loss_fn)]
+
+    def arrays(self, B, T):                                               # the tied head's logits and dx
+        C, V = self.config.n_embd, self.config.vocab_size
+        return ({"logits": (B, T, V)}, {"dx": (B, T, C)}) if self.lm_head is None else ({}, {})
 
     def num_params(self):
         return sum(p.size for p in self.params().values())
 
     # ------------------------------------------------------------------------
 
-    def forward(self, idx, targets=None, kv=None):
+    def forward(self, idx, targets=None):
         """idx (B, T) ints -> logits (B, T, V), and the mean cross-entropy when targets (B, T) are given.
-        kv: a KVCache (inference only): idx continues the kv.n tokens already in it, at positions kv.n.."""
+        The logits live in the model's arrays until the next forward: copy them to keep them longer."""
         idx = np.asarray(idx)
         if idx.ndim != 2:
             raise ValueError(f"idx must be (B, T) token ids, got shape {idx.shape}")
-        B, T = idx.shape
-        start = kv.n if kv is not None else 0
-        x = self.drop.forward(self.wpe.forward(self.wte.forward(idx), start))   # (B, T, C)
-        for i, block in enumerate(self.h):
-            x = block.forward(x, None if kv is None else (kv.k[i], kv.v[i], start))
-        if kv is not None:
-            kv.n += T
-        x = self.ln_f.forward(x, out=self._buf("ln_f", x.shape, x.dtype))  # (B, T, C)
-        logits = self._head_forward(x.reshape(B * T, -1)).reshape(B, T, -1)   # (B, T, V)
-        loss = None
-        if targets is not None:
-            loss = self.loss_fn.forward(logits, np.asarray(targets))
-        else:
-            self.loss_fn.cache = None                                     # backward() now refuses, not mixes
-        return logits, loss
+        self.bind(*idx.shape, self.wte.p["weight"].dtype)
+        x = self.drop(self.wpe(self.wte(idx)))                            # (B, T, C)
+        for block in self.h:
+            x = block(x)
+        logits = self.head(self.ln_f(x))                                  # (B, T, V)
+        self.loss = None if targets is None else self.loss_fn(logits, np.asarray(targets))
+        return logits, self.loss
 
     def backward(self, scale=1.0):
         """Backpropagate the last forward's loss (times scale: 1/k for k accumulation micro-batches)."""
-        if self.loss_fn.cache is None:
+        if self.loss is None:
             raise RuntimeError("backward() needs a forward(idx, targets) with targets just before it")
-        dlogits = self.loss_fn.backward(scale)                            # (B, T, V)
-        B, T, V = dlogits.shape
-        dx = self._head_backward(dlogits.reshape(B * T, V)).reshape(B, T, -1)   # (B, T, C)
-        dx = self.ln_f.backward(dx, out=self._buf("dln_f", dx.shape, dx.dtype))
-        for block in reversed(self.h):
+        self.loss = None
+        dx = self.head_backward(self.loss_fn.backward(scale))              # (B, T, C)
+        dx = self.ln_f.backward(dx)                                       # ln_f's own dx array: the residual
+        for block in reversed(self.h):                                    # stream's gradient, updated in place
             dx = block.backward(dx)
-        self.wte.backward(self.wpe.backward(self.drop.backward(dx)))     # wte grad += embedding part
+        self.wte.backward(self.wpe.backward(self.drop.backward(dx)))      # wte's gradient += the embedding's part
 
-    def _head_forward(self, x2):                                          # x2 (N, C) -> (N, V)
+    def head(self, x):                                                    # x (B, T, C) -> logits (B, T, V)
         if self.lm_head is not None:
-            return self.lm_head.forward(x2)
-        self.cache = x2
-        return K.matmul(x2, self.wte.p["weight"], tb=True)               # tied: logits = x wte^T
+            return self.lm_head(x)
+        self.cache = x
+        ops.matmul(flat(x), self.wte.p["weight"], tb=True, out=flat(self.a.logits))   # tied: logits = x wte^T
+        return self.a.logits
 
-    def _head_backward(self, dlogits):                                    # (N, V) -> (N, C)
+    def head_backward(self, dlogits):                                     # (B, T, V) -> dx (B, T, C)
         if self.lm_head is not None:
             return self.lm_head.backward(dlogits)
-        x2 = self._take_cache()
-        K.matmul(dlogits, x2, ta=True, out=self.wte.g["weight"], acc=True)   # d(wte) += dlogits^T x
-        N, C = dlogits.shape[0], self.wte.p["weight"].shape[1]
-        return K.matmul(dlogits, self.wte.p["weight"], out=self._buf("dx", (N, C), dlogits.dtype))   # dlogits wte
-
-
-class KVCache:
-    """Keys and values of the tokens seen so far, per layer: k, v (n_layer, B, n_head, block_size, hs).
-    n counts the filled positions; reset() empties it (the learned positions cannot slide, see sample.py)."""
-
-    def __init__(self, config, batch_size, dtype=np.float32):
-        hs = config.n_embd // config.n_head
-        shape = (config.n_layer, batch_size, config.n_head, config.block_size, hs)
-        self.k, self.v = np.zeros(shape, dtype), np.zeros(shape, dtype)
-        self.n = 0
-
-    def reset(self):
-        self.n = 0
+        x, W = self._take_cache(), self.wte.p["weight"]
+        ops.matmul(flat(dlogits), flat(x), ta=True, out=self.wte.g["weight"], acc=True)   # d(wte) += dlogits^T x
+        return ops.matmul(flat(dlogits), W, out=flat(self.d.dx)).reshape(self.d.dx.shape)   # dx = dlogits wte

@@ -1,19 +1,17 @@
-"""numba backend: a blocked, parallel float32 GEMM, C[l] = op(A[l]) @ op(B[l]) + beta*C[l].
+"""The numba backend's products: a blocked, parallel float32 GEMM, C[l] = op(A[l]) @ op(B[l]) + beta*C[l].
 
-The only file that imports numba (kernels.py imports this module lazily). One compiled entry point serves
-both matmul (L=1) and bmm, with ta/tb/beta as run-time arguments, so the test suite compiles it once
+The first file of the numba backend to import numba (it sets numba's environment first). One compiled
+entry point serves both matmul (L=1) and bmm, with ta/tb/beta as run-time arguments, so the test suite compiles it once
 (cache=True keeps it across runs). Work is split into tasks (batch item x row block x column block) run
 with prange; each task packs op(B) into a contiguous (KC, nb) panel and op(A) into (KC, 4) slivers, then
 a 4-row tile on the stack loops over a contiguous run of columns so LLVM emits wide vector code. Not
 BLAS-fast: the tile lives in L1, not in registers (numba has no vector type); see reports/kernels.md.
 """
-import math
 import os
 import sys
 
 import numpy as np
 
-from .kernels import BackendUnavailable, check_f32, gemm_dims
 
 
 def _configure_numba():
@@ -41,9 +39,8 @@ try:
     from numba import njit, prange, types
     from numba.extending import intrinsic
     from llvmlite import ir
-except ImportError as e:                   # reported by backend(), so "auto" can skip numba
+except ImportError:                        # numba_ops.backend() reports it, so "auto" can skip numba
     numba = None
-    _IMPORT_ERROR = e
 
 MR = 4        # rows per tile (4 rows of C, each a contiguous run of columns)
 KC = 256      # depth of a packed block: a (KC, nb) op(B) panel stays in L2
@@ -176,7 +173,7 @@ if numba is not None:
 
 
 # ----------------------------------------------------------------------------
-# the backend object kernels.py talks to
+# entry point (numba_ops.py): C-contiguous float32 stacks a (L, M, K)|(L, K, M), b, out (L, M, N)
 
 def _blocks(L, M, N, nt):
     """Task sizes (mb rows, nb columns): whole items when the batch feeds every thread, else row blocks."""
@@ -187,57 +184,13 @@ def _blocks(L, M, N, nt):
     return max(MR, -(-mb // MR) * MR), nb
 
 
-class NumbaBackend:
-    name = "numba"
-
-    def matmul(self, a, b, ta, tb, out, acc):                      # a (M,K)|(K,M), b (K,N)|(N,K) -> (M,N)
-        return self.bmm(a, b, ta, tb, out, acc)
-
-    def bmm(self, a, b, ta, tb, out, acc):                         # a (...,M,K), b (...,K,N) -> (...,M,N)
-        check_f32(a, b, out, backend="numba")
-        M, N, K = gemm_dims(a, b, ta, tb)
-        lead = a.shape[:-2]
-        if out is None:
-            out = np.empty((*lead, M, N), np.float32)
-        elif np.may_share_memory(out, a) or np.may_share_memory(out, b):
-            raise ValueError("numba: out= must not overlap the inputs")
-        L = math.prod(lead)
-        if L and M and N:
-            nt = self.nt
-            if numba.get_num_threads() != nt:                      # the fused kernels may have set 1 (fused._use)
-                numba.set_num_threads(nt)
-            mb, nb = _blocks(L, M, N, nt)
-            ntask = L * -(-M // mb) * -(-N // nb)
-            _gemm(a.reshape(L, *a.shape[-2:]), b.reshape(L, *b.shape[-2:]), out.reshape(L, M, N),
-                  ta, tb, np.float32(1.0 if acc else 0.0), mb, nb, min(nt, ntask))
-        return out
-
-    nt = 1
-
-    def set_threads(self, n):
-        self.nt = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
-        numba.set_num_threads(self.nt)
-
-    def set_spin(self, us):                                        # numba's OpenMP threads: passive, always
-        pass
-
-
-_backend = None
-
-
-def backend():
-    """The numba backend, after a compile-and-compare smoke test (BackendUnavailable if anything fails)."""
-    global _backend
-    if _backend is None:
-        if numba is None:
-            raise BackendUnavailable(f"numba: cannot import numba ({_IMPORT_ERROR}). Fix: pip install numba")
-        be = NumbaBackend()
-        try:
-            x = np.arange(15, dtype=np.float32).reshape(3, 5)
-            got = be.matmul(x, x, False, True, None, False)
-        except Exception as e:             # noqa: BLE001  (a numba/LLVM failure on this machine)
-            raise BackendUnavailable(f"numba: the kernel failed to compile or run here ({e!r})") from e
-        if not np.allclose(got, x @ x.T):
-            raise BackendUnavailable("numba: the kernel gave wrong results on this machine")
-        _backend = be
-    return _backend
+def gemm(a, b, out, ta, tb, acc, nt):
+    """out[l] = op(a[l]) @ op(b[l]) (+ out[l] if acc) on nt numba threads."""
+    L, M, N = out.shape
+    if L and M and N:
+        if numba.get_num_threads() != nt:
+            numba.set_num_threads(nt)
+        mb, nb = _blocks(L, M, N, nt)
+        ntask = L * -(-M // mb) * -(-N // nb)
+        _gemm(a, b, out, ta, tb, np.float32(1.0 if acc else 0.0), mb, nb, min(nt, ntask))
+    return out

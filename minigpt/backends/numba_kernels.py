@@ -1,6 +1,6 @@
-"""numba kernels for the non-matmul work of a training step. minigpt/fused.py holds the NumPy reference of
-each one (the tests compare them) and the dispatch; it imports this module lazily, and this is the only file
-of the fused path that imports numba (after minigpt/_numba.py, which sets numba's environment).
+"""numba kernels for the non-matmul ops of the numba (and, for now, native) backend. numpy_ops.py holds the
+NumPy specification of each one (tests/test_ops.py compares them); numba_ops.py calls these with contiguous
+arrays. Imported after numba_gemm.py, which sets numba's environment.
 
 Every kernel compiles for float32 (training) and float64, so the finite-difference tests prove these very
 kernels. numba here has no SVML: np.exp/np.tanh in @njit are scalar libm calls that also stop vectorisation,
@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from ._numba import _fma  # first: importing _numba sets numba's environment (passive OpenMP, 512-bit vectors)
+from .numba_gemm import _fma  # first: it sets numba's environment (passive OpenMP, 512-bit vectors)
 import numba                                               # noqa: E402
 from llvmlite import ir                                    # noqa: E402
 from numba import njit, prange, types                      # noqa: E402
@@ -92,9 +92,6 @@ def _gelu_impl(x):
     return gelu64
 
 
-_VEC = 64                  # LLVM's main vector loop takes 64 floats per trip (16 lanes x 4): pad short loops to it
-
-
 @njit(**_JIT)
 def _sum8(a, n):
     """sum(a[:n]) of a 1-D array in 8 lanes of a's dtype: 8 independent adds per step instead of one
@@ -108,24 +105,6 @@ def _sum8(a, n):
     s = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
     while j < n:
         s += a[j]
-        j += 1
-    return s
-
-
-@njit(**_JIT)
-def _dot8(a, b, n):
-    """a[:n] . b[:n] in 8 lanes, as _sum8."""
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = a.dtype.type(0.0)
-    j = 0
-    while j + 8 <= n:
-        s0 = _fma(a[j], b[j], s0); s1 = _fma(a[j + 1], b[j + 1], s1)              # noqa: E702
-        s2 = _fma(a[j + 2], b[j + 2], s2); s3 = _fma(a[j + 3], b[j + 3], s3)      # noqa: E702
-        s4 = _fma(a[j + 4], b[j + 4], s4); s5 = _fma(a[j + 5], b[j + 5], s5)      # noqa: E702
-        s6 = _fma(a[j + 6], b[j + 6], s6); s7 = _fma(a[j + 7], b[j + 7], s7)      # noqa: E702
-        j += 8
-    s = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
-    while j < n:
-        s = _fma(a[j], b[j], s)
         j += 1
     return s
 
@@ -152,11 +131,6 @@ def _exp32_array(x):                                       # tests: _exp32 over 
     for i in range(x.size):
         out[i] = _exp32(x[i])
     return out
-
-
-@njit(**_JIT)
-def _span(t, nt, n):                                        # rows [lo, hi) of chunk t of nt
-    return t * n // nt, (t + 1) * n // nt
 
 
 # ----------------------------------------------------------------------------
@@ -192,12 +166,14 @@ def layernorm_bwd(dy, x, w, mean, rstd, dx):                # dy, x -> dx (N, C)
 
 @njit(**_JIT)
 def layernorm_bwd_params(dy, x, mean, rstd, dw, db):        # dw, db (C,) += over the rows (serial: one sum)
-    N, C = x.shape
+    N, C = x.shape                                          # db of size 0: no bias
     for i in range(N):
         mi, ri = mean[i], rstd[i]
         for j in range(C):
             dw[j] += dy[i, j] * ((x[i, j] - mi) * ri)      # fwd: y = xhat * w + b
-            db[j] += dy[i, j]
+        if db.size:
+            for j in range(C):
+                db[j] += dy[i, j]
 
 
 # ----------------------------------------------------------------------------
@@ -215,10 +191,12 @@ def gelu_fwd(x, b, y, dydx):                                # x, y, dydx (N, H),
 @njit(**_JIT)
 def gelu_bwd(dy, dydx, dx, db):                             # dx = dy * dydx (N, H); db (H,) += sum over rows of dx
     N, H = dy.shape                                         # serial: db is one running sum per column
-    for i in range(N):
+    for i in range(N):                                      # db of size 0: no bias
         for j in range(H):
             dx[i, j] = dy[i, j] * dydx[i, j]                # fwd: y = gelu(x + b) -> dx = dy gelu'(x + b)
-            db[j] += dx[i, j]                               #                          db = sum_rows dx
+        if db.size:
+            for j in range(H):
+                db[j] += dx[i, j]                           #                          db = sum_rows dx
 
 
 # ----------------------------------------------------------------------------
@@ -254,133 +232,6 @@ def causal_softmax_bwd(att, g, scale, start):              # g: d(att) -> d(scor
             for j in range(n):                              # fwd: att = softmax(scale s) -> ds = scale att (datt - d)
                 r[j] = scale * a[j] * (r[j] - d)
             r[n:] = 0.0
-
-
-# ----------------------------------------------------------------------------
-# fused causal attention per (batch, head): q, k, v are read from qkv (B, T, 3C) and y is written into
-# (B, T, C), so no transposes. Nothing (T, T) is stored: forward keeps the row log-sum-exp, backward
-# recomputes the probabilities from it (flash-attention style). Each head first copies its q, k, v into
-# small contiguous arrays (k and v also transposed), so every inner loop is a unit-stride axpy.
-
-@njit(**_JIT)
-def _head(qkv, b, o, T, hs, scale, a, aT):                  # a (T, hs) = scale * qkv[b, :, o:o+hs], aT = a^T
-    for t in range(T):
-        for d in range(hs):
-            a[t, d] = qkv[b, t, o + d] * scale
-            aT[d, t] = a[t, d]
-
-
-@njit(**_JIT)
-def _heads(qkv, b, h, C, T, hs):
-    """q (pre-scaled by 1/sqrt(hs)), k, v (T, hs) of head h of batch row b, and k^T, v^T (hs, T)."""
-    one, scale = qkv.dtype.type(1.0), qkv.dtype.type(1.0 / math.sqrt(hs))
-    q, k, v = np.empty((T, hs), qkv.dtype), np.empty((T, hs), qkv.dtype), np.empty((T, hs), qkv.dtype)
-    kT, vT = np.empty((hs, T), qkv.dtype), np.empty((hs, T), qkv.dtype)
-    _head(qkv, b, h * hs, T, hs, scale, q, kT)             # q pre-scaled: s_ij = q_i . k_j
-    _head(qkv, b, C + h * hs, T, hs, one, k, kT)
-    _head(qkv, b, 2 * C + h * hs, T, hs, one, v, vT)
-    return q, k, v, kT, vT
-
-
-@njit(parallel=True, **_JIT)
-def attention_fwd(qkv, nh, y, lse):                        # qkv (B, T, 3C) -> y (B, T, C), lse (B, nh, T)
-    B, T, C3 = qkv.shape
-    C = C3 // 3
-    hs = C // nh
-    for bh in prange(B * nh):
-        b, h = bh // nh, bh % nh
-        q, k, v, kT, vT = _heads(qkv, b, h, C, T, hs)
-        p, yi = np.empty(T, qkv.dtype), np.empty(hs, qkv.dtype)
-        for i in range(T):
-            n = i + 1                                      # keys 0..i: the masked half is never used
-            nv = min(T, (i + _VEC) // _VEC * _VEC)         # ... and computed only up to a full vector loop
-            p[:nv] = 0.0
-            for d in range(hs):                            # s_ij = q_i . k_j, as an axpy over j
-                qd = q[i, d]
-                for j in range(nv):
-                    p[j] = _fma(qd, kT[d, j], p[j])
-            m = _max8(p, n)
-            for j in range(n):
-                p[j] = _exp(p[j] - m)
-            l = _sum8(p, n)
-            lse[b, h, i] = m + math.log(l)
-            yi[:] = 0.0
-            for j in range(n):                             # y_i = sum_j p_ij v_j / l
-                pj = p[j]
-                for d in range(hs):
-                    yi[d] = _fma(pj, v[j, d], yi[d])
-            for d in range(hs):
-                y[b, i, h * hs + d] = yi[d] / l
-
-
-@njit(parallel=True, **_JIT)
-def attention_cached_fwd(qkv, k_all, v_all, n, y):        # qkv (B, T, 3C); k_all, v_all (B, nh, S, hs) -> y (B, T, C)
-    B, T, C3 = qkv.shape
-    nh, hs = k_all.shape[1], k_all.shape[3]
-    scale = qkv.dtype.type(1.0 / math.sqrt(hs))
-    for bh in prange(B * nh):
-        b, h = bh // nh, bh % nh
-        p, yi = np.empty(n + T, qkv.dtype), np.empty(hs, qkv.dtype)
-        for t in range(T):
-            q, m = qkv[b, t, h * hs:(h + 1) * hs], n + t + 1      # new position n+t sees keys 0..n+t
-            for j in range(m):                                    # scores q . k_j, 8 lanes over hs
-                p[j] = _dot8(q, k_all[b, h, j], hs)
-            mx = _max8(p, m)
-            for j in range(m):
-                p[j] = _exp((p[j] - mx) * scale)
-            inv = qkv.dtype.type(1.0 / _sum8(p, m))
-            yi[:] = 0.0
-            for j in range(m):                                    # y = sum_j p_j v_j, an axpy over hs
-                pj, vj = p[j], v_all[b, h, j]
-                for d in range(hs):
-                    yi[d] = _fma(pj, vj[d], yi[d])
-            for d in range(hs):
-                y[b, t, h * hs + d] = yi[d] * inv
-
-
-@njit(parallel=True, **_JIT)
-def attention_bwd(qkv, y, dy, lse, nh, dqkv):              # dy, y (B, T, C) -> dqkv (B, T, 3C), written
-    B, T, C3 = qkv.shape
-    C = C3 // 3
-    hs = C // nh
-    scale = qkv.dtype.type(1.0 / math.sqrt(hs))
-    for bh in prange(B * nh):
-        b, h = bh // nh, bh % nh
-        q, k, v, kT, vT = _heads(qkv, b, h, C, T, hs)
-        g = np.empty((T, hs), qkv.dtype)
-        dk, dv = np.zeros((T, hs), qkv.dtype), np.zeros((T, hs), qkv.dtype)
-        p, dp, dqi = np.empty(T, qkv.dtype), np.empty(T, qkv.dtype), np.empty(hs, qkv.dtype)
-        for i in range(T):
-            n = i + 1
-            Di = 0.0                                       # sum_j p_ij dp_ij = dy_i . y_i
-            for d in range(hs):
-                g[i, d] = dy[b, i, h * hs + d]
-                Di += g[i, d] * y[b, i, h * hs + d]
-            nv = min(T, (i + _VEC) // _VEC * _VEC)
-            p[:nv] = 0.0
-            dp[:nv] = 0.0
-            for d in range(hs):
-                qd, gd = q[i, d], g[i, d]
-                for j in range(nv):
-                    p[j] = _fma(qd, kT[d, j], p[j])        # recompute s_ij
-                    dp[j] = _fma(gd, vT[d, j], dp[j])      # fwd: y_i = sum_j p_ij v_j -> dp_ij = dy_i . v_j
-            li = lse[b, h, i]
-            for j in range(n):                             # p_ij = exp(s_ij - lse_i)
-                p[j] = _exp(p[j] - li)
-                dp[j] = p[j] * (dp[j] - Di)                # fwd: p = softmax(s) -> ds = p (dp - D)
-            dqi[:] = 0.0
-            for j in range(n):
-                dsj, pj = dp[j], p[j]
-                for d in range(hs):
-                    dqi[d] = _fma(dsj, k[j, d], dqi[d])    # fwd: s_ij = scale q_i . k_j -> dq_i = scale sum_j ds_ij k_j
-                    dk[j, d] = _fma(dsj, q[i, d], dk[j, d])   # dk_j = sum_i ds_ij (scale q_i)
-                    dv[j, d] = _fma(pj, g[i, d], dv[j, d])    # dv_j = sum_i p_ij dy_i
-            for d in range(hs):
-                dqkv[b, i, h * hs + d] = scale * dqi[d]
-        for t in range(T):
-            for d in range(hs):
-                dqkv[b, t, C + h * hs + d] = dk[t, d]
-                dqkv[b, t, 2 * C + h * hs + d] = dv[t, d]
 
 
 # ----------------------------------------------------------------------------

@@ -1,8 +1,9 @@
-"""ctypes loader and typed wrappers for the native AVX-512 SGEMM (native/mgk.c, built as minigpt/_mgk*.so).
+"""The native backend: the C library native/mgk.c (built as minigpt/_mgk*.so) through ctypes for every product;
+the other ops are numba's kernels (NumbaOps) until they have C versions too.
 
-The only file that uses ctypes. Loads the library once, declares every signature (ndpointer float32 +
-C_CONTIGUOUS, so ctypes itself rejects a wrong dtype or layout), and never copies its inputs: transposes are
-passed as flags. backend() raises kernels.BackendUnavailable with the reason and the fix if the library is
+The only file that uses ctypes. Loads the library once and declares every signature. Transposes are flags;
+strided views are walked in place by the C code (rows of contiguous floats, up to two batch strides), and only
+a view it cannot walk is copied into scratch. backend() raises BackendUnavailable with the reason and the fix if the library is
 missing, fails to load, or the CPU has no AVX-512. MINIGPT_NATIVE_LIB=/path/to/lib overrides the location.
 """
 import ctypes
@@ -14,9 +15,10 @@ import os
 
 import numpy as np
 
-from .kernels import BackendUnavailable, check_f32, gemm_dims
+from . import BackendUnavailable, check_float32, gemm_dims
+from .numba_ops import NumbaOps, backend as numba_backend
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # minigpt/
 _ERRORS = {-1: "bad argument", -2: "out of memory", -3: "could not start a worker thread"}
 _i, _ll = ctypes.c_int, ctypes.c_longlong
 _ABI = 2                                                  # MGK_ABI in native/mgk.h
@@ -87,36 +89,48 @@ def _check(rc, what, a, b):
 
 
 # ----------------------------------------------------------------------------
-# the backend object kernels.py talks to
+# the backend
 
-class NativeBackend:
+class NativeOps(NumbaOps):
     name = "native"
 
     def __init__(self, lib):
+        super().__init__()
         self.lib = lib
 
-    def matmul(self, a, b, ta, tb, out, acc):                      # a (M,K)|(K,M), b (K,N)|(N,K) -> (M,N)
-        M, N, K = gemm_dims(a, b, ta, tb)
-        out = _out(out, (M, N), a, b)
+    def _matmul(self, a, b, ta, tb, out, acc):                     # a (M,K)|(K,M), b (K,N)|(N,K) -> (M,N)
+        check_float32(a, b, out, backend="native")
+        if not (a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous):
+            return self._bmm(a[None], b[None], ta, tb, out[None], acc)[0]
+        M, N, K = gemm_dims(a, b, ta, tb)                          # the common case, with the cheapest call
         rc = self.lib.mgk_sgemm(ta, tb, M, N, K, a, a.shape[1], b, b.shape[1], 1.0 if acc else 0.0, out, N)
-        _check(rc, "mgk_sgemm", a, b)
+        if rc != 0:
+            raise RuntimeError(f"native mgk_sgemm: {_ERRORS.get(rc, rc)} (rc={rc}) for {a.shape} x {b.shape}")
         return out
 
-    strided_bmm = True                                             # bmm reads and writes strided views
-
-    def bmm(self, a, b, ta, tb, out, acc):                         # a (L,M,K), b (L,K,N) -> (L,M,N); or (B,nh,..)
+    def _bmm(self, a, b, ta, tb, out, acc):                        # a (..., M, K), b (..., K, N) -> (..., M, N)
+        check_float32(a, b, out, backend="native")
         M, N, K = gemm_dims(a, b, ta, tb)
-        lead = a.shape[:-2]
-        out = _out(out, (*lead, M, N), a, b, contiguous=False)      # strides are checked by _matrices
-        (L1, L2), A, B, C = _lead(lead), _matrices(a), _matrices(b), _matrices(out)
+        a, b = self._walkable(a, "a"), self._walkable(b, "b")
+        o = self._walkable(out, "out", copy=acc)
+        (L1, L2), A, B, C = _lead(a.shape[:-2]), _matrices(a), _matrices(b), _matrices(o)
         rc = self.lib.mgk_sgemm_batched(L1, L2, ta, tb, M, N, K, *A, *B, 1.0 if acc else 0.0, *C)
-        _check(rc, "mgk_sgemm_batched", a, b)
+        if rc != 0:
+            raise RuntimeError(f"native mgk_sgemm_batched: {_ERRORS.get(rc, rc)} (rc={rc}) for {a.shape} x {b.shape}")
+        if o is not out:
+            np.copyto(out, o)
         return out
+
+    def _walkable(self, x, slot, copy=True):
+        """x if the C code can walk it in place (rows of contiguous floats, at most two batch dims), else a
+        contiguous scratch copy (numba_ops' _contig)."""
+        return x if _matrices(x) is not None else self._contig(x, slot, copy)
 
     def set_threads(self, n):
+        super().set_threads(n)                                     # numba's pool, for the other ops
         self.lib.mgk_set_num_threads(max(1, int(n)))
 
-    def set_spin(self, us):
+    def spin(self, us):
         self.lib.mgk_set_spin_us(max(0, int(us)))
 
     def peak_gflops(self, iters=20_000_000):
@@ -134,28 +148,14 @@ def _matrices(x):
     whose rows are contiguous: a C-contiguous array, or a view with at most two batch dims such as one head's
     q, (B, nh, T, hs), inside a (B, T, 3, nh, hs) array. The strides are numpy's own for the view, so every
     item lies inside the array's buffer."""
-    check_f32(x, backend="native", contiguous=False)
     rows, cols, nb = x.shape[-2], x.shape[-1], x.ndim - 2
     if x.flags.c_contiguous:
         outer = x.shape[1] * rows * cols if nb == 2 else rows * cols
         return x.ctypes.data, cols, outer, rows * cols
     st = [s // 4 if n > 1 else 0 for s, n in zip(x.strides, x.shape)]   # floats; a size-1 axis is never stepped
     if nb > 2 or any(s % 4 for s in x.strides) or min(st) < 0 or (cols > 1 and st[-1] != 1):
-        raise ValueError(f"native backend: cannot walk an array of shape {x.shape} with strides {x.strides}: it "
-                         "needs rows of contiguous floats and at most two batch dims. Pass transposes with the "
-                         "ta/tb flags, or copy with np.ascontiguousarray")
+        return None
     return x.ctypes.data, st[-2] if rows > 1 else cols, st[0] if nb else 0, st[1] if nb == 2 else 0
-
-
-def _out(out, shape, a, b, contiguous=True):
-    check_f32(a, b, out, backend="native", contiguous=contiguous)
-    if out is None:
-        return np.empty(shape, np.float32)                          # beta = 0: never read
-    if np.may_share_memory(out, a) or np.may_share_memory(out, b):
-        raise ValueError("native: out= must not overlap the inputs")
-    if not out.flags.writeable:
-        raise ValueError("native: out= is read-only (a broadcast view?); pass a writable array")
-    return out
 
 
 @functools.cache
@@ -164,5 +164,9 @@ def backend():
     if not lib.mgk_has_avx512():
         raise BackendUnavailable("native: this CPU (or OS) has no AVX-512, which the native kernel needs; its "
                                  "scalar fallback would be slower than numpy. Fix: MINIGPT_BACKEND=numba or numpy")
-    return NativeBackend(lib)
+    try:
+        numba_backend()                                            # the other ops are numba's kernels
+    except BackendUnavailable as e:
+        raise BackendUnavailable(f"native: needs numba for its non-matmul ops ({e})") from e
+    return NativeOps(lib)
 
