@@ -5,8 +5,8 @@ the input gradient, ADDS (+=) into self.g, and frees the cache. self.p and self.
 params()/grads() walk the children and return the live arrays under dotted names. A layer keeps the dtype of
 its input (float32 for training, float64 for gradient tests); randomness comes in through a Generator.
 
-Layers hold only math. They compute into arrays they are handed (self.a for the forward, self.d for the
-backward), which Activations allocates for the whole model at once, and every op runs through `ops`, the
+Layers hold only math. They compute into arrays they are handed (self.a, kept from forward to backward; self.d,
+scratch such as the backward's gradients), which Activations allocates for the whole model at once, and every op runs through `ops`, the
 selected backend (minigpt/backends), which a layer never asks about.
 """
 import math
@@ -26,7 +26,7 @@ class Module:
         self.p, self.g = {}, {}
         self.cache = None
         self.training = True
-        self.a = self.d = None                  # forward and backward arrays, from Activations
+        self.a = self.d = None                  # kept and scratch arrays, from Activations
 
     def __call__(self, *args):
         return self.forward(*args)
@@ -59,7 +59,8 @@ class Module:
         return self.train(False)
 
     def arrays(self, B, T):
-        """Shapes of the arrays this module computes into for a (B, T) batch: ({forward}, {backward})."""
+        """Shapes of the arrays this module computes into for a (B, T) batch: ({kept}, {scratch}). Kept arrays
+        live from its forward to its backward; scratch arrays die within one call (or in the caller's hands)."""
         return {}, {}
 
     def bind(self, B, T, dtype):
@@ -81,9 +82,10 @@ class Module:
 
 class Activations:
     """Every array a forward and backward at batch shape (B, T) compute into, allocated in one place (as llm.c's
-    ActivationTensors), from the shapes each module declares in arrays(B, T). Forward arrays belong to their
-    module and live from its forward to its backward. Backward arrays are shared by the same module of every
-    block (h.0.attn.c_proj, h.1.attn.c_proj, ...): a block's backward uses them up before the next one runs.
+    ActivationTensors), from the shapes each module declares in arrays(B, T). Kept arrays (m.a) belong to their
+    module and live from its forward to its backward. Scratch arrays (m.d: backward gradients, temporaries) are
+    shared by the same module of every block (h.0.attn.c_proj, h.1.attn.c_proj, ...): each call uses them up
+    before the next block's call runs.
     A step that repeats (B, T) allocates nothing of activation size."""
 
     def __init__(self, root, B, T, dtype):
@@ -123,15 +125,17 @@ class Linear(Module):
     def arrays(self, B, T):
         n_in, n_out = self.p["weight"].shape
         fwd = {"y": (B, T, n_out), **({"dgelu": (B, T, n_out)} if self.gelu else {})}
-        return fwd, {"dx": (B, T, n_in), **({"dz": (B, T, n_out)} if self.gelu else {})}
+        return fwd, {"dx": (B, T, n_in), **({"z": (B, T, n_out)} if self.gelu else {})}   # z: z, later dz
 
     def forward(self, x):                                              # x (B, T, in) -> y (B, T, out)
         W, b, y = self.p["weight"], self.p.get("bias"), self.a.y
-        ops.matmul(flat(x), W, out=flat(y))                            # z = x W
         if self.gelu:
-            ops.gelu(y, b, out=y, dgelu=self.a.dgelu)                  # y = gelu(z + b); keeps gelu'(z + b)
-        elif b is not None:
-            y += b                                                     # y = z + b
+            z = ops.matmul(flat(x), W, out=flat(self.d.z))             # z = x W
+            ops.gelu(z, b, out=flat(y), dgelu=flat(self.a.dgelu))      # y = gelu(z + b); keeps gelu'(z + b)
+        else:
+            ops.matmul(flat(x), W, out=flat(y))                        # y = x W + b
+            if b is not None:
+                y += b
         self.cache = x
         return y
 
@@ -139,7 +143,7 @@ class Linear(Module):
         x = self._take_cache()
         db = self.g.get("bias")
         if self.gelu:                                                  # fwd: y = gelu(z + b)
-            dy = ops.gelu_backward(dy, self.a.dgelu, self.d.dz, db)    # dz = dy gelu'(z + b); db += sum dz
+            dy = ops.gelu_backward(dy, self.a.dgelu, self.d.z, db)     # dz = dy gelu'(z + b); db += sum dz
         elif db is not None:
             db += flat(dy).sum(axis=0)                                 # fwd: y = z + b -> db += sum dy
         ops.matmul(flat(x), flat(dy), ta=True, out=self.g["weight"], acc=True)   # fwd: z = x W -> dW += x^T dz

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from . import fused as F
+from .backends import ops
 
 
 class AdamW:
@@ -25,9 +25,9 @@ class AdamW:
         self.t += 1
         b1, b2 = self.beta1, self.beta2
         bc1, bc2 = 1.0 - b1 ** self.t, 1.0 - b2 ** self.t
-        for k, p in params.items():                                   # the math: fused.adamw_ref
+        for k, p in params.items():                                   # the math: backends/numpy_ops.py
             wd = self.weight_decay if k in self.decay else 0.0
-            F.adamw(p, grads[k], self.m[k], self.v[k], lr, b1, b2, self.eps, wd, bc1, bc2)
+            ops.adamw(p, grads[k], self.m[k], self.v[k], lr, b1, b2, self.eps, wd, bc1, bc2)
 
     def state(self):
         """Arrays and counters that make a resumed run bit-identical."""
