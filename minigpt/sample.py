@@ -2,36 +2,40 @@
 
     python -m minigpt.sample --out_dir out --prompt "ROMEO:" --num_samples 3 --max_new_tokens 300
 
-The context given to the model is cropped to its last block_size tokens. top_k=1 is greedy.
+The context given to the model is cropped to its last block_size tokens. top_k=1 is greedy. Generation
+with a KV cache is a forward-only path of its own (forward_cached): training's layers never see the cache.
 """
+import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from . import checkpoint, kernels as K
-from .config import UserError, default_backend, parse_args
+from . import backends, checkpoint
+from .backends import ops
+from .config import UserError, default_backend, parse_args, setting
 from .data import CharTokenizer
-from .model import GPT, GPTConfig, KVCache
+from .layers import heads
+from .model import GPT, GPTConfig
 
 
 @dataclass
 class SampleConfig:
-    out_dir: str = "out"
-    ckpt: str = ""                 # a checkpoint file; default: out_dir/ckpt_best.npz
-    prompt: str = "\n"
-    prompt_file: str = ""          # read the prompt from this file instead
-    num_samples: int = 1
-    max_new_tokens: int = 500
-    temperature: float = 0.8
-    top_k: int = 0                 # 0: off
-    top_p: float = 1.0             # 1.0: off
-    seed: int = 1337
-    kv_cache: bool = True
-    backend: str = field(default_factory=default_backend)   # $MINIGPT_BACKEND, else auto
-    threads: int = 0
+    out_dir: str = setting("out", "directory of a training run; its ckpt_best.npz is sampled")
+    ckpt: str = setting("", "a checkpoint file to sample instead of out_dir/ckpt_best.npz")
+    prompt: str = setting("\n", "text the samples continue")
+    prompt_file: str = setting("", "read the prompt from this UTF-8 file instead of --prompt")
+    num_samples: int = setting(1, "samples generated together in one batch")
+    max_new_tokens: int = setting(500, "tokens generated per sample")
+    temperature: float = setting(0.8, "divides the logits: lower is more conservative, higher more random")
+    top_k: int = setting(0, "sample among the k most likely tokens only (0: off, 1: greedy)")
+    top_p: float = setting(1.0, "sample among the most likely tokens that hold this much probability (1: off)")
+    seed: int = setting(1337, "seed of the sampling generator")
+    kv_cache: bool = setting(True, "keep the keys and values of past positions (false: recompute every step)")
+    backend: str = setting(default_backend, "auto | numpy | numba | native (default: $MINIGPT_BACKEND, else auto)")
+    threads: int = setting(0, "threads of every pool (0: all cores)")
 
 
 def load_model(path, loaded=None):
@@ -43,6 +47,60 @@ def load_model(path, loaded=None):
     if tok.vocab_size != model.config.vocab_size:
         raise UserError(f"{path}: tokenizer has {tok.vocab_size} symbols but the model {model.config.vocab_size}")
     return model.eval(), tok
+
+
+# ----------------------------------------------------------------------------
+# inference with a KV cache: a forward-only pass over new positions, reading the model's parameters. It keeps
+# the keys and values of every position seen, so each new token costs one position's pass, not the context's.
+
+class KVCache:
+    """Keys and values of the tokens seen so far: k, v (n_layer, B, n_head, block_size, hs); n filled positions."""
+
+    def __init__(self, config, batch_size, dtype=np.float32):
+        hs = config.n_embd // config.n_head
+        shape = (config.n_layer, batch_size, config.n_head, config.block_size, hs)
+        self.k, self.v = np.zeros(shape, dtype), np.zeros(shape, dtype)
+        self.n = 0
+
+
+def _layernorm(ln, x):                                                 # x (N, C) -> (N, C)
+    N = x.shape[0]
+    return ops.layernorm(x, ln.p["weight"], ln.p.get("bias"), np.empty_like(x), np.empty(N, x.dtype),
+                         np.empty(N, x.dtype), ln.eps)
+
+
+def _linear(lin, x):                                                   # x (N, in) -> (N, out)
+    y = ops.matmul(x, lin.p["weight"])
+    if lin.gelu:
+        return ops.gelu(y.copy(), lin.p.get("bias"), out=y, dgelu=np.empty_like(y))
+    return y if "bias" not in lin.p else np.add(y, lin.p["bias"], out=y)
+
+
+def _attention(attn, x, k_all, v_all, n, B, T):                       # x (B*T, C); k_all, v_all (B, nh, S, hs)
+    nh, hs = k_all.shape[1], k_all.shape[3]
+    q, k, v = heads(_linear(attn.c_attn, x).reshape(B, T, -1), nh, 3)   # each (B, nh, T, hs)
+    k_all[:, :, n:n + T], v_all[:, :, n:n + T] = k, v                  # append this call's positions
+    att = ops.bmm(q, k_all[:, :, :n + T], tb=True)                     # (B, nh, T, n+T): scores
+    ops.causal_softmax(att, 1.0 / math.sqrt(hs), start=n)              # new position n+t sees keys 0..n+t
+    y = ops.bmm(att, v_all[:, :, :n + T])                              # (B, nh, T, hs)
+    return _linear(attn.c_proj, y.transpose(0, 2, 1, 3).reshape(B * T, nh * hs))
+
+
+def forward_cached(model, idx, cache):
+    """Logits (B, V) of the position after idx (B, T), whose tokens continue the cache.n ones in cache."""
+    B, T = idx.shape
+    n = cache.n
+    if n + T > model.config.block_size:
+        raise ValueError(f"{n + T} positions exceed block_size {model.config.block_size}; start a new cache")
+    x = (model.wte.p["weight"][idx] + model.wpe.p["weight"][n:n + T]).reshape(B * T, -1)   # (B*T, C)
+    for i, blk in enumerate(model.h):
+        x = x + _attention(blk.attn, _layernorm(blk.ln_1, x), cache.k[i], cache.v[i], n, B, T)
+        x = x + _linear(blk.mlp.c_proj, _linear(blk.mlp.c_fc, _layernorm(blk.ln_2, x)))
+    cache.n += T
+    x = _layernorm(model.ln_f, x.reshape(B, T, -1)[:, -1])            # (B, C): the last position only
+    if model.lm_head is not None:
+        return _linear(model.lm_head, x)
+    return ops.matmul(x, model.wte.p["weight"], tb=True)              # tied head: x wte^T  (B, V)
 
 
 # ----------------------------------------------------------------------------
@@ -74,7 +132,8 @@ def sample_next(logits, rng, temperature=1.0, top_k=0, top_p=1.0):
 
 
 class Decoder:
-    """The logits of the next token for a growing batch of contexts, with or without a KV cache.
+    """The logits of the next token for a growing batch of contexts: with a KV cache (forward_cached), or by
+    recomputing the cropped context with the model's own forward.
 
     KV-cache policy: the prompt (cropped to its last block_size tokens) is prefilled in one pass, then each
     new token costs one position's forward pass. The learned positional table cannot slide, so once the
@@ -92,10 +151,10 @@ class Decoder:
         if self.kv is None:
             return self.model.forward(self.idx[:, -self.T:])[0][:, -1]
         if self._fresh or self.kv.n == self.T:                         # prefill, or re-prefill past the block
-            self.kv.reset()
+            self.kv.n = 0
             self._fresh = False
-            return self.model.forward(self.idx[:, -self.T:], kv=self.kv)[0][:, -1]
-        return self.model.forward(self.idx[:, -1:], kv=self.kv)[0][:, -1]   # one new position
+            return forward_cached(self.model, self.idx[:, -self.T:], self.kv)
+        return forward_cached(self.model, self.idx[:, -1:], self.kv)   # one new position
 
     def append(self, nxt):                                             # nxt (B,)
         self.idx = np.concatenate([self.idx, nxt[:, None]], axis=1)
@@ -107,14 +166,14 @@ SPIN_US = 200      # native workers wait this long on the CPU between decoding's
 def generate(model, idx, max_new_tokens, rng, temperature=1.0, top_k=0, top_p=1.0, use_cache=True):
     """Yield the next token ids (B,) max_new_tokens times, continuing idx (B, T0). model must be in eval mode."""
     dec = Decoder(model, idx, use_cache)
-    K.set_spin(SPIN_US)
+    backends.current().spin(SPIN_US)
     try:
         for _ in range(max_new_tokens):
             nxt = sample_next(dec.logits(), rng, temperature, top_k, top_p)
             dec.append(nxt)
             yield nxt
     finally:
-        K.set_spin(0)
+        backends.current().spin(0)
 
 
 # ----------------------------------------------------------------------------
@@ -128,8 +187,8 @@ def main(argv=None):
             raise UserError("--num_samples must be positive, --max_new_tokens and --top_k zero or more, "
                             "--top_p in (0, 1]")
         try:
-            K.set_backend(cfg.backend, threads=cfg.threads or None)
-        except K.BackendUnavailable as e:
+            backends.select(cfg.backend, threads=cfg.threads or None)
+        except backends.BackendUnavailable as e:
             raise UserError(f"--backend {cfg.backend}: {e}") from None
         model, tok = load_model(cfg.ckpt or os.path.join(cfg.out_dir, "ckpt_best.npz"))
         prompt = cfg.prompt
@@ -160,7 +219,7 @@ def main(argv=None):
         print("\n" + "-" * 40, flush=True)
         n_tok = rows.size
         print(f"{n_tok} tokens in {dt:.2f} s: {n_tok / max(dt, 1e-9):,.0f} tokens/s "
-              f"({cfg.num_samples} samples, kv_cache={cfg.kv_cache}, backend {K.backend()})", file=sys.stderr)
+              f"({cfg.num_samples} samples, kv_cache={cfg.kv_cache}, backend {backends.name()})", file=sys.stderr)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -65,7 +65,8 @@ class NumbaOps(Ops):
         a3 = self._contig(a, "a").reshape(-1, *a.shape[-2:])
         b3 = self._contig(b, "b").reshape(-1, *b.shape[-2:])
         o = self._contig(out, "out", copy=acc)
-        G.gemm(a3, b3, o.reshape(-1, M, N), ta, tb, acc, self.nt)
+        nt = self.nt if out.size * K >= SERIAL_BELOW * 16 else 1       # tiny products (decoding): one thread
+        G.gemm(a3, b3, o.reshape(-1, M, N), ta, tb, acc, nt)
         if o is not out:
             np.copyto(out, o)
         return out
