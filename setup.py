@@ -1,6 +1,6 @@
 """Build script: everything is in setup.cfg except the optional C extension minigpt/_mgk (native/mgk*.c).
 
-_mgk is a plain C library (no Python C-API) that minigpt/_native.py loads with ctypes. If it cannot be
+_mgk is a plain C library (no Python C-API) that minigpt/backends/native.py loads with ctypes. If it cannot be
 compiled (no C compiler, non-GNU toolchain) the install still succeeds with a warning; the "native" backend
 then reports itself unavailable with the reason, and "auto" uses numba or numpy.
 """

@@ -6,7 +6,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from minigpt import checkpoint
+from minigpt import backends, checkpoint
 from minigpt.config import UserError
 from minigpt.data import CharTokenizer
 from minigpt.model import GPT, GPTConfig
@@ -72,9 +72,13 @@ def test_fixed_seed_gives_same_text_and_context_is_cropped():
 # ----------------------------------------------------------------------------
 # KV cache
 
+@pytest.mark.parametrize("backend", ["numpy", "numba", "native"])
 @pytest.mark.parametrize("block,prompt", [(8, 3), (12, 10)])
-def test_kv_cache_logits_match_full_recompute_at_every_step(block, prompt):
-    # block 12, prompt 10: prefills longer than fused.DECODE_T take the matmul path, decoding the fused kernel
+def test_kv_cache_logits_match_full_recompute_at_every_step(block, prompt, backend):
+    # past block_size every step re-prefills the last block_size tokens: covered by the 3 * block steps
+    if backend not in backends.available():
+        pytest.skip(f"{backend} backend not available here")
+    backends.select(backend, verbose=False)
     m = model_f32(block=block)
     rng = np.random.default_rng(3)
     idx = rng.integers(0, 13, (2, prompt))
@@ -106,6 +110,24 @@ def test_kv_cache_float64_is_exact_to_rounding():
 
 # ----------------------------------------------------------------------------
 # the command
+
+def test_kv_cache_leaves_the_training_arrays_alone():
+    m = model_f32()
+    x = np.random.default_rng(0).integers(0, 13, (3, 8))
+    logits = m.forward(x)[0].copy()
+    list(generate(m, x[:, :3], 4, np.random.default_rng(0)))          # prefill + decoding, batch 3
+    np.testing.assert_array_equal(m.forward(x)[0], logits)
+    assert m.bound[:2] == (3, 8)                                        # the cache path bound nothing new
+
+
+def test_sample_command_help_lists_every_setting():
+    from dataclasses import fields
+    from minigpt.sample import SampleConfig
+    r = subprocess.run([sys.executable, "-m", "minigpt.sample", "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    for f in fields(SampleConfig):
+        assert f"--{f.name}" in r.stdout, f.name
+
 
 def test_sample_command_streams_batched_samples(tmp_path):
     model = GPT(CFG, np.random.default_rng(0))
