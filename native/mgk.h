@@ -1,11 +1,11 @@
-/* mgk.h: the C API of minigpt's native kernels (native/mgk.c, native/mgk_pool.c), loaded by minigpt/_native.py.
+/* mgk.h: the C API of minigpt's native kernels (native/mgk.c, native/mgk_pool.c), loaded by minigpt/backends/native.py.
    Row-major float32 GEMM: C = op(A) @ op(B) + beta*C, op(X) = X or X^T by flag (ta, tb); beta == 0 never reads C.
    Every function returns MGK_OK (0) or a negative MGK_E* code; nothing here allocates per call
    (packing buffers are allocated once per thread, on first use). Not a BLAS: no alpha, no column-major. */
 #ifndef MGK_H
 #define MGK_H
 
-#define MGK_ABI      2   /* bumped when a signature changes; minigpt/_native.py refuses any other build */
+#define MGK_ABI      2   /* bumped when a signature changes; minigpt/backends/native.py refuses any other build */
 
 #define MGK_OK       0
 #define MGK_EBADARG -1   /* negative size, too small leading dimension, NULL pointer */
