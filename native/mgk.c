@@ -393,17 +393,36 @@ int mgk_get_num_threads(void) { return threads_now(); }
 
 int mgk_abi(void) { return MGK_ABI; }
 
-int mgk_has_avx512(void)
+int mgk_cpu_isa(void)
 {
 #ifdef MGK_X86
-    __builtin_cpu_init();   /* libgcc also checks that the OS saves the zmm state (XCR0) */
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-    return 0;
+    __builtin_cpu_init();   /* libgcc also checks that the OS saves the ymm/zmm state (XCR0) */
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return MGK_ISA_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return MGK_ISA_AVX2;
 #endif
+    return MGK_ISA_GENERIC;
 }
+
+static int isa_now = -1;               /* -1: not chosen yet -> mgk_cpu_isa() */
+
+int mgk_isa(void)
+{
+    if (isa_now < 0) isa_now = mgk_cpu_isa();
+    return isa_now;
+}
+
+int mgk_set_isa(int isa)
+{
+    if (isa < MGK_ISA_GENERIC || isa > mgk_cpu_isa()) return MGK_EBADARG;
+    isa_now = isa;
+    return MGK_OK;
+}
+
+int mgk_has_avx512(void) { return mgk_cpu_isa() == MGK_ISA_AVX512; }
 
 /* pick the thread grid: split the batch when it divides well, else a pm x pn grid minimising the largest
    block's work (rows*cols) plus its packing (~8 flops' worth per packed element) */

@@ -27,7 +27,15 @@ int mgk_sgemm_ref(int ta, int tb, int M, int N, int K, const float *A, int lda, 
                   float beta, float *C, int ldc);
 
 int mgk_abi(void);                   /* MGK_ABI of this build */
-int mgk_has_avx512(void);            /* 1 if the CPU (and OS) run the AVX-512 path; else mgk_sgemm uses the reference */
+
+/* Instruction-set paths, all compiled into one library and chosen at run time (never -march=native) */
+#define MGK_ISA_GENERIC 0            /* portable C that the compiler vectorizes for baseline x86-64 (or any CPU) */
+#define MGK_ISA_AVX2    1            /* AVX2 + FMA */
+#define MGK_ISA_AVX512  2            /* AVX-512 F/DQ/BW/VL */
+int mgk_cpu_isa(void);               /* the best path this CPU (and OS) can run, from cpuid */
+int mgk_isa(void);                   /* the path in use: mgk_cpu_isa() unless mgk_set_isa chose a lower one */
+int mgk_set_isa(int isa);            /* force a path <= mgk_cpu_isa() (tests, reports); MGK_EBADARG otherwise */
+int mgk_has_avx512(void);            /* mgk_cpu_isa() == MGK_ISA_AVX512 */
 int mgk_set_num_threads(int n);      /* n >= 1 threads including the caller; the only threading knob */
 int mgk_get_num_threads(void);
 int mgk_set_spin_us(int us);         /* workers (and the caller) wait up to us microseconds on the CPU for the
