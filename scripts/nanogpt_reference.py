@@ -2,7 +2,7 @@
 
     python scripts/nanogpt_reference.py --seeds 1337 1 2 3 [--gelu erf|tanh] [--threads 2] [--key value ...]
 
-Each seed trains minigpt/torch_twin.py's TorchGPT the way nanoGPT's train.py does, with nothing from minigpt
+Each seed trains scripts/torch_twin.py's TorchGPT the way nanoGPT's train.py does, with nothing from minigpt
 but the text and the tokenizer: torch.manual_seed(seed), GPT-2 init drawn by torch, batches and eval batches
 drawn by torch.randint from the one global generator, torch.optim.AdamW with nanoGPT's two decay groups,
 clip_grad_norm_, and the same warmup + cosine schedule (minigpt.optim.get_lr, a pure function). The GELU is
@@ -37,7 +37,7 @@ def main():
         import torch
     except ImportError:
         sys.exit("this script needs PyTorch, which minigpt does not depend on: pip install torch")
-    from minigpt.torch_twin import train_like_nanogpt
+    from torch_twin import train_like_nanogpt            # scripts/torch_twin.py, a sibling module
     torch.set_num_threads(a.threads)
     rows, t0 = [], time.time()
     for seed in a.seeds:

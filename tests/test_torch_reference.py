@@ -1,13 +1,19 @@
-"""Cross-check against an independent implementation: the same weights in PyTorch (minigpt/torch_twin.py)
+"""Cross-check against an independent implementation: the same weights in PyTorch (scripts/torch_twin.py)
 give the same loss and every gradient, in float64. Skipped where PyTorch is not installed (it is not a
 dependency; `pip install torch` to run it)."""
+import os
+import sys
+
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="PyTorch is not a minigpt dependency; pip install torch to run this")
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
+sys.path.insert(0, SCRIPTS)                          # torch_twin.py is a script-side module, not part of the package
 
 from minigpt.model import GPT, GPTConfig            # noqa: E402
-from minigpt.torch_twin import TorchGPT             # noqa: E402
+from torch_twin import TorchGPT                     # noqa: E402
 
 
 @pytest.mark.parametrize("tie", [True, False])

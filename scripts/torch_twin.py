@@ -1,6 +1,7 @@
 """The same GPT in PyTorch, for reference only: gradient cross-checks (tests/test_torch_reference.py), the
 PyTorch side of scripts/bench_train.py, and nanoGPT's training procedure (train_like_nanogpt, for
-scripts/nanogpt_reference.py). PyTorch is not a dependency; importing this module needs it.
+scripts/nanogpt_reference.py). PyTorch is not a dependency, so this file lives in scripts/, outside the package
+(`import minigpt` never imports torch); scripts import it as a sibling module: `from torch_twin import TorchGPT`.
 
 Weights are copied from a minigpt GPT (`TorchGPT.from_minigpt`); our Linear weights are (in, out), torch's
 nn.Linear stores (out, in), hence the transposes. GELU is the tanh form, as ours; gelu="erf" gives nanoGPT's
@@ -112,8 +113,8 @@ def train_like_nanogpt(seed, data, vocab_size, cfg, gelu="erf"):
     does: torch.manual_seed(seed), torch's init, batches and eval batches from torch.randint on the one global
     generator, torch.optim.AdamW with the two decay groups, clip_grad_norm_, minigpt's get_lr (a pure function).
     Returns [(iter, {"train": loss, "val": loss})] at every eval. For scripts/nanogpt_reference.py."""
-    from .model import GPTConfig
-    from .optim import get_lr
+    from minigpt.model import GPTConfig
+    from minigpt.optim import get_lr
     torch.manual_seed(seed)
     mcfg = GPTConfig(vocab_size=vocab_size, **cfg.model_dict())
     model = TorchGPT(mcfg, gelu=gelu)
