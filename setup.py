@@ -9,9 +9,9 @@ import warnings
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-# No -march/-ffast-math: the AVX-512 functions carry a target pragma and the CPU is checked at run time,
-# so one build runs on any x86-64, and sums stay plain IEEE FMAs.
-MGK = Extension("minigpt._mgk", sources=["native/mgk.c", "native/mgk_pool.c"], depends=["native/mgk.h"],
+# No -march/-ffast-math: each ISA path (AVX-512, AVX2+FMA, generic) carries a target pragma and the library picks
+# one by cpuid at run time, so one build runs on any x86-64, and sums stay plain IEEE (fused) multiply-adds.
+MGK = Extension("minigpt._mgk", sources=["native/mgk.c", "native/mgk_pool.c"], depends=["native/mgk.h", "native/mgk_gemm_generic.inc"],
                 include_dirs=["native"], extra_compile_args=["-O3", "-pthread", "-std=gnu11"],
                 extra_link_args=["-pthread"])
 

@@ -1,12 +1,15 @@
 /* mgk.c: float32 GEMM for minigpt, C = op(A) @ op(B) + beta*C, row-major (API in mgk.h).
-   Two paths: the plain scalar loops (mgk_sgemm_ref: the reference, and the whole path on CPUs without AVX-512)
-   and an AVX-512 path: pack op(A) into 8-row panels and op(B) into 32-column panels (transposes happen while
-   packing, so ta/tb cost no copies of the caller's arrays), then an 8x32 register-blocked FMA micro-kernel.
-   Tails are zero-padded in the packs and stored with masks, so every shape takes the fast path.
-   The AVX-512 code is compiled with a target pragma, so the file builds on any gcc/clang without -march flags;
-   the CPU is checked at run time (-DMGK_NO_SIMD, or a non-x86 compiler, builds the scalar path only).
-   No -ffast-math: the sums are plain FMAs in k order. */
+   The plain scalar loops (mgk_sgemm_ref) are the reference. The fast paths pack op(A) into MR-row panels and
+   op(B) into NR-column panels (transposes happen while packing, so ta/tb cost no copies of the caller's arrays),
+   then run a register-blocked micro-kernel; tails are zero-padded in the packs, so every shape takes them.
+   Three paths are compiled into the one library, each under its own target pragma (no -march flag), and
+   mgk_isa() picks one at run time from cpuid, or mgk_set_isa() a lower one:
+     AVX-512  8x32 tile of zmm FMAs with masked tails, hand-written intrinsics (below)
+     AVX2     6x16 tile of ymm FMAs, mgk_gemm_generic.inc compiled for avx2,fma
+     generic  4x16 tile, mgk_gemm_generic.inc compiled for the baseline (SSE2 on x86-64; any CPU elsewhere)
+   No -ffast-math: the sums are plain (fused) multiply-adds in k order. */
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <pthread.h>
 #include <unistd.h>
@@ -30,14 +33,16 @@
 #define SMALL_M 4  /* products with at most this many rows skip packing (small_block) */
 #endif
 
+struct isa_gemm;
 typedef struct {
+    const struct isa_gemm *isa;  /* the path that runs this job: its tile and its block function */
     int ta, tb, M, N, K, lda, ldb, ldc, L;
     const float *A, *B; float *C; float beta;
     long long sA, sB, sC;        /* strides of the outer batch index l / L2 (floats) */
     int L2;                      /* inner batch size: item l is (l / L2, l % L2), e.g. (batch, head) */
     long long sA2, sB2, sC2;     /* strides of the inner index l % L2 */
     int pm, pn;    /* thread grid over (M, N); pm*pn == threads, or 0 when threads split the batch */
-    int small;     /* few rows and A not transposed with B: the unpacked path (small_block) */
+    int small;     /* AVX-512, few rows and A not transposed with B: the unpacked path (small_block) */
     int ksplit;    /* small, one product, op(B) = B: threads split K, each its own partial sum (see run) */
 } job_t;
 
@@ -326,13 +331,52 @@ static void peak_job(void *arg, int tid, int nt)
     (void)sink; (void)nt;
 }
 #pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#define GV(name) name##_avx2
+#define GV_W 8
+#define GV_MR 6
+#define GV_NR 16
+#include "mgk_gemm_generic.inc"
+#undef GV
+#undef GV_W
+#undef GV_MR
+#undef GV_NR
+#pragma GCC pop_options
 #endif
+
+#define GV(name) name##_generic
+#define GV_W 4
+#define GV_MR 4
+#define GV_NR 16
+#include "mgk_gemm_generic.inc"
+#undef GV
+#undef GV_W
+#undef GV_MR
+#undef GV_NR
+
+typedef void block_fn(const job_t *g, const float *A, const float *B, float *C, int m0, int m1, int n0, int n1,
+                      float *ap, float *bp);
+struct isa_gemm {
+    const char *name;
+    int mr, nr;                /* micro-tile: the unit of the thread grid */
+    block_fn *block;
+    void (*peak)(void *arg, int tid, int nt);
+    int peak_flops;            /* flops of one iteration of the peak loop: 2 x chains x floats per vector */
+};
+static const struct isa_gemm ISA_GEMM[3] = {
+    {"generic", 4, 16, gemm_block_generic, peak_job_generic, 2 * 12 * 4},
+#ifdef MGK_X86
+    {"avx2", 6, 16, gemm_block_avx2, peak_job_avx2, 2 * 12 * 8},
+    {"avx512", MR, NR, gemm_block, peak_job, 2 * 16 * 16},
+#endif
+};
 
 /* ----------------------------------------------------------------------------
    threading: split the batch over threads, or each product over a pm x pn grid of tile-aligned blocks */
 static float *bufs[256][2];            /* per thread id: packed A (MC x KC), packed B (KC x NC); allocated once */
 
-#ifdef MGK_X86
 static void split(int n, int unit, int parts, int p, int *lo, int *hi)
 {
     int tiles = (n + unit - 1) / unit;
@@ -345,6 +389,7 @@ static void run_job(void *arg, int tid, int nt)
 {
     job_t *g = arg;
     if (!bufs[tid][0]) return;
+#ifdef MGK_X86
     if (g->ksplit) {                                       /* one product, rows k0..k1 of B into this thread's sum */
         job_t h = *g;
         int k0, k1;
@@ -354,24 +399,27 @@ static void run_job(void *arg, int tid, int nt)
         small_block(&h, g->A + (long)k0 * (g->ta ? g->lda : 1), g->B + (long)k0 * g->ldb, h.C, 0, g->N);
         return;
     }
+#endif
     for (int l = 0; l < g->L; l++) {
         int m0 = 0, m1 = g->M, n0 = 0, n1 = g->N;
         if (g->pm == 0) {                                  /* batch split: items tid, tid+nt, ... */
             if (l % nt != tid) continue;
         } else {
-            split(g->M, MR, g->pm, tid % g->pm, &m0, &m1);
-            split(g->N, NR, g->pn, tid / g->pm, &n0, &n1);
+            split(g->M, g->isa->mr, g->pm, tid % g->pm, &m0, &m1);
+            split(g->N, g->isa->nr, g->pn, tid / g->pm, &n0, &n1);
             if (m0 >= m1 || n0 >= n1) continue;
         }
         const float *A = g->A + item(g, l, g->sA, g->sA2), *B = g->B + item(g, l, g->sB, g->sB2);
         float *C = g->C + item(g, l, g->sC, g->sC2);
-        if (g->small)
+#ifdef MGK_X86
+        if (g->small) {
             small_block(g, A, B, C, n0, n1);
-        else
-            gemm_block(g, A, B, C, m0, m1, n0, n1, bufs[tid][0], bufs[tid][1]);
+            continue;
+        }
+#endif
+        g->isa->block(g, A, B, C, m0, m1, n0, n1, bufs[tid][0], bufs[tid][1]);
     }
 }
-#endif
 
 static int threads_now(void)
 {
@@ -442,8 +490,9 @@ static int plan(job_t *g)
     for (int pm = 1; pm <= nt; pm++) {
         if (nt % pm) continue;
         int pn = nt / pm;
-        double rows = (double)(((g->M + MR - 1) / MR + pm - 1) / pm) * MR;
-        double cols = (double)(((g->N + NR - 1) / NR + pn - 1) / pn) * NR;
+        int mr = g->isa->mr, nr = g->isa->nr;
+        double rows = (double)(((g->M + mr - 1) / mr + pm - 1) / pm) * mr;
+        double cols = (double)(((g->N + nr - 1) / nr + pn - 1) / pn) * nr;
         double cost = rows * cols + 8.0 * (rows + cols);
         if (best == 0 || cost < best) { best = cost; g->pm = pm; g->pn = pn; }
     }
@@ -453,12 +502,8 @@ static int plan(job_t *g)
 static int run(job_t *g)
 {
     if (g->M == 0 || g->N == 0 || g->L == 0) return MGK_OK;
-    if (!mgk_has_avx512()) {
-        for (int l = 0; l < g->L; l++)
-            mgk_sgemm_ref(g->ta, g->tb, g->M, g->N, g->K, g->A + item(g, l, g->sA, g->sA2), g->lda,
-                          g->B + item(g, l, g->sB, g->sB2), g->ldb, g->beta, g->C + item(g, l, g->sC, g->sC2), g->ldc);
-        return MGK_OK;
-    }
+    g->isa = &ISA_GEMM[mgk_isa()];
+    g->small = g->small && mgk_isa() == MGK_ISA_AVX512;
     pthread_mutex_lock(&call_mu);
     int nt = plan(g), rc = MGK_OK;
     for (int t = 0; t < nt && rc == MGK_OK; t++)
@@ -469,12 +514,14 @@ static int run(job_t *g)
 #ifdef MGK_X86
         unsigned int csr = _mm_getcsr();
         mgk_pool_set_ftz();                    /* the caller computes too; its FP mode is restored below */
+#endif
         rc = mgk_pool_run(run_job, g, nt);
         if (g->ksplit)                         /* C += the other threads' partial sums, in thread order */
             for (int t = 1; t < nt; t++)
                 for (int i = 0; i < g->M; i++)
                     for (int j = 0; j < g->N; j++)
                         g->C[(long)i * g->ldc + j] += bufs[t][1][(long)i * g->N + j];
+#ifdef MGK_X86
         _mm_setcsr(csr);
 #endif
     }
@@ -498,26 +545,27 @@ int mgk_sgemm_batched(int L1, int L2, int ta, int tb, int M, int N, int K,
     if (L1 < 0 || L2 < 1 || (long long)L1 * L2 > 0x7fffffff || sA1 < 0 || sB1 < 0 || sC1 < 0 || sA2 < 0 ||
         sB2 < 0 || sC2 < 0 || bad_args(ta, tb, M, N, K, A, lda, B, ldb, C, ldc))
         return MGK_EBADARG;
-    job_t g = {ta != 0, tb != 0, M, N, K, lda, ldb, ldc, L1 * L2, A, B, C, beta, sA1, sB1, sC1, L2, sA2, sB2, sC2,
+    job_t g = {NULL, ta != 0, tb != 0, M, N, K, lda, ldb, ldc, L1 * L2, A, B, C, beta, sA1, sB1, sC1, L2, sA2, sB2, sC2,
                0, 1, M <= SMALL_M && !(ta && tb), 0};
     return run(&g);
 }
 
 double mgk_peak_gflops(long long iters)
 {
-#ifdef MGK_X86
-    if (!mgk_has_avx512() || iters <= 0) return 0.0;
+    if (iters <= 0) return 0.0;
+    const struct isa_gemm *isa = &ISA_GEMM[mgk_isa()];
     struct timespec t0, t1;
     pthread_mutex_lock(&call_mu);
     int nt = threads_now();
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    mgk_pool_run(peak_job, &iters, nt);
+    mgk_pool_run(isa->peak, &iters, nt);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     pthread_mutex_unlock(&call_mu);
     double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-    return 2.0 * 16 * 16 * (double)iters * nt / s * 1e-9;
-#else
-    (void)iters;
-    return 0.0;
-#endif
+    return (double)isa->peak_flops * (double)iters * nt / s * 1e-9;
+}
+
+const char *mgk_isa_name(int isa)
+{
+    return isa >= 0 && isa <= mgk_cpu_isa() ? ISA_GEMM[isa].name : "?";
 }
