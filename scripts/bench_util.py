@@ -1,0 +1,55 @@
+"""What the benchmark reports state about where they ran: the CPU (lscpu's model name and the SIMD flags that
+decide which native kernels can run) and the git revision of a tree. A sibling module of the bench scripts
+(`from bench_util import cpu_line`); not part of the package.
+"""
+import os
+import subprocess
+
+SIMD = ("avx512f", "avx2", "fma")
+
+
+def cpu():
+    """{"model": lscpu's model name, "cpus": CPUs this process may use, "flags": {flag: bool for SIMD}}."""
+    model, flags = "unknown", set()
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():
+            key, _, val = line.partition(":")
+            if key.strip() == "Model name" and model == "unknown":
+                model = val.strip()
+            elif key.strip() == "Flags":
+                flags = set(val.split())
+    except (OSError, subprocess.CalledProcessError):       # no lscpu: /proc/cpuinfo has the same fields
+        try:
+            for line in open("/proc/cpuinfo"):
+                key, _, val = line.partition(":")
+                if key.strip() == "model name" and model == "unknown":
+                    model = val.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = set(val.split())
+        except OSError:
+            pass
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:
+        n = os.cpu_count() or 1
+    return {"model": model, "cpus": n, "flags": {f: f in flags for f in SIMD}}
+
+
+def cpu_line():
+    """One line for a report, e.g. 'AMD EPYC, 2 CPUs, avx512f yes, avx2 yes, fma yes (lscpu)'."""
+    c = cpu()
+    return f"{c['model']}, {c['cpus']} CPUs, " + ", ".join(f"{f} {'yes' if v else 'no'}" for f, v in c["flags"].items()) \
+        + " (lscpu)"
+
+
+def revision(tree="."):
+    """Short commit of the git tree at `tree`, with '+uncommitted changes' if its tracked files differ from it."""
+    try:
+        rev = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", tree, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git tree)"
+    return rev + (" + uncommitted changes" if dirty else "")
