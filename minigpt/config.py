@@ -1,59 +1,74 @@
-"""TrainConfig: every setting of a training run, and the type-checked `--key value` / `--key=value` parser.
+"""TrainConfig: every setting of a training run, and the type-checked command-line parser built from it.
 
 The defaults are config S, nanoGPT's documented CPU Shakespeare-char run (config/train_shakespeare_char.py
-with the README's CPU overrides). Unknown keys and wrong types are UserErrors that name the fix.
+with the README's CPU overrides). Each field carries its one-line help (setting(...)), and parse_args makes
+the argparse parser, --help included, from the fields, so the command line and the dataclass cannot drift.
+Unknown keys and wrong types are UserErrors that name the fix. Nothing here trains or imports numpy.
 """
+import argparse
 import difflib
 import math
 import os
-from dataclasses import asdict, dataclass, field, fields
+import re
+from dataclasses import MISSING, asdict, dataclass, field, fields
 
 
 class UserError(Exception):
     """A problem with the user's input: the scripts print the message (no traceback) and exit with status 2."""
 
 
-def default_backend():
-    """--backend when it is not typed: $MINIGPT_BACKEND if set, else auto."""
-    return os.environ.get("MINIGPT_BACKEND", "auto")
+def default_backend(unset="auto"):
+    """--backend when it is not typed: $MINIGPT_BACKEND if set, else `unset`. The one place the variable is read."""
+    return os.environ.get("MINIGPT_BACKEND", unset)
+
+
+def setting(default, help):
+    """A dataclass field with its one-line --help text. A callable default is called for each new config
+    (a default_factory: default_backend reads the environment when the config is made, not at import)."""
+    if callable(default):
+        return field(default_factory=default, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass
 class TrainConfig:
+    """Every setting of a training run; each is a --key on the command line."""
     # data and output
-    data: str = "data/tinyshakespeare.txt"
-    out_dir: str = "out"
-    plot: str = "reports/loss_curve.png"       # loss-curve PNG written at the end ("" for none)
-    resume: bool = False
+    data: str = setting("data/tinyshakespeare.txt", "UTF-8 text to train on (train_shakespeare.py downloads the "
+                                                    "default when it is missing)")
+    out_dir: str = setting("out", "directory for log.jsonl, the checkpoints and the loss curve")
+    plot: str = setting("loss_curve.png", "loss-curve PNG made at the end: a bare name goes in --out_dir, a path "
+                                          "is used as is, '' for none")
+    resume: bool = setting(False, "continue from out_dir/ckpt_last.npz; settings not typed again come from it")
     # model (config S)
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    block_size: int = 64
-    dropout: float = 0.0
-    bias: bool = False                         # nanoGPT's train.py default
-    tie_weights: bool = True
+    n_layer: int = setting(4, "transformer blocks")
+    n_head: int = setting(4, "attention heads per block")
+    n_embd: int = setting(128, "embedding width (a multiple of --n_head)")
+    block_size: int = setting(64, "context length in tokens")
+    dropout: float = setting(0.0, "dropout probability in training, in [0, 1)")
+    bias: bool = setting(False, "biases in the Linear and LayerNorm layers (off: nanoGPT's train.py default)")
+    tie_weights: bool = setting(True, "the LM head shares the token-embedding matrix")
     # optimisation
-    batch_size: int = 12
-    grad_accum: int = 1
-    max_iters: int = 2000
-    lr: float = 1e-3
-    min_lr: float = 1e-4
-    warmup_iters: int = 100
-    lr_decay_iters: int = 2000
-    beta1: float = 0.9
-    beta2: float = 0.99
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0                     # 0 disables clipping
+    batch_size: int = setting(12, "sequences per micro-batch")
+    grad_accum: int = setting(1, "micro-batches accumulated into each optimisation step")
+    max_iters: int = setting(2000, "optimisation steps in total")
+    lr: float = setting(1e-3, "peak learning rate (after warmup)")
+    min_lr: float = setting(1e-4, "learning rate at the end of the cosine decay")
+    warmup_iters: int = setting(100, "steps of linear warmup")
+    lr_decay_iters: int = setting(2000, "step at which the cosine decay reaches --min_lr")
+    beta1: float = setting(0.9, "AdamW beta1, in [0, 1)")
+    beta2: float = setting(0.99, "AdamW beta2, in [0, 1)")
+    weight_decay: float = setting(0.1, "AdamW weight decay (matrices and embeddings only)")
+    grad_clip: float = setting(1.0, "clip the global gradient norm to this (0: no clipping)")
     # evaluation, logging, sampling
-    eval_interval: int = 250
-    eval_iters: int = 20
-    log_interval: int = 10
-    sample_chars: int = 500
-    seed: int = 1337
+    eval_interval: int = setting(250, "evaluate and checkpoint every this many steps (and at the end)")
+    eval_iters: int = setting(20, "batches per split in each evaluation")
+    log_interval: int = setting(10, "print a progress line every this many steps (log.jsonl gets every step)")
+    sample_chars: int = setting(500, "characters sampled at the end (0: no sample)")
+    seed: int = setting(1337, "seeds the init, dropout, batches and evaluation batches")
     # execution
-    backend: str = field(default_factory=default_backend)   # auto | numpy | numba | native
-    threads: int = 0                           # 0: all cores
+    backend: str = setting(default_backend, "auto | numpy | numba | native; $MINIGPT_BACKEND sets the default")
+    threads: int = setting(0, "threads for the backend and BLAS (0: all CPUs)")
 
     def model_dict(self):
         return {k: getattr(self, k) for k in
@@ -61,6 +76,12 @@ class TrainConfig:
 
     def to_dict(self):
         return asdict(self)
+
+    def plot_path(self):
+        """Where the loss curve goes: None for --plot '', out_dir/<name> for a bare name, else the path as typed."""
+        if not self.plot:
+            return None
+        return self.plot if os.path.dirname(self.plot) else os.path.join(self.out_dir, self.plot)
 
 
 _POSITIVE = {"n_layer", "n_head", "n_embd", "block_size", "batch_size", "grad_accum", "eval_interval",
@@ -90,51 +111,99 @@ def check(cfg):
 
 
 # ----------------------------------------------------------------------------
-# command line: --key value, --key=value, --flag (true), --flag=false
+# command line: --key value, --key=value, --key-with-dashes, --flag (true), --flag=false, --help
 
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+_TYPES = {"bool": bool, "int": int, "float": float, "str": str}   # annotations that are strings (PEP 563)
+_METAVAR = {bool: "BOOL", int: "INT", float: "FLOAT", str: "STR"}
+_EPILOG = ("Each setting is --key VALUE or --key=VALUE (dashes or underscores also work: --n-layer).\n"
+           "A true/false setting alone means true; it also takes true/false, 1/0, yes/no, on/off.")
 
 
-def _convert(key, typ, text):
-    if typ is bool:
-        if text.lower() in _TRUE | _FALSE:
-            return text.lower() in _TRUE
-        raise UserError(f"--{key} expects true or false, got {text!r}")
-    try:
-        value = typ(text)
-        if typ is float and not math.isfinite(value):
-            raise ValueError(text)
-        return value
-    except ValueError:
-        kind = {int: "an integer", float: "a number"}.get(typ, typ.__name__)
-        raise UserError(f"--{key} expects {kind}, got {text!r}") from None
+def _converter(key, typ):
+    """argparse's type= for one setting; its errors are UserErrors, which argparse lets through untouched."""
+    def convert(text):
+        if typ is bool:
+            if text.lower() in _TRUE | _FALSE:
+                return text.lower() in _TRUE
+            raise UserError(f"--{key} expects true or false, got {text!r}")
+        try:
+            value = typ(text)
+            if typ is float and not math.isfinite(value):
+                raise ValueError(text)
+            return value
+        except ValueError:
+            kind = {int: "an integer", float: "a number"}.get(typ, typ.__name__)
+            raise UserError(f"--{key} expects {kind}, got {text!r}") from None
+    return convert
 
 
-def parse_args(argv, cls=TrainConfig, **defaults):
-    """Build cls(**defaults) and apply the overrides in argv; returns the config."""
-    types = {f.name: f.type for f in fields(cls)}
-    values = dict(defaults)
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if not arg.startswith("--"):
-            raise UserError(f"unexpected argument {arg!r}; settings are given as --key value or --key=value")
-        key, eq, text = arg[2:].partition("=")
-        key = key.replace("-", "_")
-        if key not in types:
-            near = difflib.get_close_matches(key, types, n=1)
-            hint = f"; did you mean --{near[0]}?" if near else f"; valid settings: {', '.join(types)}"
-            raise UserError(f"unknown setting --{key}{hint}")
-        if not eq:
-            nxt = argv[i + 1] if i + 1 < len(argv) else None
-            if types[key] is bool and (nxt is None or nxt.startswith("--")):
-                text = "true"                                 # a bare flag
-            elif nxt is None:
-                raise UserError(f"--{key} needs a value")
-            else:
-                text, i = nxt, i + 1
-        values[key] = _convert(key, types[key], text)
-        i += 1
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a mistake raises UserError (the caller prints it) instead of printing usage and exit(2)."""
+
+    def error(self, message):
+        m = re.fullmatch(r"argument (--\w+): expected one argument", message)
+        raise UserError(f"{m[1]} needs a value" if m else message)
+
+
+def _shown(value):
+    return str(value).lower() if isinstance(value, bool) else repr(value) if isinstance(value, str) else str(value)
+
+
+def _default(f, defaults):
+    if f.name in defaults:
+        return defaults[f.name]
+    return f.default_factory() if f.default is MISSING else f.default
+
+
+def _formatter(prog):                    # description and epilog keep their line breaks (docstrings, examples)
+    return argparse.RawDescriptionHelpFormatter(prog, max_help_position=32)
+
+
+def make_parser(cls=TrainConfig, prog=None, description=None, defaults=None):
+    """The argparse parser of dataclass cls: one --name per field, its help line and default in --help
+    (`defaults` replace the field's). No argparse defaults (SUPPRESS): the namespace holds exactly what was
+    typed, which is what .given needs."""
+    p = _Parser(prog=prog, usage="%(prog)s [--key VALUE ...]", description=description, epilog=_EPILOG,
+                allow_abbrev=False, formatter_class=_formatter)
+    for f in fields(cls):
+        typ = _TYPES.get(f.type, f.type)
+        text = f.metadata.get("help", "").replace("%", "%%")              # argparse %-formats help strings
+        text += f" (default: {_shown(_default(f, defaults or {}))})"
+        p.add_argument(f"--{f.name}", type=_converter(f.name, typ), default=argparse.SUPPRESS,
+                       metavar=_METAVAR.get(typ, "VALUE"), help=text,
+                       **({"nargs": "?", "const": True} if typ is bool else {}))    # a bare --flag is true
+    return p
+
+
+def _unknown(arg, keys):
+    """The UserError for the first argument argparse did not recognise."""
+    if not arg.startswith("--"):
+        return UserError(f"unexpected argument {arg!r}; settings are given as --key value or --key=value")
+    key = arg[2:].partition("=")[0]
+    near = difflib.get_close_matches(key, keys, n=1)
+    hint = f"; did you mean --{near[0]}?" if near else f"; valid settings: {', '.join(keys)}"
+    return UserError(f"unknown setting --{key}{hint}")
+
+
+def _underscored(arg):
+    """--key-with-dashes[=value] -> --key_with_dashes[=value]; values and other arguments unchanged."""
+    if not arg.startswith("--"):
+        return arg
+    key, eq, value = arg.partition("=")
+    return "--" + key[2:].replace("-", "_") + eq + value
+
+
+def parse_args(argv, cls=TrainConfig, *, prog=None, description=None, **defaults):
+    """Build cls(**defaults) with the overrides in argv applied; works for any dataclass (best with setting()
+    fields). The config's .given is the frozenset of keys typed in argv (not those in defaults). --help prints
+    the settings and raises SystemExit(0); every mistake is a UserError."""
+    argv = [_underscored(a) for a in argv]
+    typed, extra = make_parser(cls, prog, description, defaults).parse_known_args(argv)
+    if extra:
+        raise _unknown(extra[0], [f.name for f in fields(cls)])
+    values = {**defaults, **vars(typed)}
     cfg = cls(**values)
-    cfg.given = frozenset(values) - set(defaults)            # what the user set explicitly
+    cfg.given = frozenset(values) - set(defaults)                     # what the user set explicitly
     return cfg
+
