@@ -3,7 +3,9 @@
 Three generators, all seeded from cfg.seed: the model's (init, then dropout masks), the batch sampler's,
 and the evaluation one, re-created at every eval so that curves are comparable between runs. Checkpoints
 carry every state that the next step reads, so a resumed run is bit-identical to an uninterrupted one.
-Run it with scripts/train_shakespeare.py or `python -m minigpt.train --data PATH ...`.
+The parts: setup (settings, backend, data, model, optimizer), restore (--resume), loop (with evaluate and step).
+Run it with scripts/train_shakespeare.py (which also downloads the text, plots the loss curve and samples) or
+`python -m minigpt.train --data PATH ...` (training only); --help lists every setting.
 """
 import json
 import math
@@ -14,8 +16,8 @@ import time
 
 import numpy as np
 
-from . import checkpoint, kernels as K
-from .config import TrainConfig, UserError, check, parse_args
+from . import backends, checkpoint
+from .config import UserError, check, default_backend, parse_args
 from .data import CharTokenizer, Dataset, load_text
 from .model import GPT, GPTConfig
 from .optim import AdamW, clip_grad_norm, get_lr
@@ -52,103 +54,146 @@ def train(cfg, given=None, fetch=None):
     come from the checkpoint, and a typed model setting must match it. given=None (a config built in code):
     on --resume only the model's shape comes from the checkpoint, every other setting is cfg's.
     fetch(path), if given, is called when the data file is missing (the script's download)."""
-    out_dir = cfg.out_dir
-    last_path, best_path = os.path.join(out_dir, "ckpt_last.npz"), os.path.join(out_dir, "ckpt_best.npz")
-    log_path = os.path.join(out_dir, "log.jsonl")
-    ckpt = _load_resume(cfg, last_path, given) if cfg.resume else None   # settings first: they may change cfg
+    return loop(setup(cfg, given, fetch))
+
+
+# ----------------------------------------------------------------------------
+# setup: settings, backend, out_dir, data, model, optimizer; on --resume restored from the last checkpoint
+
+class Run:
+    """What the loop reads and a checkpoint holds: data, model, optimizer, the batch generator, and the
+    position (the next iteration, the best val loss so far). save() writes all of it."""
+
+    def __init__(self, cfg, tok, data, model, opt):
+        self.cfg, self.tok, self.data, self.model, self.opt = cfg, tok, data, model, opt
+        self.batch_rng = np.random.default_rng([cfg.seed, 1])
+        self.start, self.best_val = 0, math.inf
+        self.last_path, self.best_path = _last_path(cfg), os.path.join(cfg.out_dir, "ckpt_best.npz")
+        self.log_path = os.path.join(cfg.out_dir, "log.jsonl")
+
+    def save(self, path, it):
+        meta = {"iter": it, "best_val": self.best_val, "tokenizer": self.tok.to_json(),
+                "model_config": self.model.config.to_dict(), "train_config": self.cfg.to_dict(),
+                "rng": {"model": self.model.rng.bit_generator.state, "batch": self.batch_rng.bit_generator.state}}
+        checkpoint.save(path, self.model, self.opt, meta)
+
+
+def _last_path(cfg):
+    return os.path.join(cfg.out_dir, "ckpt_last.npz")
+
+
+def setup(cfg, given=None, fetch=None):
+    """Check cfg, select the backend, make out_dir and build the Run (see train() for given and fetch)."""
+    ckpt = _load_resume(cfg, _last_path(cfg), given) if cfg.resume else None   # settings first: they may change cfg
     check(cfg)
     try:
-        K.set_backend(cfg.backend, threads=cfg.threads or None, verbose=True)
-    except K.BackendUnavailable as e:
+        backends.select(cfg.backend, threads=cfg.threads or None, verbose=True)
+    except backends.BackendUnavailable as e:
         raise UserError(f"--backend {cfg.backend}: {e}") from None
-    _ensure_writable(out_dir)
-
-    # ---- data, model, optimizer (from the last checkpoint when resuming)
+    _ensure_writable(cfg.out_dir)
     if fetch is not None and not os.path.exists(cfg.data):
         fetch(cfg.data)
     text = load_text(cfg.data)
     tok = CharTokenizer.from_json(ckpt[0]["tokenizer"]) if ckpt else CharTokenizer.from_text(text)
     data = Dataset(text, tok, cfg.block_size, source=cfg.data)
-    mcfg = GPTConfig(vocab_size=tok.vocab_size, **cfg.model_dict())
-    model = GPT(mcfg, np.random.default_rng([cfg.seed, 0]))
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, **cfg.model_dict()), np.random.default_rng([cfg.seed, 0]))
     opt = AdamW(model.params(), (cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
-    batch_rng = np.random.default_rng([cfg.seed, 1])
-    start, best_val = 0, math.inf
+    run = Run(cfg, tok, data, model, opt)
     if ckpt:
-        meta, params, m, v = ckpt
-        checkpoint.load_params(model, params, last_path)
-        opt.load_state(meta["adam_t"], m, v)
-        model.rng.bit_generator.state = meta["rng"]["model"]
-        batch_rng.bit_generator.state = meta["rng"]["batch"]
-        start, best_val = meta["iter"], meta["best_val"]
-        if start > cfg.max_iters:
-            raise UserError(f"{last_path} is at iter {start}, past --max_iters {cfg.max_iters}; raise --max_iters")
-        _truncate_log(log_path, start)
-        print(f"resuming from {last_path} at iter {start}", flush=True)
-    print(f"model: {model.num_params():,} parameters, vocab {tok.vocab_size}, backend {K.backend()}", flush=True)
+        restore(run, ckpt)
+    print(f"model: {model.num_params():,} parameters, vocab {tok.vocab_size}, backend {backends.name()}", flush=True)
+    return run
 
-    def save(path, it):
-        meta = {"iter": it, "best_val": best_val, "tokenizer": tok.to_json(), "model_config": mcfg.to_dict(),
-                "train_config": cfg.to_dict(), "rng": {"model": model.rng.bit_generator.state,
-                                                       "batch": batch_rng.bit_generator.state}}
-        checkpoint.save(path, model, opt, meta)
 
-    log = open(log_path, "a", buffering=1)                   # line-buffered: rows reach disk as they are made
+def restore(run, ckpt):
+    """Continue where ckpt = checkpoint.load(...) stopped: weights, AdamW moments, both generators, position.
+    The log keeps only the rows before that point, so it ends up equal to an uninterrupted run's."""
+    meta, params, m, v = ckpt
+    checkpoint.load_params(run.model, params, run.last_path)
+    run.opt.load_state(meta["adam_t"], m, v)
+    run.model.rng.bit_generator.state = meta["rng"]["model"]
+    run.batch_rng.bit_generator.state = meta["rng"]["batch"]
+    run.start, run.best_val = meta["iter"], meta["best_val"]
+    if run.start > run.cfg.max_iters:
+        raise UserError(f"{run.last_path} is at iter {run.start}, past --max_iters {run.cfg.max_iters}; "
+                        "raise --max_iters")
+    _truncate_log(run.log_path, run.start)
+    print(f"resuming from {run.last_path} at iter {run.start}", flush=True)
+
+
+# ----------------------------------------------------------------------------
+# the loop: lr -> eval/checkpoint -> accumulate -> clip -> step -> log
+
+def loop(run):
+    """Iterations run.start .. max_iters; returns the result dict (a shorter one when a signal stopped it)."""
+    cfg = run.cfg
+    log = open(run.log_path, "a", buffering=1)               # line-buffered: rows reach disk as they are made
     stop = _StopFlag()                                       # restored in the finally below
-    tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.grad_accum
     last_loss, t_train, n_timed = None, 0.0, 0
     try:
-        for it in range(start, cfg.max_iters + 1):
+        for it in range(run.start, cfg.max_iters + 1):
             if stop.signal:                                  # SIGINT/SIGTERM: save this step, exit cleanly
-                save(last_path, it)
-                print(f"\n{stop.signal} at iter {it}: saved {last_path}; continue with --resume", flush=True)
-                return {"iter": it, "interrupted": stop.signal, "best_val": best_val}
+                run.save(run.last_path, it)
+                print(f"\n{stop.signal} at iter {it}: saved {run.last_path}; continue with --resume", flush=True)
+                return {"iter": it, "interrupted": stop.signal, "best_val": run.best_val}
             lr = get_lr(it, cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters)
-
-            # ---- evaluate and checkpoint
             if it % cfg.eval_interval == 0 or it == cfg.max_iters:
-                losses = estimate_loss(model, data, cfg)
-                log.write(json.dumps({"iter": it, "kind": "eval", "train_loss": losses["train"],
-                                      "val_loss": losses["val"], "rss_mb": _rss_mb()}) + "\n")
-                print(f"iter {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}", flush=True)
-                if losses["val"] < best_val:
-                    best_val = losses["val"]
-                    save(best_path, it)
-                save(last_path, it)
+                losses = evaluate(run, it, log)
             if it == cfg.max_iters:
                 break
-
-            # ---- one optimisation step: k micro-batches, each backward seeded with 1/k
-            t0 = time.perf_counter()
-            model.zero_grad()
-            loss = 0.0
-            for _ in range(cfg.grad_accum):
-                x, y = data.batch("train", cfg.batch_size, cfg.block_size, batch_rng)
-                loss += model.forward(x, y)[1] / cfg.grad_accum
-                model.backward(scale=1.0 / cfg.grad_accum)
-            gnorm = clip_grad_norm(model.grads(), cfg.grad_clip)
-            if not (math.isfinite(loss) and math.isfinite(gnorm)):
-                raise Diverged(f"non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} at iter {it} "
-                               f"(last finite loss {last_loss}); the weights were not updated or saved. Resume "
-                               f"from {last_path} with --resume and a lower --lr (now {cfg.lr}) or --grad_clip")
-            opt.step(model.params(), model.grads(), lr)
-            dt = time.perf_counter() - t0
-
-            # ---- log
-            last_loss = loss
-            t_train, n_timed = t_train + dt, n_timed + 1
-            log.write(json.dumps({"iter": it, "kind": "train", "loss": loss, "lr": lr, "grad_norm": gnorm,
-                                  "ms": 1000 * dt, "tokens_per_s": tokens_per_iter / dt, "rss_mb": _rss_mb()}) + "\n")
-            if it % cfg.log_interval == 0 or it == cfg.max_iters - 1:
-                eta = (cfg.max_iters - it - 1) * t_train / n_timed
-                print(f"iter {it:5d}/{cfg.max_iters} | loss {loss:.4f} | lr {lr:.2e} | {1000 * dt:6.1f} ms | "
-                      f"{tokens_per_iter / dt:8,.0f} tok/s | ETA {_fmt_time(eta)}", flush=True)
+            loss, gnorm, dt = step(run, it, lr, last_loss)
+            last_loss, t_train, n_timed = loss, t_train + dt, n_timed + 1
+            eta = (cfg.max_iters - it - 1) * t_train / n_timed
+            _log_step(log, cfg, it, loss, lr, gnorm, dt, eta)
     finally:
         log.close()
         stop.restore()
-    return {"iter": cfg.max_iters, "interrupted": None, "best_val": best_val, "final": losses,
-            "train_seconds": t_train, "ms_per_iter": 1000 * t_train / max(1, n_timed), "model": model,
-            "tokenizer": tok, "log": log_path}
+    return {"iter": cfg.max_iters, "interrupted": None, "best_val": run.best_val, "final": losses,
+            "train_seconds": t_train, "ms_per_iter": 1000 * t_train / max(1, n_timed), "model": run.model,
+            "tokenizer": run.tok, "log": run.log_path}
+
+
+def evaluate(run, it, log):
+    """Both splits' loss into the log; checkpoint ckpt_last (and ckpt_best when val improved)."""
+    losses = estimate_loss(run.model, run.data, run.cfg)
+    log.write(json.dumps({"iter": it, "kind": "eval", "train_loss": losses["train"], "val_loss": losses["val"],
+                          "rss_mb": _rss_mb()}) + "\n")
+    print(f"iter {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}", flush=True)
+    if losses["val"] < run.best_val:
+        run.best_val = losses["val"]
+        run.save(run.best_path, it)
+    run.save(run.last_path, it)
+    return losses
+
+
+def step(run, it, lr, last_loss):
+    """One optimisation step: grad_accum micro-batches, each backward seeded with 1/grad_accum, then clip and
+    AdamW. A non-finite loss or gradient norm raises Diverged before the weights change. -> (loss, gnorm, seconds)"""
+    cfg, model = run.cfg, run.model
+    t0 = time.perf_counter()
+    model.zero_grad()
+    loss = 0.0
+    for _ in range(cfg.grad_accum):
+        x, y = run.data.batch("train", cfg.batch_size, cfg.block_size, run.batch_rng)
+        loss += model.forward(x, y)[1] / cfg.grad_accum
+        model.backward(scale=1.0 / cfg.grad_accum)
+    gnorm = clip_grad_norm(model.grads(), cfg.grad_clip)
+    if not (math.isfinite(loss) and math.isfinite(gnorm)):
+        raise Diverged(f"non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} at iter {it} "
+                       f"(last finite loss {last_loss}); the weights were not updated or saved. Resume "
+                       f"from {run.last_path} with --resume and a lower --lr (now {cfg.lr}) or --grad_clip")
+    run.opt.step(model.params(), model.grads(), lr)
+    return loss, gnorm, time.perf_counter() - t0
+
+
+def _log_step(log, cfg, it, loss, lr, gnorm, dt, eta):
+    """Every step into the log; a progress line every log_interval steps and at the last."""
+    tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.grad_accum
+    log.write(json.dumps({"iter": it, "kind": "train", "loss": loss, "lr": lr, "grad_norm": gnorm,
+                          "ms": 1000 * dt, "tokens_per_s": tokens_per_iter / dt, "rss_mb": _rss_mb()}) + "\n")
+    if it % cfg.log_interval == 0 or it == cfg.max_iters - 1:
+        print(f"iter {it:5d}/{cfg.max_iters} | loss {loss:.4f} | lr {lr:.2e} | {1000 * dt:6.1f} ms | "
+              f"{tokens_per_iter / dt:8,.0f} tok/s | ETA {_fmt_time(eta)}", flush=True)
 
 
 # ----------------------------------------------------------------------------
@@ -196,7 +241,7 @@ def _load_resume(cfg, path, given):
                             f"({path}); drop --{k} or start a new --out_dir")
         setattr(cfg, k, saved[k])                             # the model's shape comes from the checkpoint
     for k, v in ckpt[0]["train_config"].items():             # every other setting too, unless given again
-        env = k == "backend" and "MINIGPT_BACKEND" in os.environ                  # the variable counts as typed
+        env = k == "backend" and default_backend(unset=None) is not None          # the variable counts as typed
         if given is not None and k not in given and k not in ("resume", "out_dir") and not env and hasattr(cfg, k):
             setattr(cfg, k, v)
     return ckpt
@@ -233,10 +278,14 @@ def _fmt_time(s):
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+DESCRIPTION = ("Train a GPT on a UTF-8 text file; writes out_dir/log.jsonl and checkpoints (training only: "
+               "scripts/train_shakespeare.py also downloads, plots and samples).")
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     try:
-        cfg = parse_args(argv)
+        cfg = parse_args(argv, prog="python -m minigpt.train", description=DESCRIPTION)   # --help: SystemExit(0)
         train(cfg, given=cfg.given)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
