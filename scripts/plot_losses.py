@@ -1,6 +1,9 @@
 """Plot one or more training logs (out_dir/log.jsonl) into one PNG, runs overlaid and labelled.
 
-    python scripts/plot_losses.py out/log.jsonl other/log.jsonl -o reports/compare.png
+    python scripts/plot_losses.py out/log.jsonl other/log.jsonl -o compare.png
+
+Without -o the PNG goes beside the first log: loss_curve.png for one log (what training writes), else
+loss_compare.png. Nothing is written under reports/ unless you ask for it.
 """
 import argparse
 import json
@@ -44,7 +47,9 @@ def plot(logs, out_png, labels=None, title="minigpt training"):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("logs", nargs="+", help="JSONL logs written by training")
-    ap.add_argument("-o", "--out", default="reports/loss_curve.png")
+    ap.add_argument("-o", "--out", help="the PNG (default: beside the first log, loss_curve.png for one log, "
+                                        "loss_compare.png for several)")
     ap.add_argument("--labels", nargs="*", help="one label per log (default: the log's directory name)")
     a = ap.parse_args()
-    print(plot(a.logs, a.out, a.labels))
+    name = "loss_curve.png" if len(a.logs) == 1 else "loss_compare.png"
+    print(plot(a.logs, a.out or os.path.join(os.path.dirname(a.logs[0]), name), a.labels))

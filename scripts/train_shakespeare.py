@@ -3,8 +3,8 @@
     python scripts/train_shakespeare.py                      # defaults: minigpt/config.py TrainConfig
     python scripts/train_shakespeare.py --n_layer=6 --max_iters 500 --data my.txt --out_dir out-mine
 
-Downloads the text into data/ when it is missing; writes out_dir/log.jsonl, checkpoints, a loss-curve PNG
-(--plot) and prints a sample at the end.
+Downloads the text into data/ when it is missing; writes out_dir/log.jsonl, checkpoints, the loss curve
+(out_dir/loss_curve.png; see --plot) and prints a sample at the end. --help lists every setting.
 """
 import os
 import sys
@@ -37,15 +37,16 @@ def download(path):
 
 def main(argv):
     try:
-        cfg = parse_args(argv)
+        cfg = parse_args(argv, description=__doc__)                    # --help: prints, SystemExit(0)
         result = train(cfg, given=cfg.given, fetch=lambda path: path == DEFAULT_DATA and download(path))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return exit_code(e)
     if result["interrupted"]:
         return 0
-    if cfg.plot:
-        print(f"loss curve: {plot([result['log']], cfg.plot, labels=[os.path.basename(cfg.out_dir.rstrip('/'))])}")
+    if cfg.plot_path():
+        label = os.path.basename(os.path.abspath(cfg.out_dir))
+        print(f"loss curve: {plot([result['log']], cfg.plot_path(), labels=[label])}")
     if cfg.sample_chars:
         model, tok = result["model"].eval(), result["tokenizer"]
         rng = np.random.default_rng(cfg.seed)
