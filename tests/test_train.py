@@ -4,12 +4,13 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import dataclass, fields
 
 import numpy as np
 import pytest
 
 from minigpt import checkpoint
-from minigpt.config import TrainConfig, UserError, parse_args
+from minigpt.config import TrainConfig, UserError, parse_args, setting
 from minigpt.data import CharTokenizer, Dataset
 from minigpt.model import GPT, GPTConfig
 from minigpt.optim import AdamW, clip_grad_norm, get_lr
@@ -190,12 +191,72 @@ def test_cli_overrides_and_errors():
     assert (cfg.n_layer, cfg.lr, cfg.bias, cfg.resume, cfg.data) == (6, 3e-4, True, False, "x.txt")
     assert cfg.given == {"n_layer", "lr", "bias", "resume", "data"}
     assert TrainConfig().n_embd == 128
+    cfg = parse_args(["--n-embd=64", "--tie-weights", "no", "--plot=", "--lr", "-1", "--bias", "on"], n_embd=32, seed=7)
+    assert (cfg.n_embd, cfg.tie_weights, cfg.plot, cfg.lr, cfg.bias, cfg.seed) == (64, False, "", -1.0, True, 7)
+    assert cfg.given == {"tie_weights", "plot", "lr", "bias"}         # not the keys passed as defaults
     with pytest.raises(UserError, match="did you mean --n_layer"):
         parse_args(["--n_layers", "6"])
+    with pytest.raises(UserError, match=r"unknown setting --n_layr; did you mean --n_layer\?"):
+        parse_args(["--n-layr=2"])
     with pytest.raises(UserError, match="--n_layer expects an integer, got 'six'"):
         parse_args(["--n_layer=six"])
+    with pytest.raises(UserError, match="--lr expects a number, got 'inf'"):
+        parse_args(["--lr", "inf"])
+    with pytest.raises(UserError, match="--bias expects true or false, got 'maybe'"):
+        parse_args(["--bias", "maybe"])
     with pytest.raises(UserError, match="--lr needs a value"):
         parse_args(["--lr"])
+    with pytest.raises(UserError, match="--data needs a value"):
+        parse_args(["--data", "--lr=1"])
+    with pytest.raises(UserError, match="unexpected argument 'x.txt'"):
+        parse_args(["x.txt"])
+
+
+def test_every_setting_has_one_line_of_help():
+    for f in fields(TrainConfig):                                      # a new field needs setting(default, help)
+        text = f.metadata.get("help", "")
+        assert text.strip() and "\n" not in text, f"TrainConfig.{f.name} has no one-line help: use setting()"
+
+
+def shown(v):                                                           # how --help prints a default
+    return str(v).lower() if isinstance(v, bool) else repr(v) if isinstance(v, str) else str(v)
+
+
+@pytest.mark.parametrize("cmd", [["scripts/train_shakespeare.py"], ["-m", "minigpt.train"]])
+def test_help_lists_every_setting_and_exits_0(cmd, monkeypatch):
+    monkeypatch.delenv("MINIGPT_BACKEND", raising=False)
+    r = subprocess.run([sys.executable, *cmd, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    text = " ".join(r.stdout.split())                                   # argparse wraps to the terminal width
+    defaults = TrainConfig()
+    for f in fields(TrainConfig):
+        assert f"--{f.name} " in text, f.name
+        assert f"{f.metadata['help']} (default: {shown(getattr(defaults, f.name))})" in text, f.name
+    assert "MINIGPT_BACKEND" in text and "(default: 'loss_curve.png')" in text
+
+
+def test_parse_args_works_for_any_dataclass_and_help_shows_given_defaults(capsys):
+    @dataclass
+    class Other:
+        name: str = setting("x", "a name")
+        k: int = setting(lambda: 3, "made per config, 100% fresh")    # a callable default is a factory
+        fast: bool = setting(False, "go fast")
+    cfg = parse_args(["--fast", "--name", "y"], Other)
+    assert (cfg.name, cfg.k, cfg.fast, cfg.given) == ("y", 3, True, {"fast", "name"})
+    with pytest.raises(UserError, match="did you mean --fast"):
+        parse_args(["--fats"], Other)
+    with pytest.raises(SystemExit) as e:
+        parse_args(["-h"], Other, prog="other", description="Other things.", k=5)
+    out = " ".join(capsys.readouterr().out.split())
+    assert e.value.code == 0 and out.startswith("usage: other") and "Other things." in out
+    assert "--k INT made per config, 100% fresh (default: 5)" in out and "--fast [BOOL] go fast (default: false)" in out
+
+
+def test_plot_goes_into_out_dir():
+    assert TrainConfig().plot_path() == os.path.join("out", "loss_curve.png")
+    assert TrainConfig(out_dir="runs/a", plot="curve.png").plot_path() == os.path.join("runs/a", "curve.png")
+    assert TrainConfig(out_dir="runs/a", plot="elsewhere/c.png").plot_path() == "elsewhere/c.png"
+    assert TrainConfig(plot="").plot_path() is None
 
 
 def test_train_shakespeare_script_smoke(tmp_path):
@@ -223,3 +284,18 @@ def test_train_shakespeare_script_smoke(tmp_path):
            for i in range(0, len(ids) - 16, 16)]
     assert abs(whole_split_loss(model, ids, 16, 4) - np.mean(one)) < 1e-5
     assert f"val  : whole split {np.mean(one):.4f}" in ev.stdout
+
+
+def test_default_run_writes_only_into_out_dir(tmp_path):
+    """The default --plot lands in out_dir; a run writes nothing else (no reports/, nothing in the cwd)."""
+    data = tmp_path / "text.txt"
+    write_text(data)
+    cmd = [sys.executable, os.path.join(ROOT, "scripts", "train_shakespeare.py"), "--data", str(data),
+           "--out_dir", "run", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4",
+           "--max_iters=4", "--eval_interval=2", "--eval_iters=1", "--sample_chars=0", "--backend=numpy"]
+    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "run" / "loss_curve.png").stat().st_size > 10_000
+    assert f"loss curve: {os.path.join('run', 'loss_curve.png')}" in r.stdout
+    written = {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()}
+    assert {w for w in written if not w.startswith("run" + os.sep)} == {"text.txt"}
