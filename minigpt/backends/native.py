@@ -3,8 +3,10 @@ the other ops are numba's kernels (NumbaOps) until they have C versions too.
 
 The only file that uses ctypes. Loads the library once and declares every signature. Transposes are flags;
 strided views are walked in place by the C code (rows of contiguous floats, up to two batch strides), and only
-a view it cannot walk is copied into scratch. backend() raises BackendUnavailable with the reason and the fix if the library is
-missing, fails to load, or the CPU has no AVX-512. MINIGPT_NATIVE_LIB=/path/to/lib overrides the location.
+a view it cannot walk is copied into scratch. backend() raises BackendUnavailable with the reason and the fix
+if the library is missing or fails to load. The library runs on any CPU: it picks its AVX-512, AVX2+FMA or
+generic path by cpuid, and MINIGPT_ISA=avx2|generic forces a lower one. MINIGPT_NATIVE_LIB=/path/to/lib
+overrides the location.
 """
 import ctypes
 import functools
@@ -76,7 +78,9 @@ def _lib():
     lib.mgk_sgemm.restype = _i
     lib.mgk_sgemm_ref.argtypes = lib.mgk_sgemm.argtypes
     lib.mgk_sgemm_ref.restype = _i
-    lib.mgk_has_avx512.argtypes, lib.mgk_has_avx512.restype = [], _i
+    for f in ("mgk_has_avx512", "mgk_cpu_isa", "mgk_isa"):
+        getattr(lib, f).argtypes, getattr(lib, f).restype = [], _i
+    lib.mgk_set_isa.argtypes, lib.mgk_set_isa.restype = [_i], _i
     lib.mgk_set_num_threads.argtypes, lib.mgk_set_num_threads.restype = [_i], _i
     lib.mgk_set_spin_us.argtypes, lib.mgk_set_spin_us.restype = [_i], _i
     lib.mgk_peak_gflops.argtypes, lib.mgk_peak_gflops.restype = [_ll], ctypes.c_double
@@ -101,7 +105,8 @@ class NativeOps(NumbaOps):
     def _matmul(self, a, b, ta, tb, out, acc):                     # a (M,K)|(K,M), b (K,N)|(N,K) -> (M,N)
         check_float32(a, b, out, backend="native")
         if not (a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous):
-            return self._bmm(a[None], b[None], ta, tb, out[None], acc)[0]
+            self._bmm(a[None], b[None], ta, tb, out[None], acc)
+            return out                                                 # out itself, not a view of it
         M, N, K = gemm_dims(a, b, ta, tb)                          # the common case, with the cheapest call
         rc = self.lib.mgk_sgemm(ta, tb, M, N, K, a, a.shape[1], b, b.shape[1], 1.0 if acc else 0.0, out, N)
         if rc != 0:
@@ -153,20 +158,35 @@ def _matrices(x):
         outer = x.shape[1] * rows * cols if nb == 2 else rows * cols
         return x.ctypes.data, cols, outer, rows * cols
     st = [s // 4 if n > 1 else 0 for s, n in zip(x.strides, x.shape)]   # floats; a size-1 axis is never stepped
-    if nb > 2 or any(s % 4 for s in x.strides) or min(st) < 0 or (cols > 1 and st[-1] != 1):
+    if nb > 2 or any(s % 4 for s in x.strides) or min(st) < 0 or (cols > 1 and st[-1] != 1) or (rows > 1 and st[-2] < cols):
         return None
     return x.ctypes.data, st[-2] if rows > 1 else cols, st[0] if nb else 0, st[1] if nb == 2 else 0
 
 
+ISAS = ("generic", "avx2", "avx512")                           # MGK_ISA_* in native/mgk.h, in order
+
+
 @functools.cache
 def backend():
+    """The native backend on the best ISA path of this CPU, or the one $MINIGPT_ISA names (a lower one: tests
+    and reports run every path a machine has; read here only)."""
     lib = _lib()
-    if not lib.mgk_has_avx512():
-        raise BackendUnavailable("native: this CPU (or OS) has no AVX-512, which the native kernel needs; its "
-                                 "scalar fallback would be slower than numpy. Fix: MINIGPT_BACKEND=numba or numpy")
+    best, want = lib.mgk_cpu_isa(), os.environ.get("MINIGPT_ISA", "").strip().lower()
+    if want:
+        if want not in ISAS:
+            raise BackendUnavailable(f"native: MINIGPT_ISA={want!r} is not one of {', '.join(ISAS)}; unset it or "
+                                     "pick one of those")
+        if ISAS.index(want) > best:
+            raise BackendUnavailable(f"native: MINIGPT_ISA={want} but this CPU runs at most {ISAS[best]}; unset it "
+                                     f"or choose a lower path")
+        lib.mgk_set_isa(ISAS.index(want))
     try:
         numba_backend()                                            # the other ops are numba's kernels
     except BackendUnavailable as e:
         raise BackendUnavailable(f"native: needs numba for its non-matmul ops ({e})") from e
     return NativeOps(lib)
 
+
+def isa():
+    """The ISA path the native library runs now ("avx512", "avx2" or "generic")."""
+    return ISAS[_lib().mgk_isa()]

@@ -4,6 +4,8 @@ The kernels walk C-contiguous arrays. A strided view (a head of the qkv array, s
 array kept per shape, and an output view gets its result copied back, so this backend takes views like every
 other one and still allocates nothing per step. The GEMM is float32; the other kernels also run float64.
 """
+import math
+
 import numpy as np
 
 from . import BackendUnavailable, Ops, check_float32, gemm_dims
@@ -57,16 +59,18 @@ class NumbaOps(Ops):
 
     # ---- products
     def _matmul(self, a, b, ta, tb, out, acc):
-        return self._bmm(a[None], b[None], ta, tb, out[None], acc)[0]
+        self._bmm(a[None], b[None], ta, tb, out[None], acc)
+        return out                                                 # out itself, not a view of it
 
     def _bmm(self, a, b, ta, tb, out, acc):
         check_float32(a, b, out, backend=self.name)
         M, N, K = gemm_dims(a, b, ta, tb)
-        a3 = self._contig(a, "a").reshape(-1, *a.shape[-2:])
-        b3 = self._contig(b, "b").reshape(-1, *b.shape[-2:])
+        L = math.prod(a.shape[:-2])                                 # not -1: an empty stack has no size to infer it
+        a3 = self._contig(a, "a").reshape(L, *a.shape[-2:])
+        b3 = self._contig(b, "b").reshape(L, *b.shape[-2:])
         o = self._contig(out, "out", copy=acc)
         nt = self.nt if out.size * K >= SERIAL_BELOW * 16 else 1       # tiny products (decoding): one thread
-        G.gemm(a3, b3, o.reshape(-1, M, N), ta, tb, acc, nt)
+        G.gemm(a3, b3, o.reshape(L, M, N), ta, tb, acc, nt)
         if o is not out:
             np.copyto(out, o)
         return out
