@@ -1,16 +1,16 @@
-"""Shared test set-up: every test starts on the numpy backend (dtype-generic, float64-capable);
+"""Shared test set-up: every test starts on the numpy backend (dtype-generic, float64-capable) with every CPU;
 tests of the fast backends select them explicitly."""
 import numpy as np
 import pytest
 
-from minigpt import kernels as K
+from minigpt import backends
 
 
 @pytest.fixture(autouse=True)
 def numpy_backend():
-    K.set_backend("numpy")
+    backends.select("numpy", threads=0, verbose=False)
     yield
-    K.set_backend("numpy")
+    backends.select("numpy", threads=0, verbose=False)
 
 
 @pytest.fixture

@@ -1,0 +1,650 @@
+"""Every op of the backend interface (minigpt/backends, class Ops), on every backend that runs here, against
+the float64 NumPy specification (NumpyOps on float64 copies of the same values).
+
+Runs: numpy, numba and native in float32 (tolerance of float32 sums, scaled by the result's magnitude), and
+numba's non-GEMM kernels also in float64 (to 1e-12). Each op runs on odd shapes, on contiguous arrays and on
+strided views: the heads layers.heads makes of a (B, T, 3C) array, padded rows, a third of each row, stepped
+columns, transposes, reversed rows, broadcasts. Output views sit in NaN-filled arrays, and the NaN gaps
+around them must stay unwritten. Then the float32 approximations over their whole range, threads and the
+native library's own checks, the argument checks, and the selection rules. A backend that cannot run here
+is skipped with its reason. Whole-model equivalence is in test_model.py.
+"""
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from minigpt import backends
+from minigpt.backends import numpy_ops
+from minigpt.layers import heads
+
+F32, F64 = np.float32, np.float64
+SPEC = numpy_ops.NumpyOps()                                     # the specification, run in float64
+SIZES = (1, 7, 16, 17, 64, 129)
+FLAGS = list(itertools.product((False, True), repeat=2))          # (ta, tb)
+
+
+def _why_not(name):
+    try:
+        backends._load(name)
+        return None
+    except backends.BackendUnavailable as e:
+        return str(e)
+
+
+REASONS = {name: _why_not(name) for name in backends.BACKENDS}
+
+
+def _run(name, dt):
+    marks = pytest.mark.skipif(REASONS[name] is not None, reason=str(REASONS[name]))
+    return pytest.param(name, dt, marks=marks, id=f"{name}-{np.dtype(dt).name}")
+
+
+def _fast(name):
+    return pytest.param(name, marks=pytest.mark.skipif(REASONS[name] is not None, reason=str(REASONS[name])))
+
+
+FAST = [_fast("numba"), _fast("native")]
+PRODUCTS = [_run("numpy", F32), _run("numba", F32), _run("native", F32)]     # the GEMMs: float32 (numpy: any)
+KERNELS = PRODUCTS + [_run("numba", F64)]                                   # every other op
+
+
+@pytest.fixture
+def use():
+    """use(name) selects the backend (with every CPU, so the threaded paths run) and returns its Ops."""
+    def select(name):
+        backends.select(name, verbose=False)
+        return backends.current()
+    return select
+
+
+# ----------------------------------------------------------------------------
+# arrays: random values, strided views inside NaN-filled arrays, comparison with the specification
+
+def randn(rng, shape, dt, s=1.0, shift=0.0):
+    return (s * rng.standard_normal(shape) + shift).astype(dt)
+
+
+def _layout(shape, kind):
+    """(shape of a base array, function base -> a view of `shape` laid out as kind)."""
+    c = shape[-1]
+    if kind == "contig":
+        return shape, lambda a: a
+    if kind == "pad":                                             # rows 5 elements farther apart
+        return (*shape[:-1], c + 5), lambda a: a[..., :c]
+    if kind == "mid":                                             # the middle third of each row (k of qkv)
+        return (*shape[:-1], 3 * c), lambda a: a[..., c:2 * c]
+    if kind == "step":                                            # columns 2 apart: rows not contiguous
+        return (*shape[:-1], 2 * c), lambda a: a[..., ::2]
+    if kind == "T":                                               # a transpose
+        return (*shape[:-2], c, shape[-2]), lambda a: a.swapaxes(-1, -2)
+    if kind == "rev":                                             # a negative stride
+        return shape, lambda a: a[::-1]
+    if kind == "heads":                                           # (B, nh, T, hs): k of heads(qkv (B, T, 3C))
+        B, nh, T, hs = shape
+        return (B, T, 3 * nh * hs), lambda a: heads(a, nh, 3)[1]
+    raise ValueError(kind)
+
+
+def gapped(shape, kind, dt, values=None):
+    """A view of `shape` laid out as kind inside a NaN-filled array (holding values, if given), and a function
+    that tells whether every element outside the view is still NaN."""
+    bshape, view = _layout(tuple(shape), kind)
+    base, inside = np.full(bshape, np.nan, dt), np.zeros(bshape, bool)
+    view(inside)[...] = True
+    v = view(base)
+    assert v.shape == tuple(shape)
+    if values is not None:
+        v[...] = values
+    return v, lambda: bool(np.isnan(base[~inside]).all())
+
+
+def f64(*arrays):
+    return [None if a is None else np.array(a, F64) for a in arrays]
+
+
+def close(got, ref, dt, k=1.0, what=""):
+    """got within k * (1e-5 float32 | 1e-12 float64) of ref, elementwise and relative to ref's largest entry."""
+    tol = k * (1e-5 if dt == F32 else 1e-12)
+    ref = np.asarray(ref, F64)
+    np.testing.assert_allclose(np.asarray(got, F64), ref, rtol=tol, atol=tol * max(np.abs(ref).max(initial=0), 1e-30),
+                               err_msg=what)
+
+
+def close_gemm(got, ref, Kd):
+    # float32 sums of Kd unit-variance products: the rounding error grows like sqrt(Kd)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=2e-5 * np.sqrt(max(Kd, 1)))
+
+
+def operands(rng, M, N, Kd, ta, tb, lead=()):
+    """float32 a, b stored as the flags say, and op(a) @ op(b) in float64."""
+    a = randn(rng, (*lead, Kd, M) if ta else (*lead, M, Kd), F32)
+    b = randn(rng, (*lead, N, Kd) if tb else (*lead, Kd, N), F32)
+    return a, b, SPEC.bmm(*f64(a, b), ta=ta, tb=tb) if lead else SPEC.matmul(*f64(a, b), ta=ta, tb=tb)
+
+
+# ----------------------------------------------------------------------------
+# products
+
+@pytest.mark.parametrize("name,dt", PRODUCTS)
+@pytest.mark.parametrize("ta,tb", FLAGS)
+@pytest.mark.parametrize("acc", [False, True])
+def test_matmul_matches_float64(use, name, dt, ta, tb, acc):
+    ops = use(name)
+    rng = np.random.default_rng(0)
+    for M, N, Kd in itertools.product(SIZES, repeat=3):
+        a, b, ref = operands(rng, M, N, Kd, ta, tb)
+        if acc:
+            c0 = randn(rng, (M, N), F32)
+            out = c0.copy()
+            got = ops.matmul(a, b, ta=ta, tb=tb, out=out, acc=True)
+            assert got is out, "acc=True must add into out in place"
+            ref = ref + c0
+        else:
+            got = ops.matmul(a, b, ta=ta, tb=tb)
+        assert got.shape == (M, N) and got.dtype == F32
+        close_gemm(got, ref, Kd)
+
+
+@pytest.mark.parametrize("name,dt", PRODUCTS)
+@pytest.mark.parametrize("ta,tb", FLAGS)
+def test_few_rows_match_float64(use, name, dt, ta, tb):
+    # decoding multiplies 1..num_samples rows by a weight matrix: native has an unpacked path for these;
+    # widths cross its 64-column tiles, and the large ones are split over threads
+    ops = use(name)
+    rng = np.random.default_rng(2)
+    for M, N, Kd in itertools.product((1, 2, 3, 5), (1, 63, 65, 130, 1536), (1, 17, 384)):
+        a, b, ref = operands(rng, M, N, Kd, ta, tb)
+        out = randn(rng, (M, N), F32)
+        close_gemm(ops.matmul(a, b, ta=ta, tb=tb, out=out.copy(), acc=True), ref + out, Kd)
+        close_gemm(ops.matmul(a, b, ta=ta, tb=tb), ref, Kd)
+
+
+# (a, b, out) layouts: walkable views (rows of contiguous floats) and views that must be copied
+MATMUL_VIEWS = [("pad", "mid", "pad"), ("mid", "pad", "mid"), ("step", "T", "step"), ("T", "rev", "T"),
+                ("rev", "step", "pad"), ("contig", "contig", "step")]
+
+
+@pytest.mark.parametrize("name,dt", PRODUCTS)
+@pytest.mark.parametrize("ta,tb", FLAGS)
+def test_matmul_on_views_matches_float64(use, name, dt, ta, tb):
+    ops = use(name)
+    rng = np.random.default_rng(5)
+    for (M, N, Kd), (ka, kb, ko) in itertools.product([(7, 17, 16), (1, 9, 5), (33, 20, 64), (17, 1, 129)],
+                                                      MATMUL_VIEWS):
+        a, b, ref = operands(rng, M, N, Kd, ta, tb)
+        av, a_gaps = gapped(a.shape, ka, F32, a)
+        bv, b_gaps = gapped(b.shape, kb, F32, b)
+        out, out_gaps = gapped((M, N), ko, F32)                      # NaN: beta = 0 must never read out
+        assert ops.matmul(av, bv, ta=ta, tb=tb, out=out) is out
+        close_gemm(out, ref, Kd)
+        ops.matmul(av, bv, ta=ta, tb=tb, out=out, acc=True)
+        close_gemm(out, 2 * ref, Kd)
+        assert out_gaps() and a_gaps() and b_gaps(), f"{ka, kb, ko}: a write outside a view"
+        np.testing.assert_array_equal(av, a)                         # inputs are not written
+        close_gemm(ops.matmul(av, bv, ta=ta, tb=tb), ref, Kd)
+
+
+@pytest.mark.parametrize("name,dt", PRODUCTS)
+@pytest.mark.parametrize("ta,tb", FLAGS)
+def test_bmm_matches_float64(use, name, dt, ta, tb):
+    ops = use(name)
+    rng = np.random.default_rng(1)
+    shapes = [((1,), 7, 16, 17), ((3,), 1, 7, 129), ((5,), 64, 64, 32), ((48,), 64, 32, 64), ((2, 3), 17, 16, 7),
+              ((2, 2, 3), 5, 9, 4)]
+    for lead, M, N, Kd in shapes:
+        a, b, ref = operands(rng, M, N, Kd, ta, tb, lead)
+        close_gemm(ops.bmm(a, b, ta=ta, tb=tb), ref, Kd)
+        out = np.full((*lead, M, N), np.nan, F32)                    # beta = 0 must never read out
+        assert ops.bmm(a, b, ta=ta, tb=tb, out=out) is out
+        close_gemm(out, ref, Kd)
+        ops.bmm(a, b, ta=ta, tb=tb, out=out, acc=True)
+        close_gemm(out, 2 * ref, Kd)
+
+
+# (a, b, out) layouts of 4-D (2 batch dims) and 3-D (1 batch dim) stacks
+BMM_VIEWS4 = [("heads", "heads", "heads"), ("heads", "pad", "mid"), ("step", "heads", "T"), ("rev", "T", "heads"),
+              ("mid", "step", "step")]
+BMM_VIEWS3 = [("pad", "mid", "pad"), ("step", "T", "mid"), ("T", "rev", "step"), ("rev", "pad", "T")]
+
+
+@pytest.mark.parametrize("name,dt", PRODUCTS)
+@pytest.mark.parametrize("ta,tb", FLAGS)
+def test_bmm_on_views_matches_float64(use, name, dt, ta, tb):
+    """Attention's products on heads read and written in place (two batch levels, rows in qkv), and
+    stacks whose rows are longer than their matrices, or not contiguous at all (copied by numba and native)."""
+    ops = use(name)
+    rng = np.random.default_rng(7)
+    cases = [((3, 5), mnk, kinds) for mnk in [(17, 17, 7), (17, 7, 17), (1, 9, 5), (33, 20, 64)] for kinds in BMM_VIEWS4]
+    cases += [((4,), mnk, kinds) for mnk in [(9, 11, 13), (1, 16, 129)] for kinds in BMM_VIEWS3]
+    for lead, (M, N, Kd), (ka, kb, ko) in cases:
+        a, b, ref = operands(rng, M, N, Kd, ta, tb, lead)
+        av, a_gaps = gapped(a.shape, ka, F32, a)
+        bv, b_gaps = gapped(b.shape, kb, F32, b)
+        out, out_gaps = gapped(ref.shape, ko, F32)
+        assert ops.bmm(av, bv, ta=ta, tb=tb, out=out) is out
+        close_gemm(out, ref, Kd)
+        ops.bmm(av, bv, ta=ta, tb=tb, out=out, acc=True)
+        close_gemm(out, 2 * ref, Kd)
+        assert out_gaps() and a_gaps() and b_gaps(), f"{lead, ka, kb, ko}: a write outside a view"
+        np.testing.assert_array_equal(av, a)
+        close_gemm(ops.bmm(av, bv, ta=ta, tb=tb), ref, Kd)
+
+
+@pytest.mark.parametrize("name,dt", PRODUCTS)
+def test_bmm_takes_unwalkable_views(use, name, dt):
+    """Views the C code cannot walk in place (broadcasts, stride-0 rows, three strided batch dims) are copied
+    into scratch and give the float64 result: no backend refuses a view."""
+    ops = use(name)
+    rng = np.random.default_rng(8)
+    x, b = randn(rng, (4, 3), F32), randn(rng, (2, 3, 5), F32)
+    cases = [(np.broadcast_to(x, (2, 4, 3)), b),                                     # batch stride 0
+             (np.broadcast_to(x[:1], (2, 4, 3)), b),                                 # row and batch strides 0
+             (np.broadcast_to(x[:, :1], (2, 4, 3)), b),                              # column stride 0
+             (randn(rng, (2, 2, 2, 4, 6), F32)[..., ::2], randn(rng, (2, 2, 2, 3, 5), F32)[:, ::-1])]
+    for a, bb in cases:
+        ref = SPEC.bmm(*f64(a, bb))
+        close_gemm(ops.bmm(a, bb), ref, 3)
+        out = np.full(ref.shape, np.nan, F32)
+        close_gemm(ops.bmm(a, bb, out=out), ref, 3)
+    with pytest.raises(ValueError, match="read-only"):
+        ops.bmm(x[None], b[:1], out=np.broadcast_to(np.zeros((4, 5), F32), (1, 4, 5)))
+
+
+@pytest.mark.parametrize("name,dt", PRODUCTS)
+def test_matmul_empty_and_k0(use, name, dt):
+    ops = use(name)
+    a, b = np.zeros((3, 0), F32), np.zeros((0, 4), F32)
+    np.testing.assert_array_equal(ops.matmul(a, b), np.zeros((3, 4)))
+    out = np.ones((3, 4), F32)
+    np.testing.assert_array_equal(ops.matmul(a, b, out=out, acc=True), np.ones((3, 4)))
+    assert ops.matmul(np.zeros((0, 5), F32), np.zeros((5, 2), F32)).shape == (0, 2)
+    assert ops.bmm(np.zeros((0, 3, 5), F32), np.zeros((0, 5, 2), F32)).shape == (0, 3, 2)
+    np.testing.assert_array_equal(ops.bmm(np.zeros((2, 3, 0), F32), np.zeros((2, 0, 4), F32)), np.zeros((2, 3, 4)))
+
+
+# ----------------------------------------------------------------------------
+# the other ops; layout "views" puts every array but the (N,) statistics and parameters in a strided view
+
+LAYOUTS = ["contig", "views"]
+
+
+def _kinds(layout, *kinds):
+    return kinds if layout == "views" else ("contig",) * len(kinds)
+
+
+@pytest.mark.parametrize("name,dt", KERNELS)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("N,C", [(21, 33), (1, 7), (5, 129)])
+def test_layernorm_matches_spec(use, rng, name, dt, bias, layout, N, C):
+    ops = use(name)
+    kx, ky, kdy, kdx = _kinds(layout, "pad", "mid", "step", "rev")
+    x = gapped((N, C), kx, dt, randn(rng, (N, C), dt, 3, 1))[0]
+    y, y_gaps = gapped((N, C), ky, dt)
+    w, b = randn(rng, C, dt, 1, 1), randn(rng, C, dt) if bias else None
+    mean, rstd = np.empty(N, dt), np.empty(N, dt)
+    ref_y, ref_m, ref_r = np.empty((N, C)), np.empty(N), np.empty(N)
+    SPEC.layernorm(*f64(x, w, b), ref_y, ref_m, ref_r, 1e-5)
+    assert ops.layernorm(x, w, b, y, mean, rstd, 1e-5) is y
+    close(y, ref_y, dt, what="y")
+    close(mean, ref_m, dt, what="mean")
+    close(rstd, ref_r, dt, what="rstd")
+    assert y_gaps()
+
+    dy = gapped((N, C), kdy, dt, randn(rng, (N, C), dt))[0]
+    dx, dx_gaps = gapped((N, C), kdx, dt)
+    dw, db = randn(rng, C, dt), randn(rng, C, dt) if bias else None     # the op adds into dw, db
+    ref_dx, ref_dw, ref_db = np.empty((N, C)), *f64(dw, db)
+    SPEC.layernorm_backward(*f64(dy, x, w), ref_m, ref_r, ref_dx, ref_dw, ref_db)
+    ops.layernorm_backward(dy, x, w, mean, rstd, dx, dw, db)
+    close(dx, ref_dx, dt, 10, what="dx")                                # dx: sums of cancelling terms
+    close(dw, ref_dw, dt, 10, what="dw")
+    if bias:
+        close(db, ref_db, dt, what="db")
+    assert dx_gaps()
+
+
+@pytest.mark.parametrize("name,dt", KERNELS)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gelu_matches_spec(use, rng, name, dt, bias, layout):
+    ops = use(name)
+    shape = (3, 7, 33)
+    kx, ky, kd, kdo, kdx = _kinds(layout, "T", "pad", "mid", "step", "rev")
+    x = gapped(shape, kx, dt, randn(rng, shape, dt, 3))[0]
+    b = randn(rng, 33, dt) if bias else None
+    (y, y_gaps), (d, d_gaps) = gapped(shape, ky, dt), gapped(shape, kd, dt)
+    ref_y, ref_d = np.empty(shape), np.empty(shape)
+    SPEC.gelu(*f64(x, b), ref_y, ref_d)
+    assert ops.gelu(x, b, y, d) is y
+    close(y, ref_y, dt, 2, what="y")
+    close(d, ref_d, dt, 2, what="gelu'")
+    assert y_gaps() and d_gaps()
+
+    dout = gapped(shape, kdo, dt, randn(rng, shape, dt))[0]
+    dx, dx_gaps = gapped(shape, kdx, dt)
+    db0 = randn(rng, 33, dt) if bias else None                           # the op adds into db
+    ref_dx, ref_db = np.empty(shape), *f64(db0)
+    SPEC.gelu_backward(*f64(dout, d), ref_dx, ref_db)
+    for inplace in (False, True):                                       # dx may be dout itself
+        db = None if db0 is None else db0.copy()
+        out = dout if inplace else dx
+        assert ops.gelu_backward(dout, d, out, db) is out
+        close(out, ref_dx, dt, what=f"dx (in place: {inplace})")
+        if bias:
+            close(db, ref_db, dt, 10, what="db")
+    assert dx_gaps()
+
+
+@pytest.mark.parametrize("name,dt", KERNELS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("T,start,Tk", [(7, 0, 7), (1, 0, 1), (5, 3, 8), (4, 2, 9), (17, 0, 17)])
+def test_causal_softmax_matches_spec(use, rng, name, dt, layout, T, start, Tk):
+    """Query i sees keys 0..start+i of Tk (Tk > T: a prefix before the queries, and keys past the last query's)."""
+    ops = use(name)
+    shape, scale = (2, 3, T, Tk), 0.3
+    future = np.triu(np.ones((T, Tk), bool), k=start + 1)
+    s = randn(rng, shape, dt, 3)
+    ka, kd = _kinds(layout, "heads", "step")
+    att, att_gaps = gapped(shape, ka, dt, s)
+    att[:, :, future] = np.nan                                          # the masked half is never read
+    ref = SPEC.causal_softmax(s.astype(F64), scale, start)
+    assert ops.causal_softmax(att, scale, start) is att
+    close(att, ref, dt, 2, what="att")
+    assert (att[:, :, future] == 0).all(), "masked entries must be exactly 0"
+    assert att_gaps()
+
+    datt, datt_gaps = gapped(shape, kd, dt, randn(rng, shape, dt))
+    ref_ds = SPEC.causal_softmax_backward(ref, datt.astype(F64), scale, start)
+    assert ops.causal_softmax_backward(att, datt, scale, start) is datt
+    close(datt, ref_ds, dt, 5, what="d(scores)")
+    assert (datt[:, :, future] == 0).all()
+    assert datt_gaps()
+
+
+@pytest.mark.parametrize("name,dt", KERNELS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("tdt", [np.int64, np.int32])
+def test_cross_entropy_matches_spec(use, rng, name, dt, layout, tdt):
+    ops = use(name)
+    N, V = 37, 11
+    kl, kd = _kinds(layout, "pad", "step")
+    values = randn(rng, (N, V), dt, 4)
+    values[0, :3] = [1000, 0, -1000]                                    # max-subtracted: no overflow
+    logits = gapped((N, V), kl, dt, values)[0]
+    t = rng.integers(0, V, N).astype(tdt)
+    t[0] = 2                                                           # loss 2000 in row 0
+    lse, ref_lse = np.empty(N, dt), np.empty(N)
+    ref_loss = SPEC.cross_entropy(values.astype(F64), t, ref_lse)
+    loss = ops.cross_entropy(logits, t, lse)
+    assert isinstance(loss, float) and abs(loss - ref_loss) <= (1e-5 if dt == F32 else 1e-12) * ref_loss
+    close(lse, ref_lse, dt, what="lse")
+
+    dl, dl_gaps = gapped((N, V), kd, dt)
+    ref_dl = SPEC.cross_entropy_backward(values.astype(F64), t, ref_lse, 0.25, np.empty((N, V)))
+    assert ops.cross_entropy_backward(logits, t, lse, 0.25, dl) is dl
+    close(dl, ref_dl, dt, 2, what="dlogits")
+    assert dl_gaps()
+
+
+@pytest.mark.parametrize("name,dt", KERNELS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("idt", [np.int64, np.int32])
+def test_embedding_backward_matches_loop(use, rng, name, dt, layout, idt):
+    ops = use(name)
+    V, N, C = 11, 50, 33
+    idx = rng.integers(0, V, N).astype(idt)
+    idx[:4] = 3                                                        # repeats must add up
+    dout = gapped((N, C), _kinds(layout, "mid")[0], dt, randn(rng, (N, C), dt))[0]
+    dW = randn(rng, (V, C), dt)
+    want = dW.astype(F64)
+    for n in range(N):                                                 # dW[idx[n]] += dout[n], one row at a time
+        want[idx[n]] += dout[n]
+    ref = dW.astype(F64)
+    SPEC.embedding_backward(ref, idx, dout.astype(F64))
+    np.testing.assert_allclose(ref, want, rtol=1e-13, atol=1e-13)      # the spec is np.add.at: the loop
+    ops.embedding_backward(dW, idx, dout)
+    close(dW, want, dt, 2)
+
+
+@pytest.mark.parametrize("name,dt", KERNELS)
+@pytest.mark.parametrize("shape", [(7, 33), (129,)])
+def test_adamw_matches_spec(use, rng, name, dt, shape):
+    ops = use(name)
+    p, m, v = randn(rng, shape, dt), randn(rng, shape, dt), randn(rng, shape, dt) ** 2
+    ref = f64(p, m, v)
+    for t in (1, 2, 3):                                                # the moments carry from step to step
+        g = gapped(shape, "step", dt, randn(rng, shape, dt))[0]        # g may be a view (p, m, v are params)
+        args = (1e-2, 0.9, 0.99, 1e-8, 0.1, 1 - 0.9 ** t, 1 - 0.99 ** t)
+        SPEC.adamw(ref[0], g.astype(F64), ref[1], ref[2], *args)
+        ops.adamw(p, g, m, v, *args)
+        for name_, got, want in zip("pmv", (p, m, v), ref):
+            close(got, want, dt, 2, what=f"{name_} after step {t}")
+
+
+# ----------------------------------------------------------------------------
+# the float32 approximations of the numba kernels
+
+@pytest.mark.skipif(REASONS["numba"] is not None, reason=str(REASONS["numba"]))
+def test_exp32_matches_numpy_over_the_whole_range():
+    from minigpt.backends import numba_kernels as NK
+    x = np.concatenate([np.linspace(-110, 100, 400_001), [-87.33, -87.34, 88.72, 88.73, 0.0, -0.0, 1e-30]])
+    x = x.astype(F32)
+    got = NK._exp32_array(x)
+    want = np.exp(x.astype(F64))
+    normal = (want > 1.18e-38) & (want < 3.4e38)
+    rel = np.abs(got[normal] - want[normal]) / want[normal]
+    assert rel.max() < 2.5e-7, rel.max()                               # ~2 ulp
+    assert (got[want < 1.1e-38] <= 1.2e-38).all()                      # below FLT_MIN: 0 or the smallest normals
+    special = NK._exp32_array(np.array([-np.inf, np.inf, np.nan, -1000.0, 1000.0], F32))
+    assert special[0] == 0.0 and special[3] == 0.0                     # the causal mask's -inf -> exactly 0
+    assert special[1] == np.inf and special[4] == np.inf and np.isnan(special[2])
+
+
+@pytest.mark.parametrize("name,dt", PRODUCTS)
+def test_gelu_float32_matches_float64_formula(use, name, dt):
+    """The numba kernel's float32 GELU (one inline exp, no cancellation) over the whole float32 range; numpy's
+    float32 tanh form loses ~1 ulp of 1 where 1 + tanh cancels (x < -5), and its gelu' needs x^2 finite."""
+    ops = use(name)
+    extremes = [-1e4, 1e4, 0.0] + ([-1e30, 1e30] if name != "numpy" else [])
+    x = np.concatenate([np.linspace(-30, 30, 200_001), extremes]).astype(F32)
+    ref_y, ref_d = np.empty(x.size), np.empty(x.size)
+    SPEC.gelu(x.astype(F64), None, ref_y, ref_d)
+    y, d = np.empty_like(x), np.empty_like(x)
+    ops.gelu(x, None, y, d)
+    loose = 2 if name == "numpy" else 1                                 # numpy: 1 + tanh cancels for x < -5
+    np.testing.assert_allclose(y, ref_y, rtol=1e-6, atol=loose * 1e-7)
+    np.testing.assert_allclose(d, ref_d, rtol=1e-6, atol=loose * 1e-6)
+    nan = np.array([np.nan], F32)
+    assert np.isnan(ops.gelu(nan, None, np.empty(1, F32), np.empty(1, F32))).all()
+
+
+# ----------------------------------------------------------------------------
+# threads and the native library
+
+@pytest.mark.parametrize("name", FAST)
+def test_same_bits_for_any_thread_count(name):
+    # each C element is summed by one thread in k order, and each row of a row op by one thread, so threads
+    # change speed, not bits (products of <= 4 rows on native split K over threads instead: the few-rows test)
+    rng = np.random.default_rng(2)
+    a, b, _ = operands(rng, 129, 65, 300, False, True)
+    q, k, _ = operands(rng, 64, 64, 16, False, True, (4, 4))
+    x, w = randn(rng, (300, 129), F32, 2, 1), randn(rng, 129, F32)
+    s = randn(rng, (8, 64, 64), F32, 3)
+    runs = []
+    for threads in (1, 2):
+        backends.select(name, threads=threads, verbose=False)
+        ops = backends.current()
+        y, mean, rstd = np.empty_like(x), np.empty(300, F32), np.empty(300, F32)
+        ops.layernorm(x, w, w, y, mean, rstd)
+        runs.append([ops.matmul(a, b, tb=True), ops.bmm(q, k, tb=True), y, ops.causal_softmax(s.copy(), 0.25, 0)])
+    for one, two in zip(*runs):
+        np.testing.assert_array_equal(two, one)
+
+
+def _native():
+    if REASONS["native"]:
+        pytest.skip(REASONS["native"])
+    return backends._load("native")
+
+
+def test_native_spin_wait_keeps_results():
+    # generation lets the workers wait on the CPU between products (Ops.spin); a worker that started a job
+    # late, or a caller that returned before its workers, would show here as a wrong product
+    ops = _native()
+    backends.select("native", threads=2, verbose=False)
+    rng = np.random.default_rng(4)
+    shapes = ((1, 1536, 384), (3, 130, 1536), (129, 65, 300), (257, 512, 2048))    # the last outlasts the spin
+    cases = [operands(rng, M, N, Kd, False, False) for M, N, Kd in shapes]
+    try:
+        ops.spin(300)
+        for _ in range(20):
+            for a, b, ref in cases:
+                close_gemm(ops.matmul(a, b), ref, a.shape[1])
+    finally:
+        ops.spin(0)
+
+
+def test_native_matches_its_scalar_reference():
+    lib = _native().lib
+    rng = np.random.default_rng(3)
+    for (M, N, Kd), (ta, tb) in itertools.product([(1, 1, 1), (9, 33, 17), (17, 16, 257), (64, 129, 7)], FLAGS):
+        a, b, ref = operands(rng, M, N, Kd, ta, tb)
+        fast, slow = np.empty((M, N), F32), np.empty((M, N), F32)
+        args = (ta, tb, M, N, Kd, a, a.shape[1], b, b.shape[1], 0.0)
+        assert lib.mgk_sgemm(*args, fast, N) == 0 and lib.mgk_sgemm_ref(*args, slow, N) == 0
+        close_gemm(fast, slow, Kd)
+        close_gemm(slow, ref, Kd)
+    bad = np.zeros((2, 2), F32)
+    assert lib.mgk_sgemm(0, 0, 2, 2, 2, bad, 1, bad, 2, 0.0, bad, 2) == -1     # lda < K is refused
+
+
+def test_native_leaves_caller_fp_mode_alone():
+    # the kernel sets flush-to-zero while it runs; numpy in the calling thread must still see subnormals
+    ops = _native()
+    ops.matmul(np.ones((8, 8), F32), np.ones((8, 8), F32))
+    tiny = F32(1e-40)                                                  # subnormal in float32
+    assert tiny * F32(1.0) != 0 and F32(1e-38) / F32(1e3) != 0
+
+
+# ----------------------------------------------------------------------------
+# argument checks
+
+@pytest.mark.parametrize("name", FAST)
+def test_fast_backends_reject_float64_products(use, name):
+    ops = use(name)
+    a, b = np.ones((4, 3), F32), np.ones((3, 2), F32)
+    with pytest.raises(TypeError, match="float32"):
+        ops.matmul(a.astype(F64), b)
+    with pytest.raises(TypeError, match="float32"):
+        ops.matmul(a, b, out=np.zeros((4, 2)), acc=True)
+    with pytest.raises(TypeError, match="float32"):
+        ops.bmm(a[None], b[None].astype(F64))
+    with pytest.raises(TypeError, match="float32"):
+        ops.matmul(np.ones((4, 6))[:, ::2], b)                          # views too
+
+
+@pytest.mark.parametrize("name", [pytest.param("numpy")] + FAST)
+def test_mismatched_shapes_raise(use, name):
+    ops = use(name)
+    a, b = np.ones((4, 3), F32), np.ones((5, 2), F32)
+    with pytest.raises(ValueError, match="inner dimensions"):
+        ops.matmul(a, b)
+    with pytest.raises(ValueError, match="inner dimensions"):
+        ops.matmul(a, b, ta=True, tb=True)                             # op(a) 3x4, op(b) 2x5
+    with pytest.raises(ValueError, match="out has shape"):
+        ops.matmul(a, np.ones((3, 2), F32), out=np.zeros((2, 4), F32))
+    with pytest.raises(ValueError, match="acc=True"):
+        ops.matmul(a, np.ones((3, 2), F32), acc=True)
+    with pytest.raises(ValueError, match="2-D"):
+        ops.matmul(np.ones((2, 4, 3), F32), np.ones((3, 2), F32))
+    with pytest.raises(ValueError, match="batch"):
+        ops.bmm(np.ones((2, 4, 3), F32), np.ones((3, 3, 2), F32))
+    with pytest.raises(ValueError, match="overlap"):
+        ops.matmul(a, np.ones((3, 3), F32), out=a[:, :3])
+    with pytest.raises(TypeError, match="numpy arrays"):
+        ops.matmul([[1.0]], np.ones((1, 1), F32))
+
+
+# ----------------------------------------------------------------------------
+# selection
+
+def test_auto_skips_an_unavailable_backend(monkeypatch, capsys):
+    real = backends._load
+
+    def no_native(name):
+        if name == "native":
+            raise backends.BackendUnavailable("native: pretend the library is missing")
+        return real(name)
+
+    monkeypatch.setattr(backends, "_load", no_native)
+    picked = backends.select("auto")
+    assert picked != "native" and picked in backends.BACKENDS and backends.name() == picked
+    err = capsys.readouterr().err
+    assert f"auto -> {picked}" in err and "pretend the library is missing" in err   # what it chose, and why
+    assert "native" not in backends.available()
+    from minigpt.backends import ops
+    assert ops.name == picked and backends.current().name == picked  # ops forwards to the selected backend
+
+
+def test_explicit_unavailable_backend_raises(monkeypatch, tmp_path):
+    from minigpt.backends import native
+    monkeypatch.setenv("MINIGPT_NATIVE_LIB", str(tmp_path / "no_such_libmgk.so"))
+    native._lib.cache_clear(), native.backend.cache_clear()
+    try:
+        with pytest.raises(backends.BackendUnavailable, match="MINIGPT_NATIVE_LIB"):
+            backends.select("native")
+        assert backends.name() == "numpy"                              # no silent switch happened
+        assert backends.select("auto", verbose=False) != "native"
+    finally:
+        native._lib.cache_clear(), native.backend.cache_clear()
+    with pytest.raises(backends.BackendUnavailable, match="unknown backend"):
+        backends.select("cuda")
+
+
+@pytest.mark.skipif(REASONS["native"] is not None, reason=str(REASONS["native"]))
+def test_native_refuses_a_stale_build(monkeypatch):
+    """A library built from another version of mgk.c (other signatures) is refused before any call."""
+    from minigpt.backends import native
+    monkeypatch.setattr(native, "_ABI", native._ABI + 1)
+    native._lib.cache_clear(), native.backend.cache_clear()
+    try:
+        with pytest.raises(backends.BackendUnavailable, match="pip install -e"):
+            backends.select("native")
+        assert backends.name() == "numpy"
+    finally:
+        native._lib.cache_clear(), native.backend.cache_clear()
+
+
+def test_numba_unavailable_without_numba(monkeypatch):
+    from minigpt.backends import numba_ops
+    monkeypatch.setattr(numba_ops, "numba", None)
+    monkeypatch.setattr(numba_ops, "_backend", None)
+    monkeypatch.setattr(numba_ops, "_IMPORT_ERROR", ImportError("No module named 'numba'"), raising=False)
+    with pytest.raises(backends.BackendUnavailable, match="pip install numba"):
+        backends.select("numba")
+    assert backends.name() == "numpy"
+
+
+def _blas_threads():
+    from threadpoolctl import threadpool_info
+    return [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_fast_backend_caps_blas_threads(name):
+    before = _blas_threads()
+    backends.select(name, verbose=False)
+    assert all(n == 1 for n in _blas_threads())
+    backends.select("numpy", verbose=False)
+    assert _blas_threads() == before
+
+
+def test_numpy_threads_set_blas_threads():
+    if not _blas_threads():
+        pytest.skip("numpy here has no BLAS that threadpoolctl can see")
+    backends.select("numpy", threads=1, verbose=False)
+    assert all(n == 1 for n in _blas_threads())
+    assert backends.threads() == 1
