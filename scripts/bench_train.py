@@ -1,15 +1,21 @@
 """Training-step speed of every backend at configs S and M, side by side with PyTorch; writes reports/benchmarks.md.
 
-    python scripts/bench_train.py [--threads 2] [--steps_S 30] [--steps_M 3] [--rounds 3]
+    python scripts/bench_train.py [--threads 2] [--steps_S 30] [--steps_M 3] [--rounds 3] [--baseline OLD_TREE]
 
 One invocation, the same threads: rounds alternate the implementations, each in its own child process
 (`--child NAME`), medians after warm-up. A profiled pass splits a minigpt step into matmul / attention /
 LayerNorm / GELU / loss / optimizer / other (exclusive times). PyTorch is optional.
+--baseline: a checkout of an older commit (its native library built in place: `python setup.py build_ext
+--inplace`); every round then also runs that tree's own children ("native@base", ...), so before and after are
+measured side by side, in the same invocation. The child protocol (--child/--config/--steps/--threads/--profile
+in, one JSON line {median, shares, rss} out) is the one this script has had since b972235.
 """
 import argparse
+import importlib.util
 import json
 import os
 import resource
+import shlex
 import subprocess
 import sys
 import time
@@ -17,14 +23,16 @@ from collections import defaultdict
 
 import numpy as np
 
-from minigpt import kernels as K
+from bench_util import cpu_line, revision
+from minigpt import backends
 from minigpt import layers as L
 from minigpt.model import GPT, GPTConfig
 from minigpt.optim import AdamW, clip_grad_norm
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # this tree
 CONFIGS = {"S": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch=12),
            "M": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch=64)}
-PEAK_GFLOPS = 270.0          # fp32 FMA peak of this machine on 2 cores (probe quoted in issue 4)
+BASE = "@base"
 
 
 def model_flops(c, V=65):
@@ -38,9 +46,8 @@ def model_flops(c, V=65):
 # one step of each implementation
 
 class MiniStep:
-    def __init__(self, c, backend, seed=0):
-        K.set_backend(backend)
-        self.backend = backend
+    def __init__(self, c, backend, threads, seed=0):
+        self.backend = backends.select(backend, threads=threads, verbose=False)
         cfg = GPTConfig(vocab_size=65, block_size=c["block_size"], n_layer=c["n_layer"], n_head=c["n_head"],
                         n_embd=c["n_embd"], bias=False)
         self.model = GPT(cfg, np.random.default_rng(seed))
@@ -50,8 +57,6 @@ class MiniStep:
         self.y = r.integers(0, 65, (c["batch"], c["block_size"])).astype(np.int32)
 
     def __call__(self):
-        if K.backend() != self.backend:
-            K.set_backend(self.backend)
         m = self.model
         m.zero_grad()
         _, loss = m.forward(self.x, self.y)
@@ -64,7 +69,7 @@ class MiniStep:
 class TorchStep:
     def __init__(self, mini, threads):
         import torch
-        from minigpt.torch_twin import TorchGPT
+        from torch_twin import TorchGPT                  # scripts/torch_twin.py, a sibling module
         torch.set_num_threads(threads)
         self.torch = torch
         self.model = TorchGPT.from_minigpt(mini.model)
@@ -97,11 +102,18 @@ def time_steps(step, n, warmup=3):
 
 # ----------------------------------------------------------------------------
 # profiled pass: exclusive time per part
+#
+# A part is the layer that owns the work, wrapped at its methods, as the trees before the backends redesign
+# measured it (so the shares of --baseline children compare): a Linear's forward/backward and the tied head are
+# "matmul" (with their bias adds), CausalSelfAttention's own forward/backward is "attention" (bmm, causal softmax,
+# the head views; its c_attn/c_proj are Linears, so matmul), and so on. GELU has no layer any more: it is fused
+# into Linear(gelu=True), so it is wrapped at the backend's ops (gelu, gelu_backward) and its time comes out of
+# matmul's. "other" is what no part covers: embeddings, residual adds, zero_grad, clip_grad_norm, Python glue.
 
-PARTS = {"matmul": [(L.Linear, "forward"), (L.Linear, "backward"), (GPT, "_head_forward"), (GPT, "_head_backward")],
+PARTS = {"matmul": [(L.Linear, "forward"), (L.Linear, "backward"), (GPT, "head"), (GPT, "head_backward")],
          "attention": [(L.CausalSelfAttention, "forward"), (L.CausalSelfAttention, "backward")],
          "LayerNorm": [(L.LayerNorm, "forward"), (L.LayerNorm, "backward")],
-         "GELU": [(L.GELU, "forward"), (L.GELU, "backward")],
+         "GELU": [("ops", "gelu"), ("ops", "gelu_backward")],
          "loss": [(L.CrossEntropy, "forward"), (L.CrossEntropy, "backward")],
          "optimizer": [(AdamW, "step")]}
 
@@ -124,13 +136,15 @@ def profile(step, n):
                     stack[-1] += dt
         return inner
 
+    impl = backends.current()                            # the Ops object the layers' `ops.<op>` calls reach
     for part, targets in PARTS.items():
-        for cls, meth in targets:
-            if meth not in cls.__dict__:
-                continue
-            orig = cls.__dict__[meth]
-            saved.append((cls, meth, orig))
-            setattr(cls, meth, wrap(part, orig))
+        for owner, meth in targets:
+            if owner == "ops":                           # an instance attribute shadows the class's method
+                saved.append((impl, meth, None))
+                setattr(impl, meth, wrap(part, getattr(impl, meth)))
+            else:
+                saved.append((owner, meth, owner.__dict__[meth]))
+                setattr(owner, meth, wrap(part, owner.__dict__[meth]))
     try:
         step()
         shares = defaultdict(list)
@@ -143,16 +157,18 @@ def profile(step, n):
                 shares[part].append(acc[part] / total)
             shares["other"].append(1 - sum(acc.values()) / total)
     finally:
-        for cls, meth, orig in saved:
-            setattr(cls, meth, orig)
+        for owner, meth, orig in saved:
+            if orig is None:
+                delattr(owner, meth)
+            else:
+                setattr(owner, meth, orig)
     return {k: float(np.median(v)) for k, v in shares.items()}
 
 
 def child(a):
     """One implementation in this process: median step time, profiled shares, peak RSS, as one JSON line."""
     c = CONFIGS[a.config]
-    K.set_backend(a.child if a.child != "pytorch" else "numpy", threads=a.threads)
-    mini = MiniStep(c, a.child if a.child != "pytorch" else "numpy")
+    mini = MiniStep(c, a.child if a.child != "pytorch" else "numpy", a.threads)
     step = TorchStep(mini, a.threads) if a.child == "pytorch" else mini
     times = time_steps(step, a.steps, warmup=3 if a.config == "S" else 1)   # one M step warms every kernel
     shares = profile(mini, max(1, a.steps // 3)) if a.child != "pytorch" and a.profile else None
@@ -161,6 +177,47 @@ def child(a):
 
 
 # ----------------------------------------------------------------------------
+# the parent: rounds of children, from this tree and from the baseline tree
+
+def tree_env(tree):
+    """Environment of a child that must import `tree`'s minigpt: PYTHONPATH first (it precedes the editable
+    install's finder, which sits at the end of sys.meta_path; probe() checks that it does)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([tree] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+
+
+PROBE = """import json, sys, minigpt
+try:
+    from minigpt import backends                       # this tree
+except ImportError:                                    # a tree from before minigpt/backends
+    from minigpt import kernels as backends
+names, peak, threads = backends.available(), None, int(sys.argv[1])
+if threads and "native" in names:                      # asked of this tree only
+    backends.select("native", threads=threads, verbose=False)
+    peak = max(backends.current().peak_gflops() for _ in range(3))
+print(json.dumps({"minigpt": minigpt.__file__, "backends": names, "peak": peak}))"""
+
+
+def probe(tree, peak_threads=0):
+    """{minigpt: the package file a child in `tree` imports, backends: the ones that load there, peak: native
+    fp32 GFLOP/s on peak_threads (0: not measured)}, from a child process: the parent imports neither numba nor
+    torch, so it stays small (a child's ru_maxrss includes the RSS of the parent that spawned it).
+    Exits if the child would not import tree's own minigpt."""
+    r = subprocess.run([sys.executable, "-c", PROBE, str(int(peak_threads))], cwd=tree,
+                       env=tree_env(tree), capture_output=True, text=True)
+    info = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else {"minigpt": r.stderr.strip()}
+    if r.returncode or not os.path.realpath(info["minigpt"]).startswith(os.path.realpath(tree) + os.sep):
+        sys.exit(f"error: a child in {tree} imports minigpt from {info['minigpt']!r}, not from {tree}")
+    return info
+
+
+def run_child(tree, name, cfg_name, steps, threads, prof):
+    r = subprocess.run([sys.executable, os.path.join(tree, "scripts", "bench_train.py"), "--child", name,
+                        "--config", cfg_name, "--steps", str(steps), "--threads", str(threads),
+                        "--profile", str(int(prof))], cwd=tree, env=tree_env(tree), capture_output=True, text=True)
+    if r.returncode:
+        return {"error": (r.stderr.strip().splitlines() or ["no output"])[-1]}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -169,6 +226,8 @@ def main():
     ap.add_argument("--steps_M", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--configs", default="S,M")
+    ap.add_argument("--backends", default="", help="comma list (default: every backend that loads, and pytorch)")
+    ap.add_argument("--baseline", help="an older checkout of minigpt, native library built in place")
     ap.add_argument("--out", default="reports/benchmarks.md")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--config", default="S", help=argparse.SUPPRESS)
@@ -177,45 +236,71 @@ def main():
     a = ap.parse_args()
     if a.child:
         return child(a)
-    impls = K.available()
-    try:
-        import torch  # noqa: F401
+    trees = {"": ROOT}
+    if a.baseline:
+        trees[BASE] = os.path.abspath(a.baseline)
+    where = {tag: {**probe(tree, a.threads if not tag else 0), "tree": tree, "rev": revision(tree)}
+             for tag, tree in trees.items()}
+    for tag, w in where.items():
+        print(f"{tag or 'this tree'}: {w['tree']} at {w['rev']}, children import {w['minigpt']}, "
+              f"backends {w['backends']}", flush=True)
+    impls = a.backends.split(",") if a.backends else where[""]["backends"]
+    if not a.backends and importlib.util.find_spec("torch"):          # found, not imported: see probe()
         impls.append("pytorch")
-    except ImportError:
-        pass
-    results = {}
+    peak = where[""]["peak"]
+    results, failed = {}, {}
     for cfg_name in a.configs.split(","):
         c = CONFIGS[cfg_name]
         n = a.steps_S if cfg_name == "S" else a.steps_M
         runs = defaultdict(list)
-        for rnd in range(a.rounds):                # rounds alternate the implementations, one process each
-            for name in impls:                     # (the profiled pass, for the shares, only in the first round)
-                r = subprocess.run([sys.executable, __file__, "--child", name, "--config", cfg_name, "--steps", str(n),
-                                    "--threads", str(a.threads), "--profile", str(int(rnd == 0))],
-                                   capture_output=True, text=True, check=True)
-                runs[name].append(json.loads(r.stdout.strip().splitlines()[-1]))
+        for rnd in range(a.rounds):                # rounds alternate the implementations, one process each,
+            for name in impls:                     # a backend's before right after its after
+                for tag, tree in trees.items():    # (the profiled pass, for the shares, only in the first round)
+                    label = name + tag
+                    if (tag and name not in where[tag]["backends"]) or label in failed:
+                        continue                   # pytorch runs once: it is the same in both trees
+                    r = run_child(tree, name, cfg_name, n, a.threads, rnd == 0)
+                    if "error" in r:
+                        failed[label] = r["error"]
+                        print(f"{cfg_name} {label}: failed: {r['error']}", flush=True)
+                    else:
+                        runs[label].append(r)
         tokens = c["batch"] * c["block_size"]
         rows = {}
         for name, rs in runs.items():
+            if name in failed:
+                continue
             med = float(np.median([r["median"] for r in rs]))
             rows[name] = {"ms": 1000 * med, "tok_s": tokens / med, "gflops": model_flops(c) / med / 1e9,
                           "share": rs[0]["shares"], "rss": max(r["rss"] for r in rs),
                           "spread": [round(1000 * r["median"], 1) for r in rs]}
-            print(f"{cfg_name} {name:8s} {1000 * med:9.1f} ms/step {tokens / med:9,.0f} tok/s  rounds {rows[name]['spread']}",
-                  flush=True)
+            print(f"{cfg_name} {name:13s} {1000 * med:9.1f} ms/step {tokens / med:9,.0f} tok/s  "
+                  f"rounds {rows[name]['spread']}", flush=True)
         results[cfg_name] = rows
-    write_report(a, results, "pytorch" in impls)
+    parent_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    write_report(a, results, "pytorch" in impls, where, peak, failed, parent_rss)
 
 
-def write_report(a, results, have_torch):
+def write_report(a, results, have_torch, where, peak, failed, parent_rss):
+    here = where[""]
     lines = ["# Training-step speed: minigpt backends vs PyTorch", "",
-             f"Command: `python scripts/bench_train.py --threads {a.threads} --steps_S {a.steps_S} --steps_M {a.steps_M} "
-             f"--rounds {a.rounds}` ({os.cpu_count()} cores, {a.threads} threads for every implementation). One "
-             f"invocation; each round runs every implementation in its own process, one after the other (in one "
-             f"process PyTorch's OpenMP threads spin and slow both sides). Each process: 3 warm-up steps (1 at M), "
-             f"then the median step; the table gives the median over rounds (per-round medians in brackets). A step is "
-             f"forward + backward + clip + AdamW, float32, bias off, vocab 65, same initial weights and batch. "
-             f"Peak RSS is that process's maximum resident set (it imports numpy and numba; PyTorch's also imports torch).", ""]
+             f"Command: `python scripts/bench_train.py {shlex.join(sys.argv[1:])}` on {cpu_line()}, "
+             f"{a.threads} threads for every implementation, {time.strftime('%Y-%m-%d %H:%M')}. "
+             f"This tree: {here['tree']} at {here['rev']}.", "",
+             "One invocation; each round runs every implementation in its own process, one after the other (in one "
+             "process PyTorch's OpenMP threads spin and slow both sides). Each process: 3 warm-up steps (1 at M), "
+             "then the median step; the table gives the median over rounds (per-round medians in brackets). A step is "
+             "forward + backward + clip + AdamW, float32, bias off, vocab 65, same initial weights and batch. "
+             "Peak RSS is that process's maximum resident set (it imports numpy and numba; PyTorch's also imports torch); "
+             f"it includes the spawning parent's, {parent_rss:.0f} MiB here, so values near that say nothing."]
+    if BASE in where:
+        w = where[BASE]
+        lines += ["", f"Baseline (`{BASE}` rows): {w['tree']} at {w['rev']}; its children run that tree's own "
+                  f"scripts/bench_train.py with cwd and PYTHONPATH set to it (checked: they import {w['minigpt']}), "
+                  "alternating with this tree's children in every round, each backend's before right after its after."]
+    for label, err in failed.items():
+        lines += ["", f"`{label}` failed and is left out: {err}"]
+    lines.append("")
     for cfg_name, rows in results.items():
         c = CONFIGS[cfg_name]
         lines += [f"## Config {cfg_name}: n_layer {c['n_layer']}, n_head {c['n_head']}, n_embd {c['n_embd']}, "
@@ -225,18 +310,29 @@ def write_report(a, results, have_torch):
         ref = rows.get("pytorch", {}).get("tok_s")
         for name, r in rows.items():
             ratio = f"{r['tok_s'] / ref:.2f}x" if ref else "n/a"
+            pct = f"{100 * r['gflops'] / peak:.0f}%" if peak else "n/a"
             lines.append(f"| {name} | {r['ms']:.1f} {r['spread']} | {r['tok_s']:,.0f} | {ratio} | {r['gflops']:.1f} | "
-                         f"{100 * r['gflops'] / PEAK_GFLOPS:.0f}% | {r['rss']:.0f} |")
+                         f"{pct} | {r['rss']:.0f} |")
+        pairs = [(n, n + BASE) for n in rows if not n.endswith(BASE) and n + BASE in rows]
+        if pairs:
+            lines += ["", "Before (baseline) vs after (this tree), ms/step, median over rounds [per round]:", "",
+                      "| backend | before | after | speed-up (before / after) |", "|---|---|---|---|"]
+            for now, old in pairs:
+                lines.append(f"| {now} | {rows[old]['ms']:.1f} {rows[old]['spread']} | {rows[now]['ms']:.1f} "
+                             f"{rows[now]['spread']} | {rows[old]['ms'] / rows[now]['ms']:.2f}x |")
         parts = list(PARTS) + ["other"]
-        lines += ["", "Share of a minigpt step (profiled pass, exclusive times):", "",
+        lines += ["", "Share of a minigpt step (profiled pass, exclusive times; parts as in PARTS of each tree's "
+                  "script: this tree's GELU is the fused gelu ops inside Linear):", "",
                   "| backend | " + " | ".join(parts) + " |", "|---" * (len(parts) + 1) + "|"]
         for name, r in rows.items():
             if r["share"]:
-                lines.append(f"| {name} | " + " | ".join(f"{100 * r['share'][p]:.0f}%" for p in parts) + " |")
+                lines.append(f"| {name} | " + " | ".join(f"{100 * r['share'].get(p, 0):.0f}%" for p in parts) + " |")
         lines.append("")
     if not have_torch:
-        lines.append("PyTorch is not installed here (`pip install torch==2.13.0`), so there is no ratio.")
-    lines.append(f"fp32 peak: {PEAK_GFLOPS:.0f} GFLOP/s on 2 cores (FMA probe, reports/kernels.md).")
+        lines.append("PyTorch is not in this run (not installed, or not in --backends), so there is no ratio.")
+    lines.append(f"fp32 peak: {peak:.0f} GFLOP/s on {a.threads} threads (the native library's register-only FMA "
+                 "loop, measured before the rounds)." if peak else "fp32 peak: n/a (no native backend here).")
+    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
         f.write("\n".join(lines) + "\n")
     print(f"wrote {a.out}")
