@@ -7,13 +7,12 @@ sampler's default prompt is one newline), so at block 256 the whole text fits th
 four steps past the block, each a full re-prefill (the policy's cost, also visible at block 64).
 """
 import argparse
-import os
-import platform
 import time
 
 import numpy as np
 
-from minigpt import kernels as K
+from bench_util import cpu_line
+from minigpt import backends
 from minigpt.model import GPT, GPTConfig
 from minigpt.sample import generate
 
@@ -55,7 +54,7 @@ def main():
     ap.add_argument("--prompt_len", type=int, default=1)
     ap.add_argument("--out", default="reports/generation.md")
     a = ap.parse_args()
-    K.set_backend(a.backend, verbose=True)
+    backends.select(a.backend, verbose=True)
     rows, policy = [], []
     for name, cfg in MODELS.items():
         model = GPT(cfg, np.random.default_rng(0)).eval()
@@ -68,9 +67,9 @@ def main():
             print(f"{name:14s} batch {batch}: {without:9.1f} tok/s without cache, {with_cache:9.1f} with "
                   f"({with_cache / without:.1f}x)", flush=True)
     lines = ["# Generation speed: KV cache vs full recomputation", "",
-             f"Command: `python scripts/bench_generate.py --backend {a.backend} --repeats {a.repeats} "
+             f"Command: `python scripts/bench_generate.py --backend {a.backend} --repeats {a.repeats} --new_tokens {a.new_tokens} "
              f"--prompt_len {a.prompt_len}` "
-             f"(backend used: {K.backend()}; {os.cpu_count()} cores, {platform.processor() or platform.machine()}).",
+             f"(backend used: {backends.name()}, {backends.threads()} threads; {cpu_line()}).",
              f"{a.new_tokens} new tokens from a {a.prompt_len}-token prompt, random weights, temperature 0.8; "
              f"tokens/s counts every sample of the batch; median of {a.repeats} runs.", "",
              "| model | batch | no cache (tok/s) | KV cache (tok/s) | speed-up |", "|---|---|---|---|---|"]
@@ -81,12 +80,13 @@ def main():
                   "|---|---|---|---|"]
         lines += [f"| {n} | {b} | {d:.2f} | {r:.2f} ({r / d:.0f}x) |" for n, b, d, r in policy]
     T = MODELS["S (block 64)"].block_size
+    fits = min(T - a.prompt_len, a.new_tokens - 1)          # steps after the prefill that decode one position
     lines += ["", "Policy past block_size: the learned positional table cannot slide, so once the context holds "
               "block_size tokens every further step re-prefills the last block_size tokens (exactly what "
               "recomputation over the cropped context gives; tests/test_sample.py checks tokens and logits). "
               f"With block {T}, {a.new_tokens} new tokens and a {a.prompt_len}-token prompt, "
-              f"after the prompt's prefill {T - a.prompt_len} steps decode one position from the cache and the other "
-              f"{a.new_tokens - 1 - T + a.prompt_len} pay a full block prefill, so the speed-up there is small by "
+              f"after the prompt's prefill {fits} steps decode one position from the cache and the other "
+              f"{a.new_tokens - 1 - fits} pay a full block prefill, so the speed-up there is small by "
               f"design; at block 256, {max(0, a.prompt_len + a.new_tokens - 1 - 256)} steps go past the block."]
     with open(a.out, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 
-from minigpt import checkpoint, kernels as K
+from minigpt import backends, checkpoint
 from minigpt.config import UserError
 from minigpt.data import Dataset, load_text
 from minigpt.sample import load_model
@@ -38,12 +38,12 @@ def main():
     ap.add_argument("--backend", default="auto")
     a = ap.parse_args()
     try:
-        K.set_backend(a.backend)
+        backends.select(a.backend)
         loaded = checkpoint.load(a.ckpt)
         model, tok = load_model(a.ckpt, loaded)
         cfg = loaded[0]["train_config"]
         data = Dataset(load_text(a.data), tok, model.config.block_size, source=a.data)
-    except (UserError, K.BackendUnavailable) as e:
+    except (UserError, backends.BackendUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     T, B, iters = model.config.block_size, cfg["batch_size"], cfg["eval_iters"]
