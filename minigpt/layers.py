@@ -168,7 +168,7 @@ class Embedding(Module):
             raise ValueError(f"token ids must lie in [0, {V}), got min {idx.min()} max {idx.max()}; "
                              "encode the text with the model's own tokenizer")
         self.cache = idx
-        return np.take(self.p["weight"], idx, axis=0, out=self.a.y)   # y = W[idx]
+        return np.take(self.p["weight"], idx, axis=0, out=self.a.y, mode="clip")   # y = W[idx] (mode="raise" copies out)
 
     def backward(self, dout):                                          # dout (B, T, C); ids have no gradient
         idx = self._take_cache()
