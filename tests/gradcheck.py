@@ -27,8 +27,11 @@ def rel_err(a, b):
 
 def check_module(m, x, dy, forward=None, reset=None, tol=1e-6):
     """Check dx and every parameter gradient of module m against finite differences of sum(forward(x) * dy).
-    reset(), when given, is called before every forward (to replay the same dropout mask)."""
+    m is bound to x's (B, T) first. reset(), when given, is called before every forward (to replay the same
+    dropout mask). Outputs live in the module's arrays until its next forward: each is used or copied first."""
     fwd = forward or m.forward
+    if x.ndim == 3:
+        m.bind(*x.shape[:2], x.dtype)
 
     def probe():
         if reset:
@@ -39,8 +42,9 @@ def check_module(m, x, dy, forward=None, reset=None, tol=1e-6):
     if reset:
         reset()
     fwd(x)
-    dx = m.backward(dy)
+    dx = m.backward(dy.copy())                            # a copy: Block.backward updates its dy in place
     if dx is not None:
+        dx = dx.copy()
         err = rel_err(dx, num_grad(probe, x))
         assert err < tol, f"{type(m).__name__} input gradient: rel err {err:.2e}"
     grads = {k: v.copy() for k, v in m.grads().items()}

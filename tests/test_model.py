@@ -4,6 +4,7 @@ import math
 import numpy as np
 import pytest
 
+from minigpt import backends
 from minigpt.model import GPT, GPTConfig
 from gradcheck import num_grad, rel_err
 
@@ -48,9 +49,13 @@ def test_gpt_grad_every_parameter(tie, bias, dropout):
 def test_gpt_backward_scale_scales_every_gradient():
     model = tiny_model()
     x, y = batch(np.random.default_rng(2))
-    model.zero_grad(); model.forward(x, y); model.backward()
+    model.zero_grad()
+    model.forward(x, y)
+    model.backward()
     g1 = {k: v.copy() for k, v in model.grads().items()}
-    model.zero_grad(); model.forward(x, y); model.backward(scale=0.25)
+    model.zero_grad()
+    model.forward(x, y)
+    model.backward(scale=0.25)
     for k, v in model.grads().items():
         np.testing.assert_allclose(v, 0.25 * g1[k], rtol=1e-12, atol=1e-15, err_msg=k)
 
@@ -92,7 +97,7 @@ def test_gpt_is_causal():
     model = tiny_model()
     rng = np.random.default_rng(3)
     x = rng.integers(0, 11, (2, 6))
-    logits, _ = model.forward(x)
+    logits = model.forward(x)[0].copy()                        # the next forward overwrites the model's logits
     for t in range(5):
         x2 = x.copy()
         x2[:, t + 1:] = rng.integers(0, 11, (2, 5 - t))
@@ -150,17 +155,40 @@ def test_gpt_rejects_bad_input():
         model.backward()
 
 
-@pytest.mark.parametrize("backend", ["numba", "native"])
+def test_gpt_logits_live_in_model_arrays():
+    """forward returns the model's own logits array: the same object at the same (B, T), overwritten."""
+    model = tiny_model()
+    x = np.random.default_rng(5).integers(0, 11, (2, 6))
+    first = model.forward(x)[0]
+    kept = first.copy()
+    second = model.forward(x[::-1].copy())[0]
+    assert second is first and not np.array_equal(second, kept)
+
+
+def _why_not(name):
+    try:
+        backends._load(name)
+        return None
+    except backends.BackendUnavailable as e:
+        return str(e)
+
+
+def _backend(name):
+    why = _why_not(name)
+    return pytest.param(name, marks=pytest.mark.skipif(why is not None, reason=str(why)))
+
+
+@pytest.mark.parametrize("backend", [_backend("numba"), _backend("native")])
 def test_gpt_backends_match_numpy_float32(backend):
-    """The same float32 batch through a fast matmul backend gives the numpy backend's loss and every gradient."""
-    from minigpt import kernels as K
-    if backend not in K.available():
-        pytest.skip(f"{backend} backend not available here")
+    """The same float32 batch through a fast backend gives the numpy backend's loss and every gradient."""
     cfg = GPTConfig(vocab_size=29, block_size=16, n_layer=2, n_head=2, n_embd=32, dropout=0.1)
     out = {}
     for name in ("numpy", backend):
-        K.set_backend(name, verbose=False)
+        backends.select(name, verbose=False)
         model = GPT(cfg, np.random.default_rng(0))
+        r = np.random.default_rng(2)
+        for p in model.params().values():                      # non-zero biases, uneven LayerNorm gains
+            p += (0.1 * r.standard_normal(p.shape)).astype(np.float32)
         x, y = batch(np.random.default_rng(1), B=3, T=16, V=29)
         model.zero_grad()
         _, loss = model.forward(x, y)
@@ -171,19 +199,25 @@ def test_gpt_backends_match_numpy_float32(backend):
         np.testing.assert_allclose(out[backend][1][k], g, rtol=1e-4, atol=1e-4 * np.abs(g).max(), err_msg=k)
 
 
-@pytest.mark.parametrize("backend", ["numpy", "native"])
+NUMPY_ALLOCATES = "the numpy backend is the plain-NumPy specification: its ops make temporaries by design"
+NUMBA_PANELS = ("numba_gemm._tasks allocates its packing panels (KC x NB float32, 256 KB per thread) on every "
+                "product; numba's other kernels are the native backend's, checked there")
+
+
+@pytest.mark.parametrize("backend", [
+    pytest.param("numpy", marks=pytest.mark.skip(reason=NUMPY_ALLOCATES)),
+    pytest.param("numba", marks=[pytest.mark.skipif(_why_not("numba") is not None, reason=str(_why_not("numba"))),
+                                 pytest.mark.xfail(reason=NUMBA_PANELS, strict=True)]),
+    _backend("native")])
 def test_training_step_allocates_nothing_large(backend):
-    """After a warm-up step, forward + backward + clip + AdamW reuse their buffers: nothing of activation size is
-    allocated per step except the logits the model returns (tracemalloc sees numpy's allocations)."""
+    """After a warm-up step, forward + backward + clip + AdamW reuse the model's arrays: nothing of activation
+    size is allocated per step, the logits included (they live in the model's arrays). tracemalloc sees
+    numpy's and numba's allocations; numpy's ufuncs buffer broadcast operands in fixed 8192-element chunks
+    (32 KB), so the activation here is 128 KB to tell those from arrays that grow with the batch."""
     import tracemalloc
-    from minigpt import fused as F, kernels as K
     from minigpt.optim import AdamW, clip_grad_norm
-    if backend not in K.available():
-        pytest.skip(f"{backend} backend not available here")
-    if not F.enabled():
-        pytest.skip("numba is not installed: the NumPy references allocate by design")
-    K.set_backend(backend, verbose=False)
-    B, T, C, V = 4, 32, 64, 65
+    backends.select(backend, verbose=False)
+    B, T, C, V = 8, 64, 64, 65
     model = GPT(GPTConfig(vocab_size=V, block_size=T, n_layer=2, n_head=2, n_embd=C), np.random.default_rng(0))
     opt = AdamW(model.params())
     x, y = batch(np.random.default_rng(1), B=B, T=T, V=V)
@@ -197,7 +231,7 @@ def test_training_step_allocates_nothing_large(backend):
         opt.step(model.params(), model.grads(), 1e-3)
 
     phases = {"forward": forward, "backward": model.backward, "update": update}
-    for f in phases.values():                                          # warm-up: buffers are made here
+    for f in phases.values():                                          # warm-up: arrays are made here
         f()
     peak = {}
     for name, f in phases.items():                                     # each phase's own peak, so that an
@@ -207,7 +241,7 @@ def test_training_step_allocates_nothing_large(backend):
             peak[name] = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
-    logits, activation = B * T * V * 4, B * T * C * 4                 # bytes: 33 KB and 32 KB here
-    assert peak["forward"] < logits + activation // 2, f"the forward allocated {peak['forward']} bytes at its peak"
+    activation = B * T * C * 4                                         # bytes: 128 KB here (logits: 130 KB)
+    assert peak["forward"] < activation // 2, f"the forward allocated {peak['forward']} bytes at its peak"
     assert peak["backward"] < activation // 2, f"the backward allocated {peak['backward']} bytes at its peak"
     assert peak["update"] < activation // 2, f"clip + AdamW allocated {peak['update']} bytes at its peak"
