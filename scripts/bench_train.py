@@ -239,12 +239,14 @@ def main():
     trees = {"": ROOT}
     if a.baseline:
         trees[BASE] = os.path.abspath(a.baseline)
+        if not os.path.isfile(os.path.join(trees[BASE], "scripts", "bench_train.py")):
+            sys.exit(f"error: --baseline {a.baseline} has no scripts/bench_train.py: pass the root of a minigpt checkout")
     where = {tag: {**probe(tree, a.threads if not tag else 0), "tree": tree, "rev": revision(tree)}
              for tag, tree in trees.items()}
     for tag, w in where.items():
         print(f"{tag or 'this tree'}: {w['tree']} at {w['rev']}, children import {w['minigpt']}, "
               f"backends {w['backends']}", flush=True)
-    impls = a.backends.split(",") if a.backends else where[""]["backends"]
+    impls = a.backends.split(",") if a.backends else list(where[""]["backends"])
     if not a.backends and importlib.util.find_spec("torch"):          # found, not imported: see probe()
         impls.append("pytorch")
     peak = where[""]["peak"]
@@ -297,7 +299,12 @@ def write_report(a, results, have_torch, where, peak, failed, parent_rss):
         w = where[BASE]
         lines += ["", f"Baseline (`{BASE}` rows): {w['tree']} at {w['rev']}; its children run that tree's own "
                   f"scripts/bench_train.py with cwd and PYTHONPATH set to it (checked: they import {w['minigpt']}), "
-                  "alternating with this tree's children in every round, each backend's before right after its after."]
+                  "alternating with this tree's children in every round, each backend's before right after its after. "
+                  f"Backends that load there: {', '.join(w['backends'])}."]
+        missing = [n for n in where[""]["backends"] if n not in w["backends"]]
+        if missing:
+            lines.append(f"No baseline rows for {', '.join(missing)}: not loadable in the baseline tree (for native: "
+                         "build its library in place, `python setup.py build_ext --inplace`).")
     for label, err in failed.items():
         lines += ["", f"`{label}` failed and is left out: {err}"]
     lines.append("")
