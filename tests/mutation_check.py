@@ -1,39 +1,105 @@
-"""Break one line per layer family on purpose and confirm the gradient test that guards it fails.
-Run from the repository root: python tests/mutation_check.py (every row must say CAUGHT)."""
+"""Break one line of a backward (or of a kernel the backwards use) on purpose and confirm the test that guards it
+fails. Run from anywhere: python tests/mutation_check.py (every row must say CAUGHT; exit status 1 otherwise).
+
+It mutates a scratch copy of minigpt/ and tests/ (numba's cache files included, so only the mutated module
+recompiles), never the working tree: other processes running the tests meanwhile see the real code.
+"""
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
 
+L, MODEL = "minigpt/layers.py", "minigpt/model.py"
+SPEC, NK = "minigpt/backends/numpy_ops.py", "minigpt/backends/numba_kernels.py"
+GEMM, NOPS = "minigpt/backends/numba_gemm.py", "minigpt/backends/numba_ops.py"
+TL, TM, TO = "tests/test_layers.py", "tests/test_model.py", "tests/test_ops.py"
+
+# (file, exact text (must occur once), replacement, the test that must fail)
 M = [
- ("minigpt/layers.py", 'self.g["bias"] += dy2.sum(axis=0)', 'self.g["bias"] += 0.99 * dy2.sum(axis=0)', "tests/test_layers.py::test_linear_grad"),
- ("minigpt/_fused_numba.py", 'g[r, j] += dout[n, j]', 'g[r, j] = dout[n, j]', "tests/test_layers.py::test_embedding_grad"),
- ("minigpt/layers.py", 'self.g["weight"][start:start + T] += dout.sum(axis=0)', 'self.g["weight"][start:start + T] += dout[0]', "tests/test_layers.py::test_positional_grad"),
- ("minigpt/_fused_numba.py", 'dx[i, j] = ri * (a[j] - ma - (x[i, j] - mi) * ri * mc)', 'dx[i, j] = ri * (a[j] - (x[i, j] - mi) * ri * mc)', "tests/test_layers.py::test_layernorm_grad"),
- ("minigpt/_fused_numba.py", 'GELU_C * (1.0 + 3 * GELU_A * x * x)', 'GELU_C * (1.0 + GELU_A * x * x)', "tests/test_layers.py::test_activation_grad"),
- ("minigpt/layers.py", 'return dy if isinstance(mask, int) else dy * mask', 'return dy', "tests/test_layers.py::test_dropout_grad_uses_forward_mask"),
- ("minigpt/_fused_numba.py", 'r[j] = scale * a[j] * (r[j] - d)', 'r[j] = a[j] * (r[j] - d)', "tests/test_layers.py::test_attention_grad"),
- ("minigpt/layers.py", 'K.bmm(attd, dyh, ta=True, out=out[2])', 'K.bmm(att, dyh, ta=True, out=out[2])', "tests/test_layers.py::test_attention_grad"),
- ("minigpt/layers.py", 'dx += dout ', 'dx += 0 * dout ', "tests/test_layers.py::test_block_grad"),
- ("minigpt/layers.py", 'c["lse"], scale / N,', 'c["lse"], 1.0 / N,', "tests/test_layers.py::test_cross_entropy_grad"),
- ("minigpt/model.py", 'K.matmul(dlogits, x2, ta=True, out=self.wte.g["weight"], acc=True)', 'pass', "tests/test_model.py::test_gpt_grad_every_parameter"),
- ("minigpt/model.py", 'self.wte.backward(self.wpe.backward(self.drop.backward(dx)))', 'self.wpe.backward(self.drop.backward(dx))', "tests/test_model.py::test_gpt_grad_every_parameter"),
- ("minigpt/_fused_numba.py", 'db[j] += dx[i, j]', 'db[j] += 0.5 * dx[i, j]', "tests/test_layers.py::test_mlp_grad"),
- # the fused path's other kernels and the NumPy references are guarded by the kernel-vs-reference tests
- ("minigpt/_fused_numba.py", 'dv[j, d] = _fma(pj, g[i, d], dv[j, d])', 'dv[j, d] = _fma(dsj, g[i, d], dv[j, d])', "tests/test_fused.py::test_flash_attention_matches_reference"),
- ("minigpt/_fused_numba.py", 'p = p * r * r + r + F32(1.0)', 'p = p * r * r + r', "tests/test_fused.py::test_exp32_matches_numpy_over_the_whole_range"),
- ("minigpt/_fused_numba.py", 'm[i] = b1 * m[i] + c1 * gi', 'm[i] = b1 * m[i] + gi', "tests/test_fused.py::test_adamw_matches_reference"),
- ("minigpt/fused.py", 'return xc * rstd[:, None] * w + b, mean, rstd', 'return xc * rstd[:, None] * w, mean, rstd', "tests/test_fused.py::test_layernorm_matches_reference"),
- ("minigpt/fused.py", 'ds = p * (dp - (dy4 * y4).sum(-1, keepdims=True)) * scale', 'ds = p * dp * scale', "tests/test_fused.py::test_flash_attention_matches_reference"),
- ("minigpt/_fused_numba.py", 'q, m = qkv[b, t, h * hs:(h + 1) * hs], n + t + 1', 'q, m = qkv[b, t, h * hs:(h + 1) * hs], n + t', "tests/test_fused.py::test_cached_attention_matches_reference"),
+    # layers.py and model.py: the backwards themselves, caught by finite differences (numpy backend, float64)
+    (L, "db += flat(dy).sum(axis=0)", "db += 0.99 * flat(dy).sum(axis=0)", f"{TL}::test_linear_grad"),
+    (L, 'ops.matmul(flat(x), flat(dy), ta=True, out=self.g["weight"], acc=True)',
+        'ops.matmul(flat(x), 0.5 * flat(dy), ta=True, out=self.g["weight"], acc=True)', f"{TL}::test_linear_grad"),
+    (L, 'ops.matmul(flat(x), flat(dy), ta=True, out=self.g["weight"], acc=True)',
+        'ops.matmul(flat(x), flat(dy), ta=True, out=self.g["weight"], acc=False)', f"{TL}::test_backward_accumulates"),
+    (L, 'self.g["weight"][:T] += dout.sum(axis=0)', 'self.g["weight"][:T] += dout[0]', f"{TL}::test_positional_grad"),
+    (L, "return dy if mask is None else dy * mask", "return dy", f"{TL}::test_dropout_grad_uses_forward_mask"),
+    (L, 'ops.bmm(c["attd"], dy, ta=True, out=dv)', 'ops.bmm(c["att"], dy, ta=True, out=dv)', f"{TL}::test_attention_grad"),
+    (L, 'ops.bmm(ds, c["q"], ta=True, out=dk)', 'ops.bmm(ds, c["q"], ta=True, out=dk); dk *= 0.5', f"{TL}::test_attention_grad"),
+    (L, "dx += self.ln_2.backward(self.mlp.backward(dx))", "dx = self.ln_2.backward(self.mlp.backward(dx))",
+        f"{TL}::test_block_grad"),
+    (L, 'scale / c["t"].size, flat(self.d.dlogits)', '1.0 / c["t"].size, flat(self.d.dlogits)',
+        f"{TL}::test_cross_entropy_grad"),
+    (MODEL, 'ops.matmul(flat(dlogits), flat(x), ta=True, out=self.wte.g["weight"], acc=True)', "None",
+        f"{TM}::test_gpt_grad_every_parameter"),
+    (MODEL, 'ops.matmul(flat(dlogits), flat(x), ta=True, out=self.wte.g["weight"], acc=True)',
+        'ops.matmul(flat(dlogits), flat(x), ta=True, out=self.wte.g["weight"], acc=False)',
+        f"{TM}::test_gpt_backward_accumulates"),
+    (MODEL, "self.wte.backward(self.wpe.backward(self.drop.backward(dx)))", "self.wpe.backward(self.drop.backward(dx))",
+        f"{TM}::test_gpt_grad_every_parameter"),
+    # numpy_ops.py: the specification the layers run on in the finite-difference tests
+    (SPEC, "GELU_C * (1.0 + 3 * GELU_A * xb * xb)", "GELU_C * (1.0 + GELU_A * xb * xb)", f"{TL}::test_gelu_grad"),
+    (SPEC, "db += dx.reshape(-1, dx.shape[-1]).sum(0)", "db += 0.5 * dx.reshape(-1, dx.shape[-1]).sum(0)",
+        f"{TL}::test_mlp_grad"),
+    (SPEC, "np.add.at(dW, idx, dout)", "dW[idx] += dout", f"{TL}::test_embedding_grad"),
+    (SPEC, "rstd[:, None] * (dxhat - dxhat.mean(-1, keepdims=True)", "rstd[:, None] * (dxhat",
+        f"{TL}::test_layernorm_grad"),
+    (SPEC, "datt[...] = scale * att * (datt", "datt[...] = att * (datt", f"{TL}::test_attention_grad"),
+    (SPEC, "np.triu(np.ones((T, Tk), bool), k=start + 1)", "np.triu(np.ones((T, Tk), bool), k=start + 2)",
+        f"{TL}::test_attention_is_causal"),
+    (SPEC, "dlogits[np.arange(targets.size), targets] -= scale", "dlogits[np.arange(targets.size), targets] -= 1.0",
+        f"{TL}::test_cross_entropy_grad"),
+    # the numba kernels (numba and native backends), caught by test_ops.py against the spec
+    (NK, "g[r, j] += dout[n, j]", "g[r, j] = dout[n, j]", f"{TO}::test_embedding_backward_matches_loop"),
+    (NK, "dx[i, j] = ri * (a[j] - ma - (x[i, j] - mi) * ri * mc)", "dx[i, j] = ri * (a[j] - (x[i, j] - mi) * ri * mc)",
+        f"{TO}::test_layernorm_matches_spec"),
+    (NK, "dw[j] += dy[i, j] * ((x[i, j] - mi) * ri)", "dw[j] += dy[i, j] * (x[i, j] - mi)",
+        f"{TO}::test_layernorm_matches_spec"),
+    (NK, "r[j] = scale * a[j] * (r[j] - d)", "r[j] = a[j] * (r[j] - d)", f"{TO}::test_causal_softmax_matches_spec"),
+    (NK, "r, n = att[l, i], start + i + 1", "r, n = att[l, i], start + i", f"{TO}::test_causal_softmax_matches_spec"),
+    (NK, "GELU_C * (1.0 + 3 * GELU_A * x * x)", "GELU_C * (1.0 + GELU_A * x * x)", f"{TO}::test_gelu_matches_spec"),
+    (NK, "db[j] += dx[i, j]", "db[j] += 0.5 * dx[i, j]", f"{TO}::test_gelu_matches_spec"),
+    (NK, "d[targets[i]] -= scale", "d[targets[i]] -= 1.0", f"{TO}::test_cross_entropy_matches_spec"),
+    (NK, "m[i] = b1 * m[i] + c1 * gi", "m[i] = b1 * m[i] + gi", f"{TO}::test_adamw_matches_spec"),
+    (NK, "p = p * r * r + r + F32(1.0)", "p = p * r * r + r", f"{TO}::test_exp32_matches_numpy_over_the_whole_range"),
+    # the numba GEMM and its view handling
+    (GEMM, "bk = beta if k0 == 0 else np.float32(1.0)", "bk = beta", f"{TO}::test_few_rows_match_float64"),
+    (NOPS, "        if o is not out:\n            np.copyto(out, o)\n        return out\n\n    # ---- LayerNorm",
+        "        return out\n\n    # ---- LayerNorm", f"{TO}::test_bmm_on_views_matches_float64"),
 ]
-for path, old, new, test in M:
-    p = pathlib.Path(path); src = p.read_text()
-    assert src.count(old) == 1, (path, old)
-    p.write_text(src.replace(old, new))
-    try:
-        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", test], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": "."})
-        line = [l for l in r.stdout.splitlines() if l.startswith("E ") and ("rel err" in l or "Error" in l)][:1]
-        print("CAUGHT" if r.returncode else "MISSED", test, "|", new[:60], "|", line[0][:120] if line else "")
-    finally:
-        p.write_text(src)
+
+
+def main():
+    root = pathlib.Path(__file__).resolve().parent.parent
+    missed = 0
+    with tempfile.TemporaryDirectory(prefix="minigpt-mutants-") as tmp:
+        tmp = pathlib.Path(tmp)
+        for d in ("minigpt", "tests"):                  # copy2 keeps mtimes, so numba's cache stays valid
+            shutil.copytree(root / d, tmp / d, ignore=shutil.ignore_patterns("*.pyc"))
+        shutil.copy2(root / "setup.cfg", tmp / "setup.cfg")
+        env = {**os.environ, "PYTHONPATH": str(tmp)}   # the copy, ahead of the editable install
+        for path, old, new, test in M:
+            p = tmp / path
+            src = p.read_text()
+            assert src.count(old) == 1, f"{path}: {old!r} occurs {src.count(old)} times; update this mutation"
+            stat = p.stat()
+            p.write_text(src.replace(old, new))
+            try:
+                r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", test],
+                                   cwd=tmp, capture_output=True, text=True, env=env)
+            finally:
+                p.write_text(src)
+                os.utime(p, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+            why = [ln for ln in r.stdout.splitlines() if ln.startswith("E ")][:1]
+            caught = r.returncode == 1 and "failed" in r.stdout.splitlines()[-1]
+            missed += not caught
+            label = "CAUGHT" if caught else f"MISSED (pytest exit {r.returncode})"
+            print(f"{label:8} {test.split('/')[-1]:58} | {path.split('/')[-1]}: {new.strip()[:50]!r} | "
+                  f"{why[0][2:].strip()[:90] if why else ''}", flush=True)
+    sys.exit(1 if missed else 0)
+
+
+if __name__ == "__main__":
+    main()

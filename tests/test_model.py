@@ -60,6 +60,22 @@ def test_gpt_backward_scale_scales_every_gradient():
         np.testing.assert_allclose(v, 0.25 * g1[k], rtol=1e-12, atol=1e-15, err_msg=k)
 
 
+@pytest.mark.parametrize("tie", [True, False])
+def test_gpt_backward_accumulates(tie):
+    """Two forward/backward pairs without zero_grad add up, in every parameter (gradient accumulation; the
+    tied wte gets both of its parts each time)."""
+    model = tiny_model(tie_weights=tie)
+    x, y = batch(np.random.default_rng(6))
+    model.zero_grad()
+    model.forward(x, y)
+    model.backward()
+    once = {k: v.copy() for k, v in model.grads().items()}
+    model.forward(x, y)
+    model.backward()
+    for k, v in model.grads().items():
+        np.testing.assert_allclose(v, 2 * once[k], rtol=1e-12, atol=1e-15, err_msg=k)
+
+
 def test_gpt_parameter_names():
     untied = tiny_model(tie_weights=False)
     names = set(untied.params())
