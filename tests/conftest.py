@@ -14,5 +14,14 @@ def numpy_backend():
 
 
 @pytest.fixture
+def use():
+    """use(name) selects the backend (with every CPU, so the threaded paths run) and returns its Ops."""
+    def select(name):
+        backends.select(name, verbose=False)
+        return backends.current()
+    return select
+
+
+@pytest.fixture
 def rng():
     return np.random.default_rng(1234)

@@ -5,12 +5,11 @@ Runs: numpy, numba and native in float32 (tolerance of float32 sums, scaled by t
 numba's non-GEMM kernels also in float64 (to 1e-12). Each op runs on odd shapes, on contiguous arrays and on
 strided views: the heads layers.heads makes of a (B, T, 3C) array, padded rows, a third of each row, stepped
 columns, transposes, reversed rows, broadcasts. Output views sit in NaN-filled arrays, and the NaN gaps
-around them must stay unwritten. Then the float32 approximations over their whole range, threads and the
-native library's own checks, the argument checks, and the selection rules. A backend that cannot run here
-is skipped with its reason. Whole-model equivalence is in test_model.py.
+around them must stay unwritten. Then the float32 approximations over their whole range. A backend that
+cannot run here is skipped with its reason. Threads, the native library's own checks, argument checks and
+selection: test_kernels.py. Whole-model equivalence: test_model.py.
 """
 import itertools
-import math
 
 import numpy as np
 import pytest
@@ -48,15 +47,6 @@ def _fast(name):
 FAST = [_fast("numba"), _fast("native")]
 PRODUCTS = [_run("numpy", F32), _run("numba", F32), _run("native", F32)]     # the GEMMs: float32 (numpy: any)
 KERNELS = PRODUCTS + [_run("numba", F64)]                                   # every other op
-
-
-@pytest.fixture
-def use():
-    """use(name) selects the backend (with every CPU, so the threaded paths run) and returns its Ops."""
-    def select(name):
-        backends.select(name, verbose=False)
-        return backends.current()
-    return select
 
 
 # ----------------------------------------------------------------------------
@@ -216,7 +206,8 @@ def test_bmm_on_views_matches_float64(use, name, dt, ta, tb):
     stacks whose rows are longer than their matrices, or not contiguous at all (copied by numba and native)."""
     ops = use(name)
     rng = np.random.default_rng(7)
-    cases = [((3, 5), mnk, kinds) for mnk in [(17, 17, 7), (17, 7, 17), (1, 9, 5), (33, 20, 64)] for kinds in BMM_VIEWS4]
+    shapes4 = [(17, 17, 7), (17, 7, 17), (1, 9, 5), (33, 20, 64)]
+    cases = [((3, 5), mnk, kinds) for mnk in shapes4 for kinds in BMM_VIEWS4]
     cases += [((4,), mnk, kinds) for mnk in [(9, 11, 13), (1, 16, 129)] for kinds in BMM_VIEWS3]
     for lead, (M, N, Kd), (ka, kb, ko) in cases:
         a, b, ref = operands(rng, M, N, Kd, ta, tb, lead)
@@ -459,192 +450,3 @@ def test_gelu_float32_matches_float64_formula(use, name, dt):
     np.testing.assert_allclose(d, ref_d, rtol=1e-6, atol=loose * 1e-6)
     nan = np.array([np.nan], F32)
     assert np.isnan(ops.gelu(nan, None, np.empty(1, F32), np.empty(1, F32))).all()
-
-
-# ----------------------------------------------------------------------------
-# threads and the native library
-
-@pytest.mark.parametrize("name", FAST)
-def test_same_bits_for_any_thread_count(name):
-    # each C element is summed by one thread in k order, and each row of a row op by one thread, so threads
-    # change speed, not bits (products of <= 4 rows on native split K over threads instead: the few-rows test)
-    rng = np.random.default_rng(2)
-    a, b, _ = operands(rng, 129, 65, 300, False, True)
-    q, k, _ = operands(rng, 64, 64, 16, False, True, (4, 4))
-    x, w = randn(rng, (300, 129), F32, 2, 1), randn(rng, 129, F32)
-    s = randn(rng, (8, 64, 64), F32, 3)
-    runs = []
-    for threads in (1, 2):
-        backends.select(name, threads=threads, verbose=False)
-        ops = backends.current()
-        y, mean, rstd = np.empty_like(x), np.empty(300, F32), np.empty(300, F32)
-        ops.layernorm(x, w, w, y, mean, rstd)
-        runs.append([ops.matmul(a, b, tb=True), ops.bmm(q, k, tb=True), y, ops.causal_softmax(s.copy(), 0.25, 0)])
-    for one, two in zip(*runs):
-        np.testing.assert_array_equal(two, one)
-
-
-def _native():
-    if REASONS["native"]:
-        pytest.skip(REASONS["native"])
-    return backends._load("native")
-
-
-def test_native_spin_wait_keeps_results():
-    # generation lets the workers wait on the CPU between products (Ops.spin); a worker that started a job
-    # late, or a caller that returned before its workers, would show here as a wrong product
-    ops = _native()
-    backends.select("native", threads=2, verbose=False)
-    rng = np.random.default_rng(4)
-    shapes = ((1, 1536, 384), (3, 130, 1536), (129, 65, 300), (257, 512, 2048))    # the last outlasts the spin
-    cases = [operands(rng, M, N, Kd, False, False) for M, N, Kd in shapes]
-    try:
-        ops.spin(300)
-        for _ in range(20):
-            for a, b, ref in cases:
-                close_gemm(ops.matmul(a, b), ref, a.shape[1])
-    finally:
-        ops.spin(0)
-
-
-def test_native_matches_its_scalar_reference():
-    lib = _native().lib
-    rng = np.random.default_rng(3)
-    for (M, N, Kd), (ta, tb) in itertools.product([(1, 1, 1), (9, 33, 17), (17, 16, 257), (64, 129, 7)], FLAGS):
-        a, b, ref = operands(rng, M, N, Kd, ta, tb)
-        fast, slow = np.empty((M, N), F32), np.empty((M, N), F32)
-        args = (ta, tb, M, N, Kd, a, a.shape[1], b, b.shape[1], 0.0)
-        assert lib.mgk_sgemm(*args, fast, N) == 0 and lib.mgk_sgemm_ref(*args, slow, N) == 0
-        close_gemm(fast, slow, Kd)
-        close_gemm(slow, ref, Kd)
-    bad = np.zeros((2, 2), F32)
-    assert lib.mgk_sgemm(0, 0, 2, 2, 2, bad, 1, bad, 2, 0.0, bad, 2) == -1     # lda < K is refused
-
-
-def test_native_leaves_caller_fp_mode_alone():
-    # the kernel sets flush-to-zero while it runs; numpy in the calling thread must still see subnormals
-    ops = _native()
-    ops.matmul(np.ones((8, 8), F32), np.ones((8, 8), F32))
-    tiny = F32(1e-40)                                                  # subnormal in float32
-    assert tiny * F32(1.0) != 0 and F32(1e-38) / F32(1e3) != 0
-
-
-# ----------------------------------------------------------------------------
-# argument checks
-
-@pytest.mark.parametrize("name", FAST)
-def test_fast_backends_reject_float64_products(use, name):
-    ops = use(name)
-    a, b = np.ones((4, 3), F32), np.ones((3, 2), F32)
-    with pytest.raises(TypeError, match="float32"):
-        ops.matmul(a.astype(F64), b)
-    with pytest.raises(TypeError, match="float32"):
-        ops.matmul(a, b, out=np.zeros((4, 2)), acc=True)
-    with pytest.raises(TypeError, match="float32"):
-        ops.bmm(a[None], b[None].astype(F64))
-    with pytest.raises(TypeError, match="float32"):
-        ops.matmul(np.ones((4, 6))[:, ::2], b)                          # views too
-
-
-@pytest.mark.parametrize("name", [pytest.param("numpy")] + FAST)
-def test_mismatched_shapes_raise(use, name):
-    ops = use(name)
-    a, b = np.ones((4, 3), F32), np.ones((5, 2), F32)
-    with pytest.raises(ValueError, match="inner dimensions"):
-        ops.matmul(a, b)
-    with pytest.raises(ValueError, match="inner dimensions"):
-        ops.matmul(a, b, ta=True, tb=True)                             # op(a) 3x4, op(b) 2x5
-    with pytest.raises(ValueError, match="out has shape"):
-        ops.matmul(a, np.ones((3, 2), F32), out=np.zeros((2, 4), F32))
-    with pytest.raises(ValueError, match="acc=True"):
-        ops.matmul(a, np.ones((3, 2), F32), acc=True)
-    with pytest.raises(ValueError, match="2-D"):
-        ops.matmul(np.ones((2, 4, 3), F32), np.ones((3, 2), F32))
-    with pytest.raises(ValueError, match="batch"):
-        ops.bmm(np.ones((2, 4, 3), F32), np.ones((3, 3, 2), F32))
-    with pytest.raises(ValueError, match="overlap"):
-        ops.matmul(a, np.ones((3, 3), F32), out=a[:, :3])
-    with pytest.raises(TypeError, match="numpy arrays"):
-        ops.matmul([[1.0]], np.ones((1, 1), F32))
-
-
-# ----------------------------------------------------------------------------
-# selection
-
-def test_auto_skips_an_unavailable_backend(monkeypatch, capsys):
-    real = backends._load
-
-    def no_native(name):
-        if name == "native":
-            raise backends.BackendUnavailable("native: pretend the library is missing")
-        return real(name)
-
-    monkeypatch.setattr(backends, "_load", no_native)
-    picked = backends.select("auto")
-    assert picked != "native" and picked in backends.BACKENDS and backends.name() == picked
-    err = capsys.readouterr().err
-    assert f"auto -> {picked}" in err and "pretend the library is missing" in err   # what it chose, and why
-    assert "native" not in backends.available()
-    from minigpt.backends import ops
-    assert ops.name == picked and backends.current().name == picked  # ops forwards to the selected backend
-
-
-def test_explicit_unavailable_backend_raises(monkeypatch, tmp_path):
-    from minigpt.backends import native
-    monkeypatch.setenv("MINIGPT_NATIVE_LIB", str(tmp_path / "no_such_libmgk.so"))
-    native._lib.cache_clear(), native.backend.cache_clear()
-    try:
-        with pytest.raises(backends.BackendUnavailable, match="MINIGPT_NATIVE_LIB"):
-            backends.select("native")
-        assert backends.name() == "numpy"                              # no silent switch happened
-        assert backends.select("auto", verbose=False) != "native"
-    finally:
-        native._lib.cache_clear(), native.backend.cache_clear()
-    with pytest.raises(backends.BackendUnavailable, match="unknown backend"):
-        backends.select("cuda")
-
-
-@pytest.mark.skipif(REASONS["native"] is not None, reason=str(REASONS["native"]))
-def test_native_refuses_a_stale_build(monkeypatch):
-    """A library built from another version of mgk.c (other signatures) is refused before any call."""
-    from minigpt.backends import native
-    monkeypatch.setattr(native, "_ABI", native._ABI + 1)
-    native._lib.cache_clear(), native.backend.cache_clear()
-    try:
-        with pytest.raises(backends.BackendUnavailable, match="pip install -e"):
-            backends.select("native")
-        assert backends.name() == "numpy"
-    finally:
-        native._lib.cache_clear(), native.backend.cache_clear()
-
-
-def test_numba_unavailable_without_numba(monkeypatch):
-    from minigpt.backends import numba_ops
-    monkeypatch.setattr(numba_ops, "numba", None)
-    monkeypatch.setattr(numba_ops, "_backend", None)
-    monkeypatch.setattr(numba_ops, "_IMPORT_ERROR", ImportError("No module named 'numba'"), raising=False)
-    with pytest.raises(backends.BackendUnavailable, match="pip install numba"):
-        backends.select("numba")
-    assert backends.name() == "numpy"
-
-
-def _blas_threads():
-    from threadpoolctl import threadpool_info
-    return [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
-
-
-@pytest.mark.parametrize("name", FAST)
-def test_fast_backend_caps_blas_threads(name):
-    before = _blas_threads()
-    backends.select(name, verbose=False)
-    assert all(n == 1 for n in _blas_threads())
-    backends.select("numpy", verbose=False)
-    assert _blas_threads() == before
-
-
-def test_numpy_threads_set_blas_threads():
-    if not _blas_threads():
-        pytest.skip("numpy here has no BLAS that threadpoolctl can see")
-    backends.select("numpy", threads=1, verbose=False)
-    assert all(n == 1 for n in _blas_threads())
-    assert backends.threads() == 1
