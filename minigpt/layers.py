@@ -21,12 +21,23 @@ from .backends import ops
 # ----------------------------------------------------------------------------
 # Module: the contract
 
+class Unbound:
+    """A module's arrays before bind(): any use says what to do."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def __getattr__(self, name):
+        raise RuntimeError(f"{self.module} has no arrays yet: call .bind(B, T, dtype) on it (or on the model that "
+                           "holds it) before its forward; GPT.forward binds itself")
+
+
 class Module:
     def __init__(self):
         self.p, self.g = {}, {}
         self.cache = None
         self.training = True
-        self.a = self.d = None                  # kept and scratch arrays, from Activations
+        self.a = self.d = Unbound(type(self).__name__)   # kept and scratch arrays, from Activations
 
     def __call__(self, *args):
         return self.forward(*args)

@@ -216,15 +216,11 @@ def test_gpt_backends_match_numpy_float32(backend):
 
 
 NUMPY_ALLOCATES = "the numpy backend is the plain-NumPy specification: its ops make temporaries by design"
-NUMBA_PANELS = ("numba_gemm._tasks allocates its packing panels (KC x NB float32, 256 KB per thread) on every "
-                "product; numba's other kernels are the native backend's, checked there")
 
 
 @pytest.mark.parametrize("backend", [
     pytest.param("numpy", marks=pytest.mark.skip(reason=NUMPY_ALLOCATES)),
-    pytest.param("numba", marks=[pytest.mark.skipif(_why_not("numba") is not None, reason=str(_why_not("numba"))),
-                                 pytest.mark.xfail(reason=NUMBA_PANELS, strict=True)]),
-    _backend("native")])
+    _backend("numba"), _backend("native")])
 def test_training_step_allocates_nothing_large(backend):
     """After a warm-up step, forward + backward + clip + AdamW reuse the model's arrays: nothing of activation
     size is allocated per step, the logits included (they live in the model's arrays). tracemalloc sees

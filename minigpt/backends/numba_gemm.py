@@ -143,12 +143,10 @@ if numba is not None:
     # tasks first, first+step, ... of the grid L x ceil(M/mb) x ceil(N/nb); task = C[l, m0:m1, n0:n1]
 
     @njit(cache=True, fastmath=False)
-    def _tasks(A, B, C, first, step, ta, tb, beta, mb, nb):
-        L, M, N = C.shape
+    def _tasks(A, B, C, first, step, ta, tb, beta, mb, nb, Ap, Bp):
+        L, M, N = C.shape                                     # Ap (KC, MR), Bp (KC, >= nb): this chunk's own
         K = A.shape[1] if ta else A.shape[2]
         tm, tn = (M + mb - 1) // mb, (N + nb - 1) // nb
-        Ap = np.empty((KC, MR), np.float32)                   # one set of buffers per thread, none shared
-        Bp = np.empty((KC, nb), np.float32)
         for t in range(first, L * tm * tn, step):
             l, m0, n0 = t // (tm * tn), (t // tn) % tm * mb, t % tn * nb
             m1, n1 = min(M, m0 + mb), min(N, n0 + nb)
@@ -166,10 +164,11 @@ if numba is not None:
                     _tile(Ap, Bk, kc, C[l], i0, mr, n0, n1 - n0, bk)
 
     @njit(cache=True, fastmath=False, parallel=True)
-    def _gemm(A, B, C, ta, tb, beta, mb, nb, nchunk):
-        """nchunk chunks of tasks (one per thread) spread with prange (never np.dot inside a prange)."""
+    def _gemm(A, B, C, ta, tb, beta, mb, nb, nchunk, Ap, Bp):
+        """nchunk chunks of tasks (one per thread) spread with prange (never np.dot inside a prange); chunk i
+        packs into Ap[i], Bp[i]."""
         for i in prange(nchunk):
-            _tasks(A, B, C, i, nchunk, ta, tb, beta, mb, nb)
+            _tasks(A, B, C, i, nchunk, ta, tb, beta, mb, nb, Ap[i], Bp[i])
 
 
 # ----------------------------------------------------------------------------
@@ -184,6 +183,9 @@ def _blocks(L, M, N, nt):
     return max(MR, -(-mb // MR) * MR), nb
 
 
+_panels = {}             # thread count -> packing panels (Ap, Bp), made once: a product allocates nothing
+
+
 def gemm(a, b, out, ta, tb, acc, nt):
     """out[l] = op(a[l]) @ op(b[l]) (+ out[l] if acc) on nt numba threads."""
     L, M, N = out.shape
@@ -192,5 +194,7 @@ def gemm(a, b, out, ta, tb, acc, nt):
             numba.set_num_threads(nt)
         mb, nb = _blocks(L, M, N, nt)
         ntask = L * -(-M // mb) * -(-N // nb)
-        _gemm(a, b, out, ta, tb, np.float32(1.0 if acc else 0.0), mb, nb, min(nt, ntask))
+        if nt not in _panels:
+            _panels[nt] = np.empty((nt, KC, MR), np.float32), np.empty((nt, KC, NB), np.float32)
+        _gemm(a, b, out, ta, tb, np.float32(1.0 if acc else 0.0), mb, nb, min(nt, ntask), *_panels[nt])
     return out

@@ -152,6 +152,8 @@ class NumbaOps(Ops):
         NK.scatter_add(dW, idx.reshape(-1).astype(np.int64, copy=False), self._contig(dout, "dout"))
 
     def adamw(self, p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2):
+        if not (p.flags.c_contiguous and m.flags.c_contiguous and v.flags.c_contiguous):
+            raise ValueError("adamw updates p, m and v in place: they must be C-contiguous arrays, not views")
         NK.adamw(p.reshape(-1), self._contig(g, "g").reshape(-1), m.reshape(-1), v.reshape(-1),
                  lr, b1, b2, eps, wd, bc1, bc2)
 
