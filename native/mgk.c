@@ -19,6 +19,10 @@
 #endif
 
 #define MR 8       /* micro-tile rows: 8x32 = 16 zmm accumulators */
+#ifndef AVX2_MR
+#define AVX2_MR 6  /* the AVX2 tile: 6x16 = 12 ymm accumulators */
+#define AVX2_NR 16
+#endif
 #define NR 32      /* micro-tile columns: two zmm vectors */
 #ifndef KC
 #define KC 256     /* depth of one packed block: a 32-wide B panel (32 KB) stays in L1 */
@@ -336,8 +340,8 @@ static void peak_job(void *arg, int tid, int nt)
 #pragma GCC target("avx2,fma")
 #define GV(name) name##_avx2
 #define GV_W 8
-#define GV_MR 6
-#define GV_NR 16
+#define GV_MR AVX2_MR
+#define GV_NR AVX2_NR
 #include "mgk_gemm_generic.inc"
 #undef GV
 #undef GV_W
@@ -368,7 +372,7 @@ struct isa_gemm {
 static const struct isa_gemm ISA_GEMM[3] = {
     {"generic", 4, 16, gemm_block_generic, peak_job_generic, 2 * 12 * 4},
 #ifdef MGK_X86
-    {"avx2", 6, 16, gemm_block_avx2, peak_job_avx2, 2 * 12 * 8},
+    {"avx2", AVX2_MR, AVX2_NR, gemm_block_avx2, peak_job_avx2, 2 * 12 * 8},
     {"avx512", MR, NR, gemm_block, peak_job, 2 * 16 * 16},
 #endif
 };
