@@ -23,7 +23,7 @@ from .numba_ops import NumbaOps, backend as numba_backend
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # minigpt/
 _ERRORS = {-1: "bad argument", -2: "out of memory", -3: "could not start a worker thread"}
 _i, _ll = ctypes.c_int, ctypes.c_longlong
-_ABI = 2                                                  # MGK_ABI in native/mgk.h
+_ABI = 3                                                  # MGK_ABI in native/mgk.h
 _ndf32 = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
 
 
@@ -41,6 +41,30 @@ class _f32(_ndf32):
             except (TypeError, ValueError):                           # read-only buffer
                 pass
         return _ndf32.from_param(obj)
+
+
+class _f32n(_f32):
+    """_f32, or None for an optional array (NULL in C: no bias, no db)."""
+
+    @classmethod
+    def from_param(cls, obj):
+        return None if obj is None else _f32.from_param(obj)
+
+
+_ndi64 = np.ctypeslib.ndpointer(np.int64, flags="C_CONTIGUOUS")
+
+
+class _i64(_ndi64):
+    """ndpointer(int64, C_CONTIGUOUS) with _f32's cheaper conversion (token ids, targets)."""
+
+    @classmethod
+    def from_param(cls, obj):
+        if type(obj) is np.ndarray and obj.dtype == np.int64 and obj.flags.c_contiguous and obj.size:
+            try:
+                return ctypes.byref(ctypes.c_char.from_buffer(obj))
+            except (TypeError, ValueError):
+                pass
+        return _ndi64.from_param(obj)
 
 
 def _find():
@@ -84,6 +108,21 @@ def _lib():
     lib.mgk_set_num_threads.argtypes, lib.mgk_set_num_threads.restype = [_i], _i
     lib.mgk_set_spin_us.argtypes, lib.mgk_set_spin_us.restype = [_i], _i
     lib.mgk_peak_gflops.argtypes, lib.mgk_peak_gflops.restype = [_ll], ctypes.c_double
+    _f, _d = ctypes.c_float, ctypes.c_double                          # the other ops (native/mgk_ops.h)
+    ops = {"layernorm_fwd": [_ll, _i, _f32, _f32, _f32n, _d, _f32, _f32, _f32],
+           "layernorm_bwd": [_ll, _i, _f32, _f32, _f32, _f32, _f32, _f32, _f32, _f32n],
+           "gelu_fwd": [_ll, _i, _f32, _f32n, _f32, _f32],
+           "gelu_bwd": [_ll, _i, _f32, _f32, _f32, _f32n],
+           "causal_softmax_fwd": [_ll, _i, _i, _i, _f, _f32],
+           "causal_softmax_bwd": [_ll, _i, _i, _i, _f, _f32, _f32],
+           "xent_fwd": [_ll, _i, _f32, _i64, _f32, ctypes.POINTER(_d)],
+           "xent_bwd": [_ll, _i, _f32, _i64, _f32, _f, _f32],
+           "adamw": [_ll, _f32, _f32, _f32, _f32] + [_d] * 7,
+           "embedding_bwd": [_ll, _i, _i, _f32, _i64, _f32]}
+    for op, args in ops.items():
+        for f in (getattr(lib, f"mgk_{op}"), getattr(lib, f"mgk_ref_{op}")):    # fast path, scalar reference
+            f.argtypes, f.restype = args, _i
+    lib.mgk_exp.argtypes, lib.mgk_exp.restype = [_ll, _f32, _f32], _i
     return lib
 
 

@@ -1,0 +1,53 @@
+/* mgk_ops.h: the C API of the non-matmul ops of a training step (native/mgk_ops.c), loaded by
+   minigpt/backends/native.py next to the GEMM of mgk.h. float32, row-major, C-contiguous arrays; every function
+   returns MGK_OK (0) or MGK_EBADARG (-1: negative size, NULL array, an index out of range) and allocates nothing.
+   The exact semantics of each op are those of minigpt/backends/numpy_ops.py (the specification).
+   Two implementations of each: mgk_<op>, the fast path (run-time ISA dispatch on mgk_isa(), rows split over
+   mgk_get_num_threads() threads when the work is large; the same bits for any thread count and any ISA), and
+   mgk_ref_<op>, plain scalar loops with libm on one thread (the reference the tests hold the fast path to). */
+#ifndef MGK_OPS_H
+#define MGK_OPS_H
+
+/* LayerNorm over rows: x (N, C) -> y (N, C), mean and rstd (N,) kept for backward; b may be NULL (no bias) */
+int mgk_layernorm_fwd(long long N, int C, const float *x, const float *w, const float *b, double eps,
+                      float *y, float *mean, float *rstd);
+/* dy, x (N, C) -> dx (N, C) written; dw, db (C,) += over the rows (db NULL: no bias); xhat recomputed */
+int mgk_layernorm_bwd(long long N, int C, const float *dy, const float *x, const float *w, const float *mean,
+                      const float *rstd, float *dx, float *dw, float *db);
+/* y = gelu(x + b), dgelu = gelu'(x + b), tanh form, x (N, H), b (H,) or NULL; y or dgelu may be x itself */
+int mgk_gelu_fwd(long long N, int H, const float *x, const float *b, float *y, float *dgelu);
+/* dx = dout * dgelu (dx may be dout itself); db (H,) += the column sums of dx, db NULL: no bias */
+int mgk_gelu_bwd(long long N, int H, const float *dout, const float *dgelu, float *dx, float *db);
+/* in place over att (L, T, Tk): softmax of scale * scores, query i sees keys 0..start+i, the rest exactly 0 */
+int mgk_causal_softmax_fwd(long long L, int T, int Tk, int start, float scale, float *att);
+/* datt (L, T, Tk): d(probabilities) -> d(scores) in place, from the probabilities att */
+int mgk_causal_softmax_bwd(long long L, int T, int Tk, int start, float scale, const float *att, float *datt);
+/* logits (N, V), targets (N,) in [0, V) -> lse (N,) row log-sum-exp; *loss_sum = sum_n lse_n - logits[n, t_n] */
+int mgk_xent_fwd(long long N, int V, const float *logits, const long long *targets, float *lse, double *loss_sum);
+/* dlogits (N, V) = (softmax(logits) - onehot(targets)) * scale, softmax from the kept lse */
+int mgk_xent_bwd(long long N, int V, const float *logits, const long long *targets, const float *lse, float scale,
+                 float *dlogits);
+/* one in-place AdamW update of n elements (coefficients rounded to float32 as numba_kernels.adamw does) */
+int mgk_adamw(long long n, float *p, const float *g, float *m, float *v, double lr, double b1, double b2,
+              double eps, double wd, double bc1, double bc2);
+/* dW (V, C): dW[idx[n]] += dout[n] for n = 0..N-1 in order (repeated ids add up), idx in [0, V) */
+int mgk_embedding_bwd(long long N, int V, int C, float *dW, const long long *idx, const float *dout);
+/* y = e**x elementwise with the fast paths' inline exp (for tests: its accuracy over the float32 range) */
+int mgk_exp(long long n, const float *x, float *y);
+
+int mgk_ref_layernorm_fwd(long long N, int C, const float *x, const float *w, const float *b, double eps,
+                          float *y, float *mean, float *rstd);
+int mgk_ref_layernorm_bwd(long long N, int C, const float *dy, const float *x, const float *w, const float *mean,
+                          const float *rstd, float *dx, float *dw, float *db);
+int mgk_ref_gelu_fwd(long long N, int H, const float *x, const float *b, float *y, float *dgelu);
+int mgk_ref_gelu_bwd(long long N, int H, const float *dout, const float *dgelu, float *dx, float *db);
+int mgk_ref_causal_softmax_fwd(long long L, int T, int Tk, int start, float scale, float *att);
+int mgk_ref_causal_softmax_bwd(long long L, int T, int Tk, int start, float scale, const float *att, float *datt);
+int mgk_ref_xent_fwd(long long N, int V, const float *logits, const long long *targets, float *lse,
+                     double *loss_sum);
+int mgk_ref_xent_bwd(long long N, int V, const float *logits, const long long *targets, const float *lse,
+                     float scale, float *dlogits);
+int mgk_ref_adamw(long long n, float *p, const float *g, float *m, float *v, double lr, double b1, double b2,
+                  double eps, double wd, double bc1, double bc2);
+int mgk_ref_embedding_bwd(long long N, int V, int C, float *dW, const long long *idx, const float *dout);
+#endif
