@@ -1,5 +1,7 @@
-"""The native backend: the C library native/mgk.c (built as minigpt/_mgk*.so) through ctypes for every product;
-the other ops are numba's kernels (NumbaOps) until they have C versions too.
+"""The native backend: the C library native/mgk*.c (built as minigpt/_mgk*.so) through ctypes: the products
+(mgk.c), and LayerNorm, GELU, causal softmax and cross-entropy, forward and backward (mgk_ops.c, float32 only).
+AdamW and the embedding scatter-add stay numba's (NumbaOps): mgk_ops.c has them too, but they are memory-bound
+and ctypes' ~3 us per call made them no faster at config S or M.
 
 The only file that uses ctypes. Loads the library once and declares every signature. Transposes are flags;
 strided views are walked in place by the C code (rows of contiguous floats, up to two batch strides), and only
@@ -169,6 +171,118 @@ class NativeOps(NumbaOps):
         """x if the C code can walk it in place (rows of contiguous floats, at most two batch dims), else a
         contiguous scratch copy (numba_ops' _contig)."""
         return x if _matrices(x) is not None else self._contig(x, slot, copy)
+
+    # ---- the other ops in C (native/mgk_ops.c), float32 only. Views go through per-shape contiguous scratch
+    #      (NumbaOps._contig) and results are copied back, as on numba; the C code trusts the shapes checked here.
+    def _in(self, x, slot):
+        return self._contig(x, slot)
+
+    def _out(self, x, slot, copy=False):
+        if not x.flags.writeable:
+            raise ValueError(f"native: the output array ({slot}) is read-only (a broadcast view?); pass a writable one")
+        return self._contig(x, slot, copy)
+
+    @staticmethod
+    def _done(rc, what, *pairs):
+        """Raise for a failed C call; copy each scratch result (first) back into its caller array (second)."""
+        if rc != 0:
+            raise ValueError(f"native {what}: {_ERRORS.get(rc, rc)} (rc={rc}): a size below 0, or an index out "
+                             "of range (targets, token ids)")
+        for got, dst in pairs:
+            if got is not dst:
+                np.copyto(dst, got)
+
+    @staticmethod
+    def _shapes(what, want, *arrays):
+        for a in arrays:
+            if a is not None and a.shape != want:
+                raise ValueError(f"native {what}: an array has shape {a.shape}, expected {want}")
+
+    def layernorm(self, x, w, b, out, mean, rstd, eps=1e-5):               # x (N, C) -> out (N, C)
+        check_float32(x, w, b, out, mean, rstd, backend=self.name)
+        N, C = x.shape
+        self._shapes("layernorm", x.shape, out)
+        self._shapes("layernorm", (C,), w, b)
+        self._shapes("layernorm", (N,), mean, rstd)
+        o, m, r = self._out(out, "y"), self._out(mean, "mean"), self._out(rstd, "rstd")
+        rc = self.lib.mgk_layernorm_fwd(N, C, self._in(x, "x"), self._in(w, "w"), None if b is None else
+                                        self._in(b, "b"), eps, o, m, r)
+        self._done(rc, "layernorm", (o, out), (m, mean), (r, rstd))
+        return out
+
+    def layernorm_backward(self, dy, x, w, mean, rstd, dx, dw, db):         # dy, x (N, C) -> dx; dw, db +=
+        check_float32(dy, x, w, mean, rstd, dx, dw, db, backend=self.name)
+        N, C = x.shape
+        self._shapes("layernorm_backward", x.shape, dy, dx)
+        self._shapes("layernorm_backward", (C,), w, dw, db)
+        self._shapes("layernorm_backward", (N,), mean, rstd)
+        o, gw = self._out(dx, "dx"), self._out(dw, "dw", copy=True)
+        gb = None if db is None else self._out(db, "db", copy=True)
+        rc = self.lib.mgk_layernorm_bwd(N, C, self._in(dy, "dy"), self._in(x, "x"), self._in(w, "w"),
+                                        self._in(mean, "mean"), self._in(rstd, "rstd"), o, gw, gb)
+        self._done(rc, "layernorm_backward", (o, dx), (gw, dw), *(() if db is None else ((gb, db),)))
+        return dx
+
+    def gelu(self, x, b, out, dgelu):                                       # x (..., H): out = gelu(x + b)
+        check_float32(x, b, out, dgelu, backend=self.name)
+        H = x.shape[-1] if x.ndim else 1
+        self._shapes("gelu", x.shape, out, dgelu)
+        self._shapes("gelu", (H,), b)
+        xc = self._in(x, "x")                                               # first: out may be x itself
+        o, d = self._out(out, "y"), self._out(dgelu, "d")
+        rc = self.lib.mgk_gelu_fwd(x.size // max(H, 1), H, xc, None if b is None else self._in(b, "b"), o, d)
+        self._done(rc, "gelu", (o, out), (d, dgelu))
+        return out
+
+    def gelu_backward(self, dout, dgelu, dx, db):                           # dx = dout * dgelu; db (H,) +=
+        check_float32(dout, dgelu, dx, db, backend=self.name)
+        H = dout.shape[-1] if dout.ndim else 1
+        self._shapes("gelu_backward", dout.shape, dgelu, dx)
+        self._shapes("gelu_backward", (H,), db)
+        g, dg = self._in(dout, "dy"), self._in(dgelu, "d")                  # first: dx may be dout itself
+        o = self._out(dx, "dx")
+        gb = None if db is None else self._out(db, "db", copy=True)
+        rc = self.lib.mgk_gelu_bwd(dout.size // max(H, 1), H, g, dg, o, gb)
+        self._done(rc, "gelu_backward", (o, dx), *(() if db is None else ((gb, db),)))
+        return dx
+
+    def causal_softmax(self, att, scale, start=0):                          # (..., T, Tk), in place
+        check_float32(att, backend=self.name)
+        T, Tk = att.shape[-2:]
+        a = self._out(att, "att", copy=True)
+        rc = self.lib.mgk_causal_softmax_fwd(att.size // max(T * Tk, 1), T, Tk, start, scale, a)
+        self._done(rc, "causal_softmax (start >= 0)", (a, att))
+        return att
+
+    def causal_softmax_backward(self, att, datt, scale, start=0):           # d(probabilities) -> d(scores)
+        check_float32(att, datt, backend=self.name)
+        T, Tk = att.shape[-2:]
+        self._shapes("causal_softmax_backward", att.shape, datt)
+        d = self._out(datt, "datt", copy=True)
+        rc = self.lib.mgk_causal_softmax_bwd(att.size // max(T * Tk, 1), T, Tk, start, scale,
+                                             self._in(att, "att"), d)
+        self._done(rc, "causal_softmax_backward (start >= 0)", (d, datt))
+        return datt
+
+    def cross_entropy(self, logits, targets, lse):                          # logits (N, V) -> mean loss
+        check_float32(logits, lse, backend=self.name)
+        N, V = logits.shape
+        self._shapes("cross_entropy", (N,), targets, lse)
+        t, o, total = np.ascontiguousarray(targets, np.int64), self._out(lse, "lse"), ctypes.c_double()
+        rc = self.lib.mgk_xent_fwd(N, V, self._in(logits, "logits"), t, o, ctypes.byref(total))
+        self._done(rc, "cross_entropy", (o, lse))
+        return total.value / max(1, N)
+
+    def cross_entropy_backward(self, logits, targets, lse, scale, dlogits):  # (softmax - onehot) * scale
+        check_float32(logits, lse, dlogits, backend=self.name)
+        N, V = logits.shape
+        self._shapes("cross_entropy_backward", (N,), targets, lse)
+        self._shapes("cross_entropy_backward", logits.shape, dlogits)
+        lc, t = self._in(logits, "logits"), np.ascontiguousarray(targets, np.int64)
+        o = self._out(dlogits, "dlogits")
+        rc = self.lib.mgk_xent_bwd(N, V, lc, t, self._in(lse, "lse"), scale, o)
+        self._done(rc, "cross_entropy_backward", (o, dlogits))
+        return dlogits
 
     def set_threads(self, n):
         super().set_threads(n)                                     # numba's pool, for the other ops
