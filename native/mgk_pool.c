@@ -3,7 +3,7 @@
    caller asks for a bounded wait on the CPU first (mgk_set_spin_us: generation, whose products come back to
    back with nothing else running between them, would otherwise pay a wake-up per product), and run with
    flush-to-zero/denormals-are-zero set, because subnormal inputs slow the FMA loop down by two orders of magnitude.
-   The caller is thread 0 and does its share of every job. One job at a time (mgk.c serialises calls). */
+   The caller is thread 0 and does its share of every job. One job at a time: mgk_pool_run serialises its callers. */
 #include <pthread.h>
 #include <stdint.h>
 #include <time.h>
@@ -14,6 +14,7 @@
 
 #define MAX_WORKERS 255
 
+static pthread_mutex_t run_mu = PTHREAD_MUTEX_INITIALIZER;  /* one job at a time, whoever calls (GEMM or op) */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv_go = PTHREAD_COND_INITIALIZER;     /* main -> workers: a new job (gen changed) */
 static pthread_cond_t cv_done = PTHREAD_COND_INITIALIZER;   /* last worker -> main: pending hit 0 */
@@ -93,7 +94,7 @@ static void reset_after_fork(void)     /* the child of a fork() has no workers *
 {
     pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
     pthread_cond_t c = PTHREAD_COND_INITIALIZER;
-    mu = m; cv_go = c; cv_done = c;
+    mu = m; run_mu = m; cv_go = c; cv_done = c;
     n_workers = 0; pending = 0;
 }
 
@@ -104,6 +105,7 @@ int mgk_pool_run(void (*fn)(void *arg, int tid, int nt), void *arg, int nt)
     static int atfork_done;
     if (nt > MAX_WORKERS + 1) nt = MAX_WORKERS + 1;
     if (nt <= 1) { fn(arg, 0, 1); return MGK_OK; }
+    pthread_mutex_lock(&run_mu);
     pthread_mutex_lock(&mu);
     if (!atfork_done) { pthread_atfork(NULL, NULL, reset_after_fork); atfork_done = 1; }
     while (n_workers < nt - 1) {
@@ -112,6 +114,7 @@ int mgk_pool_run(void (*fn)(void *arg, int tid, int nt), void *arg, int nt)
         start_gen[tid] = gen;
         if (pthread_create(&th, NULL, worker, (void *)(intptr_t)tid) != 0) {
             pthread_mutex_unlock(&mu);
+            pthread_mutex_unlock(&run_mu);
             return MGK_ETHREAD;
         }
         pthread_detach(th);
@@ -130,5 +133,6 @@ int mgk_pool_run(void (*fn)(void *arg, int tid, int nt), void *arg, int nt)
     while (pending > 0)
         pthread_cond_wait(&cv_done, &mu);
     pthread_mutex_unlock(&mu);
+    pthread_mutex_unlock(&run_mu);
     return MGK_OK;
 }
