@@ -173,7 +173,7 @@ def generate(model, idx, max_new_tokens, rng, temperature=1.0, top_k=0, top_p=1.
             dec.append(nxt)
             yield nxt
     finally:
-        backends.current().spin(0)
+        backends.current().spin()                                     # back to the default
 
 
 # ----------------------------------------------------------------------------

@@ -71,8 +71,9 @@ class Ops:
     def set_threads(self, n):
         pass
 
-    def spin(self, us):
-        """Let worker threads wait up to us microseconds between back-to-back calls (native only)."""
+    def spin(self, us=None):
+        """Let worker threads wait up to us microseconds on the CPU between back-to-back calls before they sleep
+        (native only; None: the backend's default)."""
 
 
 def _check_product(a, b, ta, tb, out, acc, batched):
