@@ -283,12 +283,20 @@ def main():
     write_report(a, results, "pytorch" in impls, where, peak, failed, parent_rss)
 
 
+ENV = ("MINIGPT_ISA", "OPENBLAS_CORETYPE", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
+
+
+def env_line():
+    """The variables that choose instruction sets (native's path, OpenBLAS's kernels, PyTorch's and MKL's)."""
+    return ", ".join(f"{k}={os.environ[k]}" for k in ENV if k in os.environ) or "no ISA variables set"
+
+
 def write_report(a, results, have_torch, where, peak, failed, parent_rss):
     here = where[""]
     lines = ["# Training-step speed: minigpt backends vs PyTorch", "",
              f"Command: `python scripts/bench_train.py {shlex.join(sys.argv[1:])}` on {cpu_line()}, "
              f"{a.threads} threads for every implementation, {time.strftime('%Y-%m-%d %H:%M')}. "
-             f"This tree: {here['tree']} at {here['rev']}.", "",
+             f"This tree: {here['tree']} at {here['rev']}. Environment: {env_line()}.", "",
              "One invocation; each round runs every implementation in its own process, one after the other (in one "
              "process PyTorch's OpenMP threads spin and slow both sides). Each process: 3 warm-up steps (1 at M), "
              "then the median step; the table gives the median over rounds (per-round medians in brackets). A step is "
