@@ -1,6 +1,6 @@
 """Generation speed with and without the KV cache; writes reports/generation.md.
 
-    python scripts/bench_generate.py [--backend auto] [--repeats 3] [--prompt_len 1]
+    python scripts/bench_generate.py [--backends numpy,native] [--repeats 3] [--prompt_len 1]
 
 Weights are random (speed does not depend on them). For each model, 256 new tokens from a 1-token prompt (the
 sampler's default prompt is one newline), so at block 256 the whole text fits the block; --prompt_len 5 adds
@@ -46,15 +46,8 @@ def policy_cost(model, batch, n_new, prompt_len):
     return 1000 * float(np.median(times[1:fits + 1])), 1000 * float(np.median(times[fits + 1:]))
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--backend", default="auto")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--new_tokens", type=int, default=256)
-    ap.add_argument("--prompt_len", type=int, default=1)
-    ap.add_argument("--out", default="reports/generation.md")
-    a = ap.parse_args()
-    backends.select(a.backend, verbose=True)
+def measure(a):
+    """Rows (model, batch, tok/s without cache, with cache) and the policy's cost, on the selected backend."""
     rows, policy = [], []
     for name, cfg in MODELS.items():
         model = GPT(cfg, np.random.default_rng(0)).eval()
@@ -64,21 +57,35 @@ def main():
             with_cache = tokens_per_s(model, batch, a.new_tokens, True, a.repeats, a.prompt_len)
             without = tokens_per_s(model, batch, a.new_tokens, False, a.repeats, a.prompt_len)
             rows.append((name, batch, without, with_cache))
-            print(f"{name:14s} batch {batch}: {without:9.1f} tok/s without cache, {with_cache:9.1f} with "
-                  f"({with_cache / without:.1f}x)", flush=True)
+            print(f"{backends.name():7s} {name:14s} batch {batch}: {without:9.1f} tok/s without cache, "
+                  f"{with_cache:9.1f} with ({with_cache / without:.1f}x)", flush=True)
+    return rows, policy
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--backends", default="auto", help="comma list, one table each")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--new_tokens", type=int, default=256)
+    ap.add_argument("--prompt_len", type=int, default=1)
+    ap.add_argument("--out", default="reports/generation.md")
+    a = ap.parse_args()
     lines = ["# Generation speed: KV cache vs full recomputation", "",
-             f"Command: `python scripts/bench_generate.py --backend {a.backend} --repeats {a.repeats} --new_tokens {a.new_tokens} "
-             f"--prompt_len {a.prompt_len}` "
-             f"(backend used: {backends.name()}, {backends.threads()} threads; {cpu_line()}).",
+             f"Command: `python scripts/bench_generate.py --backends {a.backends} --repeats {a.repeats} "
+             f"--new_tokens {a.new_tokens} --prompt_len {a.prompt_len}` on {cpu_line()}.",
              f"{a.new_tokens} new tokens from a {a.prompt_len}-token prompt, random weights, temperature 0.8; "
-             f"tokens/s counts every sample of the batch; median of {a.repeats} runs.", "",
-             "| model | batch | no cache (tok/s) | KV cache (tok/s) | speed-up |", "|---|---|---|---|---|"]
-    lines += [f"| {n} | {b} | {w:,.1f} | {c:,.1f} | {c / w:.1f}x |" for n, b, w, c in rows]
-    if policy:
-        lines += ["", "The policy's cost (same runs' settings, KV cache on; median ms per generation step):", "",
-                  "| model | batch | decoding one position | past the block (re-prefill of block_size) |",
-                  "|---|---|---|---|"]
-        lines += [f"| {n} | {b} | {d:.2f} | {r:.2f} ({r / d:.0f}x) |" for n, b, d, r in policy]
+             f"tokens/s counts every sample of the batch; median of {a.repeats} runs."]
+    for name in a.backends.split(","):
+        backends.select(name, verbose=True)
+        rows, policy = measure(a)
+        lines += ["", f"## Backend {backends.name()} ({backends.threads()} threads)", "",
+                  "| model | batch | no cache (tok/s) | KV cache (tok/s) | speed-up |", "|---|---|---|---|---|"]
+        lines += [f"| {n} | {b} | {w:,.1f} | {c:,.1f} | {c / w:.1f}x |" for n, b, w, c in rows]
+        if policy:
+            lines += ["", "The policy's cost (same runs' settings, KV cache on; median ms per generation step):", "",
+                      "| model | batch | decoding one position | past the block (re-prefill of block_size) |",
+                      "|---|---|---|---|"]
+            lines += [f"| {n} | {b} | {d:.2f} | {r:.2f} ({r / d:.0f}x) |" for n, b, d, r in policy]
     T = MODELS["S (block 64)"].block_size
     fits = min(T - a.prompt_len, a.new_tokens - 1)          # steps after the prefill that decode one position
     lines += ["", "Policy past block_size: the learned positional table cannot slide, so once the context holds "
