@@ -1,0 +1,95 @@
+"""The native library's products and a whole training step on every ISA path this CPU runs (AVX-512, AVX2+FMA,
+generic; mgk_set_isa, as MINIGPT_ISA does), against float64. tests/test_ops.py covers the path the CPU picks;
+tests/test_native_ops.py the non-matmul ops on every path. Skipped, with the reason, without the library."""
+import itertools
+
+import numpy as np
+import pytest
+
+from minigpt import backends
+from minigpt.backends import native
+from minigpt.layers import heads
+from minigpt.model import GPT, GPTConfig
+
+
+def _why_not():
+    try:
+        backends._load("native")
+        return None
+    except backends.BackendUnavailable as e:
+        return str(e)
+
+
+REASON = _why_not()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=str(REASON))
+PATHS = list(native.ISAS[:native._lib().mgk_cpu_isa() + 1]) if REASON is None else []
+
+
+@pytest.fixture(params=PATHS)
+def path(request):
+    """Select native and force the ISA path request.param for the test; the path in use is restored after."""
+    lib = native._lib()
+    saved = lib.mgk_isa()
+    backends.select("native", verbose=False)
+    assert lib.mgk_set_isa(native.ISAS.index(request.param)) == 0
+    assert native.isa() == request.param
+    yield backends.current()
+    lib.mgk_set_isa(saved)
+
+
+def close(got, want, K):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5 * np.sqrt(max(K, 1)))
+
+
+@pytest.mark.parametrize("ta,tb", list(itertools.product((False, True), repeat=2)))
+def test_matmul_every_path_matches_float64(path, ta, tb):
+    rng = np.random.default_rng(0)
+    for M, N, K in itertools.product((1, 5, 7, 17, 64, 129), (1, 7, 16, 33, 130), (0, 1, 17, 300)):
+        a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
+        b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
+        want = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
+        close(path.matmul(a, b, ta=ta, tb=tb), want, K)
+        c0 = rng.standard_normal((M, N)).astype(np.float32)
+        out = c0.copy()
+        close(path.matmul(a, b, ta=ta, tb=tb, out=out, acc=True), want + c0, K)   # acc: beta = 1
+
+
+def test_bmm_on_head_views_every_path(path):
+    rng = np.random.default_rng(1)
+    B, T, C, nh = 3, 17, 24, 4
+    qkv = rng.standard_normal((B, T, 3 * C)).astype(np.float32)
+    q, k, v = heads(qkv, nh, 3)                                  # strided views (B, nh, T, hs)
+    y = np.full((B, T, C + 5), np.nan, np.float32)               # the output's gaps must stay NaN
+    (yh,) = heads(y[:, :, :C], nh)
+    att = path.bmm(q, k, tb=True)
+    close(att, q.astype(np.float64) @ k.astype(np.float64).swapaxes(-1, -2), C // nh)
+    path.bmm(att, v, out=yh)
+    close(yh, att.astype(np.float64) @ v.astype(np.float64), T)
+    assert np.isnan(y[:, :, C:]).all()
+
+
+def test_gpt_step_every_path_matches_numpy():
+    cfg = GPTConfig(vocab_size=29, block_size=16, n_layer=2, n_head=2, n_embd=32)
+    rng = np.random.default_rng(2)
+    x, y = rng.integers(0, 29, (3, 16)), rng.integers(0, 29, (3, 16))
+
+    def step(name, isa=None):
+        backends.select(name, verbose=False)
+        if isa is not None:
+            assert native._lib().mgk_set_isa(native.ISAS.index(isa)) == 0
+        model = GPT(cfg, np.random.default_rng(0))
+        model.zero_grad()
+        loss = model.forward(x, y)[1]
+        model.backward()
+        return loss, {k: g.copy() for k, g in model.grads().items()}
+
+    saved = native._lib().mgk_isa()
+    try:
+        want_loss, want = step("numpy")
+        for isa in PATHS:
+            loss, got = step("native", isa)
+            assert abs(loss - want_loss) < 1e-4 * want_loss, isa
+            for k, g in want.items():
+                np.testing.assert_allclose(got[k], g, rtol=1e-3, atol=1e-4 * np.abs(g).max(), err_msg=f"{isa} {k}")
+    finally:
+        native._lib().mgk_set_isa(saved)
