@@ -143,8 +143,9 @@ if numba is not None:
     # tasks first, first+step, ... of the grid L x ceil(M/mb) x ceil(N/nb); task = C[l, m0:m1, n0:n1]
 
     @njit(cache=True, fastmath=False)
-    def _tasks(A, B, C, first, step, ta, tb, beta, mb, nb, Ap, Bp):
-        L, M, N = C.shape                                     # Ap (KC, MR), Bp (KC, >= nb): this chunk's own
+    def _tasks(A, B, C, first, step, ta, tb, beta, mb, nb, Ap, Bflat):
+        L, M, N = C.shape                                     # Ap (KC, MR), Bflat (KC * NB,): this chunk's own
+        Bp = Bflat[:KC * nb].reshape((KC, nb))                # rows nb apart: the panel is compact in cache
         K = A.shape[1] if ta else A.shape[2]
         tm, tn = (M + mb - 1) // mb, (N + nb - 1) // nb
         for t in range(first, L * tm * tn, step):
@@ -195,6 +196,6 @@ def gemm(a, b, out, ta, tb, acc, nt):
         mb, nb = _blocks(L, M, N, nt)
         ntask = L * -(-M // mb) * -(-N // nb)
         if nt not in _panels:
-            _panels[nt] = np.empty((nt, KC, MR), np.float32), np.empty((nt, KC, NB), np.float32)
+            _panels[nt] = np.empty((nt, KC, MR), np.float32), np.empty((nt, KC * NB), np.float32)
         _gemm(a, b, out, ta, tb, np.float32(1.0 if acc else 0.0), mb, nb, min(nt, ntask), *_panels[nt])
     return out
