@@ -299,3 +299,12 @@ def test_default_run_writes_only_into_out_dir(tmp_path):
     assert f"loss curve: {os.path.join('run', 'loss_curve.png')}" in r.stdout
     written = {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()}
     assert {w for w in written if not w.startswith("run" + os.sep)} == {"text.txt"}
+
+
+def test_the_package_never_imports_torch():
+    """PyTorch is not a dependency: the twin lives in scripts/, and no module of the package imports it."""
+    code = ("import sys, minigpt.model, minigpt.train, minigpt.sample, minigpt.checkpoint, minigpt.backends; "
+            "from minigpt import backends; backends.select('auto', verbose=False); "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
