@@ -3,7 +3,7 @@
 Every layer calls `ops.<op>(...)` (ops forwards to the selected backend) and never asks which backend it is:
   numpy  - numpy_ops.py: the executable specification in plain NumPy; dtype-generic (float64 gradient tests)
   numba  - numba_ops.py: a numba GEMM (numba_gemm.py) and fused numba kernels (numba_kernels.py), float32/64
-  native - native.py: the C library native/mgk.c through ctypes for the products; numba's kernels for the rest
+  native - native.py: every op in the C library native/ (AVX-512, AVX2+FMA or portable C), through ctypes
 The ops (Ops below) take and write caller-owned arrays (out=...), accept strided views, and allocate nothing of
 activation size on the fast backends. An explicitly requested backend that cannot run raises BackendUnavailable;
 only "auto" chooses, and it says what it chose. This module also owns every thread count (set_threads).
@@ -15,7 +15,7 @@ import sys
 import numpy as np
 
 BACKENDS = ("numpy", "numba", "native")
-# fastest first (reports/benchmarks.md): native's C products, else numba's kernels, else the plain NumPy specification
+# fastest first (reports/benchmarks.md): native's C, else numba's kernels, else the plain NumPy specification
 AUTO_ORDER = ("native", "numba", "numpy")
 
 
@@ -70,6 +70,19 @@ class Ops:
 
     def set_threads(self, n):
         pass
+
+    def _contig(self, x, slot, copy=True):
+        """x itself if C-contiguous, else a scratch array kept per (slot, shape, dtype), holding x's values if copy:
+        how a backend whose kernels walk contiguous arrays takes views without allocating per call."""
+        if x.flags.c_contiguous:
+            return x
+        scratch = self.__dict__.setdefault("_scratch", {})
+        key = (slot, x.shape, x.dtype)
+        if key not in scratch:
+            scratch[key] = np.empty(x.shape, x.dtype)
+        if copy:
+            np.copyto(scratch[key], x)
+        return scratch[key]
 
     def spin(self, us=None):
         """Let worker threads wait up to us microseconds on the CPU between back-to-back calls before they sleep

@@ -1,7 +1,7 @@
-"""The native backend: the C library native/mgk*.c (built as minigpt/_mgk*.so) through ctypes: the products
-(mgk.c), and LayerNorm, GELU, causal softmax and cross-entropy, forward and backward (mgk_ops.c, float32 only).
-AdamW and the embedding scatter-add stay numba's (NumbaOps): mgk_ops.c has them too, but they are memory-bound
-and ctypes' ~3 us per call made them no faster at config S or M.
+"""The native backend: every op in the C library native/mgk*.c (built as minigpt/_mgk*.so), through ctypes: the
+products (mgk.c), and LayerNorm, GELU, causal softmax, cross-entropy, the embedding scatter-add and AdamW
+(mgk_ops.c), float32 only. It needs neither numba nor BLAS. (AdamW and the scatter-add are memory-bound, and
+ctypes costs ~3 us a call against numba's ~0.5 us: about 0.1 ms of a config S step, the price of one backend.)
 
 The only file that uses ctypes. Loads the library once and declares every signature. Transposes are flags;
 strided views are walked in place by the C code (rows of contiguous floats, up to two batch strides), and only
@@ -19,8 +19,7 @@ import os
 
 import numpy as np
 
-from . import BackendUnavailable, check_float32, gemm_dims
-from .numba_ops import NumbaOps, backend as numba_backend
+from . import BackendUnavailable, Ops, check_float32, gemm_dims
 
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # minigpt/
 _ERRORS = {-1: "bad argument", -2: "out of memory", -3: "could not start a worker thread"}
@@ -136,11 +135,10 @@ def _check(rc, what, a, b):
 # ----------------------------------------------------------------------------
 # the backend
 
-class NativeOps(NumbaOps):
+class NativeOps(Ops):
     name = "native"
 
     def __init__(self, lib):
-        super().__init__()
         self.lib = lib
         self.spin()
 
@@ -170,11 +168,11 @@ class NativeOps(NumbaOps):
 
     def _walkable(self, x, slot, copy=True):
         """x if the C code can walk it in place (rows of contiguous floats, at most two batch dims), else a
-        contiguous scratch copy (numba_ops' _contig)."""
+        contiguous scratch copy (Ops._contig)."""
         return x if _matrices(x) is not None else self._contig(x, slot, copy)
 
     # ---- the other ops in C (native/mgk_ops.c), float32 only. Views go through per-shape contiguous scratch
-    #      (NumbaOps._contig) and results are copied back, as on numba; the C code trusts the shapes checked here.
+    #      (Ops._contig) and results are copied back, as on numba; the C code trusts the shapes checked here.
     def _in(self, x, slot):
         return self._contig(x, slot)
 
@@ -285,8 +283,24 @@ class NativeOps(NumbaOps):
         self._done(rc, "cross_entropy_backward", (o, dlogits))
         return dlogits
 
+    def embedding_backward(self, dW, idx, dout):                            # dW[idx[n]] += dout[n]
+        check_float32(dW, dout, backend=self.name)
+        V, C = dW.shape
+        self._shapes("embedding_backward", (idx.size, C), dout)
+        g = self._out(dW, "dW", copy=True)
+        rc = self.lib.mgk_embedding_bwd(idx.size, V, C, g, np.ascontiguousarray(idx, np.int64).reshape(-1),
+                                        self._in(dout, "dout"))
+        self._done(rc, "embedding_backward (ids in [0, V))", (g, dW))
+
+    def adamw(self, p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2):
+        check_float32(p, g, m, v, backend=self.name)
+        self._shapes("adamw", p.shape, g, m, v)
+        if not (p.flags.c_contiguous and m.flags.c_contiguous and v.flags.c_contiguous):
+            raise ValueError("adamw updates p, m and v in place: they must be C-contiguous arrays, not views")
+        rc = self.lib.mgk_adamw(p.size, p, self._in(g, "g"), m, v, lr, b1, b2, eps, wd, bc1, bc2)
+        self._done(rc, "adamw")
+
     def set_threads(self, n):
-        super().set_threads(n)                                     # numba's pool, for the other ops
         self.lib.mgk_set_num_threads(max(1, int(n)))
 
     SPIN_US = 100       # a training step's calls come back to back: waiting 100 us on the CPU before sleeping
@@ -337,10 +351,6 @@ def backend():
             raise BackendUnavailable(f"native: MINIGPT_ISA={want} but this CPU runs at most {ISAS[best]}; unset it "
                                      f"or choose a lower path")
         lib.mgk_set_isa(ISAS.index(want))
-    try:
-        numba_backend()                                            # the other ops are numba's kernels
-    except BackendUnavailable as e:
-        raise BackendUnavailable(f"native: needs numba for its non-matmul ops ({e})") from e
     return NativeOps(lib)
 
 

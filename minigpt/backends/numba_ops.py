@@ -26,22 +26,9 @@ class NumbaOps(Ops):
 
     def __init__(self):
         self.nt = 1
-        self._scratch = {}
         self._none = {}
 
-    # ---- plumbing: contiguous copies of views, thread counts
-    def _contig(self, x, slot, copy=True):
-        """x itself if C-contiguous, else a per-shape scratch array (holding x's values if copy)."""
-        if x.flags.c_contiguous:
-            return x
-        key = (slot, x.shape, x.dtype)
-        s = self._scratch.get(key)
-        if s is None:
-            s = self._scratch[key] = np.empty(x.shape, x.dtype)
-        if copy:
-            np.copyto(s, x)
-        return s
-
+    # ---- plumbing: thread counts (views: Ops._contig)
     def _threads(self, work):
         n = 1 if work < SERIAL_BELOW else self.nt
         if numba.get_num_threads() != n:
