@@ -135,25 +135,22 @@ class Decoder:
     """The logits of the next token for a growing batch of contexts: with a KV cache (forward_cached), or by
     recomputing the cropped context with the model's own forward.
 
-    KV-cache policy: the prompt (cropped to its last block_size tokens) is prefilled in one pass, then each
-    new token costs one position's forward pass. The learned positional table cannot slide, so once the
-    context holds block_size tokens every further step re-prefills the last block_size tokens: exactly what
-    recomputation over the cropped context gives, at that cost (reports/generation.md measures it)."""
+    KV-cache policy: the prompt is prefilled in one pass, then each new token costs one position's forward pass.
+    The learned positional table cannot slide, so once the context is longer than block_size every step sees a
+    new window of the last block_size tokens, whose keys and values the cache does not hold: from there each
+    step recomputes that window with the model's forward, as without a cache (reports/generation.md)."""
 
     def __init__(self, model, idx, use_cache=True):
         self.model, self.idx = model, np.asarray(idx)                  # idx (B, T0)
         self.T = model.config.block_size
         self.kv = KVCache(model.config, self.idx.shape[0], model.wte.p["weight"].dtype) if use_cache else None
-        self._fresh = True                                             # nothing in the cache yet
 
     def logits(self):
         """(B, V) logits for the token after the current context."""
-        if self.kv is None:
+        if self.kv is None or self.idx.shape[1] > self.T:             # no cache, or a sliding window
             return self.model.forward(self.idx[:, -self.T:])[0][:, -1]
-        if self._fresh or self.kv.n == self.T:                         # prefill, or re-prefill past the block
-            self.kv.n = 0
-            self._fresh = False
-            return forward_cached(self.model, self.idx[:, -self.T:], self.kv)
+        if self.kv.n == 0:                                             # the prompt, in one pass
+            return forward_cached(self.model, self.idx, self.kv)
         return forward_cached(self.model, self.idx[:, -1:], self.kv)   # one new position
 
     def append(self, nxt):                                             # nxt (B,)

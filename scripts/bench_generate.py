@@ -4,7 +4,7 @@
 
 Weights are random (speed does not depend on them). For each model, 256 new tokens from a 1-token prompt (the
 sampler's default prompt is one newline), so at block 256 the whole text fits the block; --prompt_len 5 adds
-four steps past the block, each a full re-prefill (the policy's cost, also visible at block 64).
+four steps past the block, each a full recomputation of the window (the policy's cost, also visible at block 64).
 """
 import argparse
 import time
@@ -35,7 +35,8 @@ def tokens_per_s(model, batch, n_new, use_cache, repeats, prompt_len):
 
 
 def policy_cost(model, batch, n_new, prompt_len):
-    """Median ms per step with the cache: (steps that decode one position, steps past block_size that re-prefill)."""
+    """Median ms per step with the cache: (steps that decode one position, steps past block_size, which recompute
+    the window)."""
     idx = np.tile(np.arange(prompt_len), (batch, 1))
     times, t0 = [], time.perf_counter()
     for _ in generate(model, idx, n_new, np.random.default_rng(0), temperature=0.8):
@@ -83,17 +84,18 @@ def main():
         lines += [f"| {n} | {b} | {w:,.1f} | {c:,.1f} | {c / w:.1f}x |" for n, b, w, c in rows]
         if policy:
             lines += ["", "The policy's cost (same runs' settings, KV cache on; median ms per generation step):", "",
-                      "| model | batch | decoding one position | past the block (re-prefill of block_size) |",
+                      "| model | batch | decoding one position | past the block (the window recomputed) |",
                       "|---|---|---|---|"]
             lines += [f"| {n} | {b} | {d:.2f} | {r:.2f} ({r / d:.0f}x) |" for n, b, d, r in policy]
     T = MODELS["S (block 64)"].block_size
     fits = min(T - a.prompt_len, a.new_tokens - 1)          # steps after the prefill that decode one position
-    lines += ["", "Policy past block_size: the learned positional table cannot slide, so once the context holds "
-              "block_size tokens every further step re-prefills the last block_size tokens (exactly what "
-              "recomputation over the cropped context gives; tests/test_sample.py checks tokens and logits). "
+    lines += ["", "Policy past block_size: the learned positional table cannot slide, so once the context is "
+              "longer than block_size every step sees a new window of the last block_size tokens, which the "
+              "cache does not hold: it recomputes that window with the model's forward, exactly as without a "
+              "cache (tests/test_sample.py checks tokens and logits). "
               f"With block {T}, {a.new_tokens} new tokens and a {a.prompt_len}-token prompt, "
               f"after the prompt's prefill {fits} steps decode one position from the cache and the other "
-              f"{a.new_tokens - 1 - fits} pay a full block prefill, so the speed-up there is small by "
+              f"{a.new_tokens - 1 - fits} recompute the window, so the speed-up there is small by "
               f"design; at block 256, {max(0, a.prompt_len + a.new_tokens - 1 - 256)} steps go past the block."]
     with open(a.out, "w") as f:
         f.write("\n".join(lines) + "\n")
