@@ -242,7 +242,9 @@ def _load_resume(cfg, path, given):
         setattr(cfg, k, saved[k])                             # the model's shape comes from the checkpoint
     for k, v in ckpt[0]["train_config"].items():             # every other setting too, unless given again
         env = k == "backend" and default_backend(unset=None) is not None          # the variable counts as typed
-        if given is not None and k not in given and k not in ("resume", "out_dir") and not env and hasattr(cfg, k):
+        legacy = k == "plot" and os.path.dirname(v) == "reports"  # older runs plotted into reports/: not any more
+        if given is not None and k not in given and k not in ("resume", "out_dir") and not env and not legacy \
+                and hasattr(cfg, k):
             setattr(cfg, k, v)
     return ckpt
 
