@@ -247,9 +247,6 @@ class GELU(Module):
     """y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), GPT-2's tanh form (the math: backends/numpy_ops.py).
     In the model it is fused into Linear(gelu=True); this standalone form serves tests and experiments."""
 
-    def arrays(self, B, T):
-        return {}, {}
-
     def forward(self, x):
         y, dgelu = np.empty_like(x), np.empty_like(x)
         self.cache = dgelu                                             # gelu'(x): backward is one multiply

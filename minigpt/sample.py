@@ -72,7 +72,7 @@ def _layernorm(ln, x):                                                 # x (N, C
 def _linear(lin, x):                                                   # x (N, in) -> (N, out)
     y = ops.matmul(x, lin.p["weight"])
     if lin.gelu:
-        return ops.gelu(y.copy(), lin.p.get("bias"), out=y, dgelu=np.empty_like(y))
+        return ops.gelu(y, lin.p.get("bias"), out=y, dgelu=np.empty_like(y))   # in place
     return y if "bias" not in lin.p else np.add(y, lin.p["bias"], out=y)
 
 

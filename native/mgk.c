@@ -474,8 +474,6 @@ int mgk_set_isa(int isa)
     return MGK_OK;
 }
 
-int mgk_has_avx512(void) { return mgk_cpu_isa() == MGK_ISA_AVX512; }
-
 /* pick the thread grid: split the batch when it divides well, else a pm x pn grid minimising the largest
    block's work (rows*cols) plus its packing (~8 flops' worth per packed element) */
 static int plan(job_t *g)

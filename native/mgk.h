@@ -35,7 +35,6 @@ int mgk_abi(void);                   /* MGK_ABI of this build */
 int mgk_cpu_isa(void);               /* the best path this CPU (and OS) can run, from cpuid */
 int mgk_isa(void);                   /* the path in use: mgk_cpu_isa() unless mgk_set_isa chose a lower one */
 int mgk_set_isa(int isa);            /* force a path <= mgk_cpu_isa() (tests, reports); MGK_EBADARG otherwise */
-int mgk_has_avx512(void);            /* mgk_cpu_isa() == MGK_ISA_AVX512 */
 const char *mgk_isa_name(int isa);   /* "generic", "avx2" or "avx512"; "?" for a path this CPU cannot run */
 int mgk_set_num_threads(int n);      /* n >= 1 threads including the caller; the only threading knob */
 int mgk_get_num_threads(void);

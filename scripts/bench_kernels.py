@@ -81,7 +81,7 @@ def main():
 
     names = sorted(backends.available(), key=lambda b: b == "numpy")  # numpy (OpenBLAS via np.matmul) last in a round
     peak_before = peak(names, args.threads)
-    lines = [f"# Kernel benchmark: GFLOP/s per matmul shape of one training step", "",
+    lines = ["# Kernel benchmark: GFLOP/s per matmul shape of one training step", "",
              f"`flock /tmp/minigpt-bench.lock python scripts/bench_kernels.py --threads {args.threads} "
              f"--configs {args.configs} --rounds {args.rounds} --min_time {args.min_time}` on {cpu_line()}, "
              f"{time.strftime('%Y-%m-%d %H:%M')}. Threads: {args.threads} for every backend. "
@@ -116,11 +116,11 @@ def main():
         geo = {b: float(np.exp(np.log(gf[b]).mean())) for b in names}
         best = {b: float(np.exp(np.log(flops / np.array(tmin[b]) / 1e9).mean())) for b in names}
         step = {b: float((counts * np.array(t[b])).sum() * 1e3) for b in names}
-        lines += [f"| **geometric mean** | | " + " | ".join(f"**{geo[b]:.1f}**" for b in names) + " | " +
+        lines += ["| **geometric mean** | | " + " | ".join(f"**{geo[b]:.1f}**" for b in names) + " | " +
                   " | ".join(f"**{geo[b] / geo['numpy']:.2f}**" for b in names if b != "numpy") + " |",
-                  f"| geometric mean of best calls | | " + " | ".join(f"{best[b]:.1f}" for b in names) + " | " +
+                  "| geometric mean of best calls | | " + " | ".join(f"{best[b]:.1f}" for b in names) + " | " +
                   " | ".join(f"{best[b] / best['numpy']:.2f}" for b in names if b != "numpy") + " |",
-                  f"| one step's matmuls (ms, x count) | | " + " | ".join(f"{step[b]:.1f}" for b in names) + " | " +
+                  "| one step's matmuls (ms, x count) | | " + " | ".join(f"{step[b]:.1f}" for b in names) + " | " +
                   " | ".join(f"{step['numpy'] / step[b]:.2f}x faster" for b in names if b != "numpy") + " |", ""]
     lines[2] = lines[2].replace("{PEAK}", f"{peak_before} before, {peak(names, args.threads)} after the run")
     old = open(args.out).read() if os.path.exists(args.out) else ""

@@ -181,16 +181,8 @@ def test_gpt_logits_live_in_model_arrays():
     assert second is first and not np.array_equal(second, kept)
 
 
-def _why_not(name):
-    try:
-        backends._load(name)
-        return None
-    except backends.BackendUnavailable as e:
-        return str(e)
-
-
 def _backend(name):
-    why = _why_not(name)
+    why = backends.why_unavailable(name)
     return pytest.param(name, marks=pytest.mark.skipif(why is not None, reason=str(why)))
 
 

@@ -12,15 +12,7 @@ from minigpt.layers import heads
 from minigpt.model import GPT, GPTConfig
 
 
-def _why_not():
-    try:
-        backends._load("native")
-        return None
-    except backends.BackendUnavailable as e:
-        return str(e)
-
-
-REASON = _why_not()
+REASON = backends.why_unavailable("native")
 pytestmark = pytest.mark.skipif(REASON is not None, reason=str(REASON))
 PATHS = list(native.ISAS[:native._lib().mgk_cpu_isa() + 1]) if REASON is None else []
 

@@ -19,15 +19,7 @@ SPEC = numpy_ops.NumpyOps()                                      # the specifica
 ROWS = (1, 7, 17, 65, 129)
 
 
-def _why_not():
-    try:
-        backends._load("native")
-        return None
-    except backends.BackendUnavailable as e:
-        return str(e)
-
-
-REASON = _why_not()
+REASON = backends.why_unavailable("native")
 pytestmark = pytest.mark.skipif(REASON is not None, reason=str(REASON))
 
 

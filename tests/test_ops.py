@@ -24,15 +24,7 @@ SIZES = (1, 7, 16, 17, 64, 129)
 FLAGS = list(itertools.product((False, True), repeat=2))          # (ta, tb)
 
 
-def _why_not(name):
-    try:
-        backends._load(name)
-        return None
-    except backends.BackendUnavailable as e:
-        return str(e)
-
-
-REASONS = {name: _why_not(name) for name in backends.BACKENDS}
+REASONS = {name: backends.why_unavailable(name) for name in backends.BACKENDS}
 
 
 def _run(name, dt):

@@ -44,7 +44,8 @@ class Ops:
       bmm(a, b, ta, tb, out, acc)           the same over leading batch dims, on any strided views
       layernorm(x, w, b, out, mean, rstd, eps)            x (N, C) -> out; keeps mean, rstd (N,)
       layernorm_backward(dy, x, w, mean, rstd, dx, dw, db)    dx written; dw, db (C,) +=; b/db may be None
-      gelu(x, b, out, dgelu)                out = gelu(x + b), dgelu = gelu'(x + b) (tanh form); b may be None
+      gelu(x, b, out, dgelu)                out = gelu(x + b), dgelu = gelu'(x + b) (tanh form); b may be None,
+                                            out may be x
       gelu_backward(dout, dgelu, dx, db)    dx = dout * dgelu (dx may be dout); db (H,) += its column sums
       causal_softmax(att, scale, start)     scores (..., T, Tk) -> probabilities, in place; query i sees keys
                                             0..start+i; masked entries become exactly 0
@@ -205,16 +206,18 @@ def name():
     return current().name
 
 
+def why_unavailable(name):
+    """The reason backend `name` cannot run here, or None if it loads."""
+    try:
+        _load(name)
+        return None
+    except BackendUnavailable as e:
+        return str(e)
+
+
 def available():
     """Names of the backends that load on this machine."""
-    ok = []
-    for n in BACKENDS:
-        try:
-            _load(n)
-            ok.append(n)
-        except BackendUnavailable:
-            pass
-    return ok
+    return [n for n in BACKENDS if why_unavailable(n) is None]
 
 
 class _Forward:

@@ -103,7 +103,7 @@ def _lib():
     lib.mgk_sgemm.restype = _i
     lib.mgk_sgemm_ref.argtypes = lib.mgk_sgemm.argtypes
     lib.mgk_sgemm_ref.restype = _i
-    for f in ("mgk_has_avx512", "mgk_cpu_isa", "mgk_isa"):
+    for f in ("mgk_cpu_isa", "mgk_isa"):
         getattr(lib, f).argtypes, getattr(lib, f).restype = [], _i
     lib.mgk_set_isa.argtypes, lib.mgk_set_isa.restype = [_i], _i
     lib.mgk_set_num_threads.argtypes, lib.mgk_set_num_threads.restype = [_i], _i
@@ -129,7 +129,7 @@ def _lib():
 
 def _check(rc, what, a, b):
     if rc != 0:
-        raise RuntimeError(f"native {what}: {_ERRORS.get(rc, rc)} (rc={rc}) for shapes {a.shape} x {b.shape}")
+        raise RuntimeError(f"native {what}: {_ERRORS.get(rc, rc)} (rc={rc}) for {a.shape} x {b.shape}")
 
 
 # ----------------------------------------------------------------------------
@@ -149,8 +149,7 @@ class NativeOps(Ops):
             return out                                                 # out itself, not a view of it
         M, N, K = gemm_dims(a, b, ta, tb)                          # the common case, with the cheapest call
         rc = self.lib.mgk_sgemm(ta, tb, M, N, K, a, a.shape[1], b, b.shape[1], 1.0 if acc else 0.0, out, N)
-        if rc != 0:
-            raise RuntimeError(f"native mgk_sgemm: {_ERRORS.get(rc, rc)} (rc={rc}) for {a.shape} x {b.shape}")
+        _check(rc, "mgk_sgemm", a, b)
         return out
 
     def _bmm(self, a, b, ta, tb, out, acc):                        # a (..., M, K), b (..., K, N) -> (..., M, N)
@@ -160,8 +159,7 @@ class NativeOps(Ops):
         o = self._walkable(out, "out", copy=acc)
         (L1, L2), A, B, C = _lead(a.shape[:-2]), _matrices(a), _matrices(b), _matrices(o)
         rc = self.lib.mgk_sgemm_batched(L1, L2, ta, tb, M, N, K, *A, *B, 1.0 if acc else 0.0, *C)
-        if rc != 0:
-            raise RuntimeError(f"native mgk_sgemm_batched: {_ERRORS.get(rc, rc)} (rc={rc}) for {a.shape} x {b.shape}")
+        _check(rc, "mgk_sgemm_batched", a, b)
         if o is not out:
             np.copyto(out, o)
         return out

@@ -12,8 +12,7 @@ import math
 
 import numpy as np
 
-from .numba_gemm import _fma  # first: it sets numba's environment (passive OpenMP, 512-bit vectors)
-import numba                                               # noqa: E402
+from . import numba_gemm  # noqa: F401  first: it sets numba's environment (passive OpenMP, 512-bit vectors)
 from llvmlite import ir                                    # noqa: E402
 from numba import njit, prange, types                      # noqa: E402
 from numba.extending import intrinsic, overload            # noqa: E402
