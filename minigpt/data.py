@@ -88,10 +88,12 @@ class Dataset:
                                 f"{block_size} needs at least {block_size + 1}; use a longer text "
                                 f"(about {10 * (block_size + 1)} characters or more) or a smaller --block_size")
 
-    def batch(self, split, batch_size, block_size, rng):
-        """(x, y) int32 (B, T) drawn from split with rng; y is x shifted by one token."""
+    def batch(self, split, batch_size, block_size, rng, rank=0, ranks=1):
+        """(x, y) int32 (B, T) drawn from split with rng; y is x shifted by one token. With ranks > 1 (data
+        parallel), rng draws the whole batch of ranks * B rows, the same on every rank, and rank takes its B."""
         data = self.splits[split]
-        ix = rng.integers(0, len(data) - block_size, batch_size)          # (B,) start offsets
+        ix = rng.integers(0, len(data) - block_size, batch_size * ranks)  # (ranks * B,) start offsets
+        ix = ix[rank * batch_size:(rank + 1) * batch_size]               # (B,) this rank's
         rows = ix[:, None] + np.arange(block_size + 1)                     # (B, T+1)
         chunk = data[rows].astype(np.int32)
         return chunk[:, :-1], chunk[:, 1:]

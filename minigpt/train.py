@@ -5,7 +5,9 @@ and the evaluation one, re-created at every eval so that curves are comparable b
 carry every state that the next step reads, so a resumed run is bit-identical to an uninterrupted one.
 The parts: setup (settings, backend, data, model, optimizer), restore (--resume), loop (with evaluate and step).
 Run it with scripts/train_shakespeare.py (which also downloads the text, plots the loss curve and samples) or
-`python -m minigpt.train --data PATH ...` (training only); --help lists every setting.
+`python -m minigpt.train --data PATH ...` (training only); --help lists every setting. Under `mpiexec -n N` it
+trains data-parallel (minigpt/distributed.py): each rank takes its slice of every batch, one Allreduce sums the
+gradients, and rank 0 alone prints and writes.
 """
 import json
 import math
@@ -16,7 +18,7 @@ import time
 
 import numpy as np
 
-from . import backends, checkpoint
+from . import backends, checkpoint, distributed
 from .config import UserError, check, default_backend, parse_args
 from .data import CharTokenizer, Dataset, load_text
 from .model import GPT, GPTConfig
@@ -29,6 +31,7 @@ class Diverged(UserError):
 
 class StoppedTwice(UserError):
     """A second SIGINT/SIGTERM before the step finished: stop at once, without saving."""
+    everywhere = False                          # under mpiexec a rank may meet it alone (distributed.exit_status)
 
 
 def exit_code(e):
@@ -36,17 +39,21 @@ def exit_code(e):
     return 3 if isinstance(e, Diverged) else 130 if isinstance(e, StoppedTwice) else 2
 
 
-def estimate_loss(model, data, cfg):
-    """Mean loss over cfg.eval_iters batches of each split, drawn from a fixed evaluation generator."""
+def estimate_loss(model, data, cfg, world=distributed.World()):
+    """Mean loss over cfg.eval_iters batches of each split, drawn from a fixed evaluation generator. Under
+    mpiexec each rank evaluates its slice of every batch and the ranks average (the batches of one process
+    with --batch_size N*B)."""
     rng = np.random.default_rng([cfg.seed, 2])
     model.eval()
-    out = {}
-    for split in ("train", "val"):
-        losses = [model.forward(*data.batch(split, cfg.batch_size, cfg.block_size, rng))[1]
+    means = np.zeros(2)                                      # train, val
+    for i, split in enumerate(("train", "val")):
+        losses = [model.forward(*data.batch(split, cfg.batch_size, cfg.block_size, rng, world.rank, world.size))[1]
                   for _ in range(cfg.eval_iters)]
-        out[split] = float(np.mean(losses))
+        means[i] = np.mean(losses)
+    if world.size > 1:
+        means = world.allreduce(means) / world.size
     model.train()
-    return out
+    return {"train": float(means[0]), "val": float(means[1])}
 
 
 def train(cfg, given=None, fetch=None):
@@ -64,18 +71,44 @@ class Run:
     """What the loop reads and a checkpoint holds: data, model, optimizer, the batch generator, and the
     position (the next iteration, the best val loss so far). save() writes all of it."""
 
-    def __init__(self, cfg, tok, data, model, opt):
-        self.cfg, self.tok, self.data, self.model, self.opt = cfg, tok, data, model, opt
-        self.batch_rng = np.random.default_rng([cfg.seed, 1])
+    def __init__(self, cfg, tok, data, model, opt, world=distributed.World()):
+        self.cfg, self.tok, self.data, self.model, self.opt, self.world = cfg, tok, data, model, opt, world
+        self.batch_rng = np.random.default_rng([cfg.seed, 1])             # the same on every rank
         self.start, self.best_val = 0, math.inf
         self.last_path, self.best_path = _last_path(cfg), os.path.join(cfg.out_dir, "ckpt_best.npz")
         self.log_path = os.path.join(cfg.out_dir, "log.jsonl")
+        self.stop = None                                                   # the loop's _StopFlag
+        self.flat, self.stop_agreed = None, False
+        if world.size > 1:                 # gradients in one buffer + 2 slots: the loss, "a rank was signalled"
+            self.flat = distributed.flatten_grads(model, extra=2)
+            if world.rank > 0:             # the same init on every rank, but each its own dropout masks
+                model.rng.bit_generator.state = np.random.default_rng([cfg.seed, 3, world.rank]).bit_generator.state
 
     def save(self, path, it):
+        """Rank 0 writes; every rank calls it (it gathers each rank's dropout generator)."""
+        states = self.world.allgather(self.model.rng.bit_generator.state)
+        if not self.world.root:
+            return
         meta = {"iter": it, "best_val": self.best_val, "tokenizer": self.tok.to_json(),
                 "model_config": self.model.config.to_dict(), "train_config": self.cfg.to_dict(),
-                "rng": {"model": self.model.rng.bit_generator.state, "batch": self.batch_rng.bit_generator.state}}
+                "rng": {"model": states[0], "batch": self.batch_rng.bit_generator.state}}
+        if self.world.size > 1:
+            meta["rng"]["model_ranks"], meta["world_size"] = states, self.world.size
         checkpoint.save(path, self.model, self.opt, meta)
+
+    def sync(self, loss):
+        """Sum the gradients over the ranks, and with them the loss and whether a signal reached any rank;
+        -> the global loss. Nothing to do in one process."""
+        if self.flat is None:
+            return loss
+        self.flat[-2], self.flat[-1] = loss, self.stop is not None and self.stop.signal is not None
+        self.world.allreduce(self.flat)
+        self.stop_agreed = self.flat[-1] > 0
+        return float(self.flat[-2])
+
+    def stopping(self):
+        """A signal asks to stop: in one process, as soon as it arrives; under mpiexec, once the ranks agree."""
+        return self.stop_agreed if self.flat is not None else self.stop.signal is not None
 
 
 def _last_path(cfg):
@@ -83,25 +116,40 @@ def _last_path(cfg):
 
 
 def setup(cfg, given=None, fetch=None):
-    """Check cfg, select the backend, make out_dir and build the Run (see train() for given and fetch)."""
+    """Check cfg, select the backend, make out_dir and build the Run (see train() for given and fetch).
+    Under mpiexec rank 0 alone reads the checkpoint, makes out_dir and downloads; every rank builds the rest."""
+    world = distributed.world()
+    ckpt, settings = world.agree(_prepare, cfg, given, fetch)
+    vars(cfg).update(settings)                                # rank 0's settings (the checkpoint's) everywhere
+    return world.check(_build, cfg, ckpt, world)
+
+
+def _prepare(cfg, given, fetch):
+    """The checkpoint to resume from (its settings applied to cfg), a writable out_dir, the data file."""
     ckpt = _load_resume(cfg, _last_path(cfg), given) if cfg.resume else None   # settings first: they may change cfg
     check(cfg)
-    try:
-        backends.select(cfg.backend, threads=cfg.threads or None, verbose=True)
-    except backends.BackendUnavailable as e:
-        raise UserError(f"--backend {cfg.backend}: {e}") from None
     _ensure_writable(cfg.out_dir)
     if fetch is not None and not os.path.exists(cfg.data):
         fetch(cfg.data)
+    return ckpt, dict(vars(cfg))
+
+
+def _build(cfg, ckpt, world):
+    threads = cfg.threads or (None if world.size == 1 else max(1, backends.cpus() // world.local_size))
+    try:
+        backends.select(cfg.backend, threads=threads, verbose=world.root)
+    except backends.BackendUnavailable as e:
+        raise UserError(f"--backend {cfg.backend}: {e}") from None
     text = load_text(cfg.data)
     tok = CharTokenizer.from_json(ckpt[0]["tokenizer"]) if ckpt else CharTokenizer.from_text(text)
     data = Dataset(text, tok, cfg.block_size, source=cfg.data)
     model = GPT(GPTConfig(vocab_size=tok.vocab_size, **cfg.model_dict()), np.random.default_rng([cfg.seed, 0]))
     opt = AdamW(model.params(), (cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
-    run = Run(cfg, tok, data, model, opt)
+    run = Run(cfg, tok, data, model, opt, world)
     if ckpt:
         restore(run, ckpt)
-    print(f"model: {model.num_params():,} parameters, vocab {tok.vocab_size}, backend {backends.name()}", flush=True)
+    ranks = f", {world.size} ranks x {backends.threads()} threads" if world.size > 1 else ""
+    say(f"model: {model.num_params():,} parameters, vocab {tok.vocab_size}, backend {backends.name()}{ranks}")
     return run
 
 
@@ -111,14 +159,22 @@ def restore(run, ckpt):
     meta, params, m, v = ckpt
     checkpoint.load_params(run.model, params, run.last_path)
     run.opt.load_state(meta["adam_t"], m, v)
-    run.model.rng.bit_generator.state = meta["rng"]["model"]
+    dropout = meta["rng"].get("model_ranks", [meta["rng"]["model"]])  # one state per rank that saved it
+    if run.world.rank < len(dropout):                                  # a rank new to the run keeps its fresh seed
+        run.model.rng.bit_generator.state = dropout[run.world.rank]
     run.batch_rng.bit_generator.state = meta["rng"]["batch"]
     run.start, run.best_val = meta["iter"], meta["best_val"]
     if run.start > run.cfg.max_iters:
         raise UserError(f"{run.last_path} is at iter {run.start}, past --max_iters {run.cfg.max_iters}; "
                         "raise --max_iters")
-    _truncate_log(run.log_path, run.start)
-    print(f"resuming from {run.last_path} at iter {run.start}", flush=True)
+    if run.world.root:
+        _truncate_log(run.log_path, run.start)
+    say(f"resuming from {run.last_path} at iter {run.start}")
+    saved = meta.get("world_size", 1)
+    if saved != run.world.size:
+        say(f"note: the checkpoint was made by {saved} process(es) and {run.world.size} continue: each step now "
+            f"takes {run.world.size} x {run.cfg.batch_size} sequences (before: {saved} x {run.cfg.batch_size}), "
+            f"so the data order from here on differs from a run that kept {saved}")
 
 
 # ----------------------------------------------------------------------------
@@ -127,15 +183,16 @@ def restore(run, ckpt):
 def loop(run):
     """Iterations run.start .. max_iters; returns the result dict (a shorter one when a signal stopped it)."""
     cfg = run.cfg
-    log = open(run.log_path, "a", buffering=1)               # line-buffered: rows reach disk as they are made
-    stop = _StopFlag()                                       # restored in the finally below
+    log = open(run.log_path if run.world.root else os.devnull, "a", buffering=1)   # line-buffered: rows reach
+    run.stop = stop = _StopFlag()                            # disk as they are made; restored in the finally below
     last_loss, t_train, n_timed = None, 0.0, 0
     try:
         for it in range(run.start, cfg.max_iters + 1):
-            if stop.signal:                                  # SIGINT/SIGTERM: save this step, exit cleanly
+            if run.stopping():                               # SIGINT/SIGTERM: save this step, exit cleanly
                 run.save(run.last_path, it)
-                print(f"\n{stop.signal} at iter {it}: saved {run.last_path}; continue with --resume", flush=True)
-                return {"iter": it, "interrupted": stop.signal, "best_val": run.best_val}
+                name = stop.signal or "a signal to another rank"
+                say(f"\n{name} at iter {it}: saved {run.last_path}; continue with --resume")
+                return {"iter": it, "interrupted": name, "best_val": run.best_val}
             lr = get_lr(it, cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters)
             if it % cfg.eval_interval == 0 or it == cfg.max_iters:
                 losses = evaluate(run, it, log)
@@ -144,7 +201,7 @@ def loop(run):
             loss, gnorm, dt = step(run, it, lr, last_loss)
             last_loss, t_train, n_timed = loss, t_train + dt, n_timed + 1
             eta = (cfg.max_iters - it - 1) * t_train / n_timed
-            _log_step(log, cfg, it, loss, lr, gnorm, dt, eta)
+            _log_step(log, run, it, loss, lr, gnorm, dt, eta)
     finally:
         log.close()
         stop.restore()
@@ -155,10 +212,11 @@ def loop(run):
 
 def evaluate(run, it, log):
     """Both splits' loss into the log; checkpoint ckpt_last (and ckpt_best when val improved)."""
-    losses = estimate_loss(run.model, run.data, run.cfg)
+    losses = estimate_loss(run.model, run.data, run.cfg, run.world)
+    run.world.same_weights(run.model.params())
     log.write(json.dumps({"iter": it, "kind": "eval", "train_loss": losses["train"], "val_loss": losses["val"],
                           "rss_mb": _rss_mb()}) + "\n")
-    print(f"iter {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}", flush=True)
+    say(f"iter {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
     if losses["val"] < run.best_val:
         run.best_val = losses["val"]
         run.save(run.best_path, it)
@@ -167,16 +225,18 @@ def evaluate(run, it, log):
 
 
 def step(run, it, lr, last_loss):
-    """One optimisation step: grad_accum micro-batches, each backward seeded with 1/grad_accum, then clip and
-    AdamW. A non-finite loss or gradient norm raises Diverged before the weights change. -> (loss, gnorm, seconds)"""
-    cfg, model = run.cfg, run.model
+    """One optimisation step: grad_accum micro-batches on each of the N ranks, each backward seeded with
+    1/(grad_accum N), the ranks' gradients summed, then clip and AdamW. A non-finite loss or gradient norm raises
+    Diverged before the weights change. -> (loss, gnorm, seconds)"""
+    cfg, model, world = run.cfg, run.model, run.world
     t0 = time.perf_counter()
     model.zero_grad()
-    loss = 0.0
+    loss, k = 0.0, cfg.grad_accum * world.size                # k: micro-batches in the step, over all ranks
     for _ in range(cfg.grad_accum):
-        x, y = run.data.batch("train", cfg.batch_size, cfg.block_size, run.batch_rng)
-        loss += model.forward(x, y)[1] / cfg.grad_accum
-        model.backward(scale=1.0 / cfg.grad_accum)
+        x, y = run.data.batch("train", cfg.batch_size, cfg.block_size, run.batch_rng, world.rank, world.size)
+        loss += model.forward(x, y)[1] / k
+        model.backward(scale=1.0 / k)
+    loss = run.sync(loss)
     gnorm = clip_grad_norm(model.grads(), cfg.grad_clip)
     if not (math.isfinite(loss) and math.isfinite(gnorm)):
         raise Diverged(f"non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} at iter {it} "
@@ -186,18 +246,25 @@ def step(run, it, lr, last_loss):
     return loss, gnorm, time.perf_counter() - t0
 
 
-def _log_step(log, cfg, it, loss, lr, gnorm, dt, eta):
-    """Every step into the log; a progress line every log_interval steps and at the last."""
-    tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.grad_accum
+def _log_step(log, run, it, loss, lr, gnorm, dt, eta):
+    """Every step into the log; a progress line every log_interval steps and at the last (tokens of all ranks)."""
+    cfg = run.cfg
+    tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.grad_accum * run.world.size
     log.write(json.dumps({"iter": it, "kind": "train", "loss": loss, "lr": lr, "grad_norm": gnorm,
                           "ms": 1000 * dt, "tokens_per_s": tokens_per_iter / dt, "rss_mb": _rss_mb()}) + "\n")
     if it % cfg.log_interval == 0 or it == cfg.max_iters - 1:
-        print(f"iter {it:5d}/{cfg.max_iters} | loss {loss:.4f} | lr {lr:.2e} | {1000 * dt:6.1f} ms | "
-              f"{tokens_per_iter / dt:8,.0f} tok/s | ETA {_fmt_time(eta)}", flush=True)
+        say(f"iter {it:5d}/{cfg.max_iters} | loss {loss:.4f} | lr {lr:.2e} | {1000 * dt:6.1f} ms | "
+            f"{tokens_per_iter / dt:8,.0f} tok/s | ETA {_fmt_time(eta)}")
 
 
 # ----------------------------------------------------------------------------
 # helpers
+
+def say(msg):
+    """Print on rank 0 only: every rank of a data-parallel run has the same thing to say."""
+    if distributed.world().root:
+        print(msg, flush=True)
+
 
 class _StopFlag:
     """Turns SIGINT/SIGTERM into a flag the loop checks between steps; a second one stops at once."""
@@ -290,8 +357,7 @@ def main(argv=None):
         cfg = parse_args(argv, prog="python -m minigpt.train", description=DESCRIPTION)   # --help: SystemExit(0)
         train(cfg, given=cfg.given)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return exit_code(e)
+        return distributed.exit_status(e, exit_code(e))
     return 0
 
 

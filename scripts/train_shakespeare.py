@@ -5,6 +5,9 @@
 
 Downloads the text into data/ when it is missing; writes out_dir/log.jsonl, checkpoints, the loss curve
 (out_dir/loss_curve.png; see --plot) and prints a sample at the end. --help lists every setting.
+Data-parallel on N processes (pip install -e ".[mpi]"; --batch_size is per process):
+
+    mpiexec -n 2 python scripts/train_shakespeare.py --batch_size 6    # the same steps as one --batch_size 12
 """
 import os
 import sys
@@ -12,6 +15,7 @@ import urllib.request
 
 import numpy as np
 
+from minigpt import distributed
 from minigpt.config import UserError, parse_args
 from minigpt.sample import generate
 from minigpt.train import exit_code, train
@@ -40,9 +44,8 @@ def main(argv):
         cfg = parse_args(argv, description=__doc__)                    # --help: prints, SystemExit(0)
         result = train(cfg, given=cfg.given, fetch=lambda path: path == DEFAULT_DATA and download(path))
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return exit_code(e)
-    if result["interrupted"]:
+        return distributed.exit_status(e, exit_code(e))
+    if result["interrupted"] or not distributed.world().root:     # under mpiexec rank 0 plots and samples
         return 0
     if cfg.plot_path():
         label = os.path.basename(os.path.abspath(cfg.out_dir))

@@ -1,0 +1,188 @@
+"""Data-parallel training over MPI: `mpiexec -n N python scripts/train_shakespeare.py ...`.
+
+Every rank holds the whole model. Each step, every rank draws the same global batch of N * batch_size start
+offsets from the shared batch generator and takes its own slice of them (so the union of the ranks' rows is
+what one process with --batch_size N*B would draw), runs forward and backward on its slice with the loss scaled
+by 1/N, and one Allreduce sums the gradients, which live in one flat buffer. Every rank then clips and applies
+the same update to the same weights, so the replicas stay equal without ever sending weights. Only rank 0
+writes the log, checkpoints, plot and sample.
+
+One process never imports mpi4py: world() returns a World of size 1 whose collectives do nothing. mpiexec is
+recognised by the variables its launcher sets (PMI_SIZE: MPICH, Intel MPI, Slurm; OMPI_COMM_WORLD_SIZE: Open MPI).
+
+Faults. A rank that dies makes mpiexec stop the others (MPICH's Hydra kills them and names the dead rank). An
+error on one rank only is printed there and aborts the whole job (MPI_Abort), because the others would wait
+forever for it in the next collective; an error that every rank meets the same way (a bad setting, a diverged
+loss, anything agree() settled) exits normally. A SIGINT/SIGTERM, which mpiexec forwards to every rank, rides
+along in the gradient Allreduce, so all ranks stop after the same step and rank 0 saves once.
+"""
+import os
+import sys
+import traceback
+import zlib
+
+import numpy as np
+
+from .config import UserError
+
+_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "PMIX_SIZE")
+_world = None
+
+
+def launched_size():
+    """How many processes the launcher started (1 without one), read from its environment variables."""
+    for var in _SIZE_VARS:
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 1
+
+
+def world():
+    """The World this process belongs to, made on first use: MPIWorld under mpiexec -n N>1, else World()."""
+    global _world
+    if _world is None:
+        n = launched_size()
+        _world = World() if n <= 1 else MPIWorld(n)
+    return _world
+
+
+class World:
+    """One process: rank 0 of 1, and every collective is the identity (nothing is imported, nothing costs)."""
+    rank, size, local_size = 0, 1, 1
+
+    @property
+    def root(self):
+        return self.rank == 0
+
+    def allreduce(self, buf):                    # in place: buf <- the sum of every rank's buf
+        return buf
+
+    def bcast(self, obj):                        # rank 0's obj on every rank
+        return obj
+
+    def allgather(self, obj):                    # [rank 0's obj, rank 1's, ...]
+        return [obj]
+
+    def agree(self, fn, *args):
+        """fn(*args) on rank 0, its result (or its UserError) on every rank: the steps only rank 0 does (make the
+        out dir, download, read the checkpoint) without leaving the others waiting when it fails."""
+        return fn(*args)
+
+    def check(self, fn, *args):
+        """fn(*args) on every rank; if it raised a UserError on any of them, every rank raises the first one."""
+        return fn(*args)
+
+    def same_weights(self, params):
+        """Raise if the ranks' weights differ (a checksum per rank): the replicas must never drift apart."""
+
+    def fail(self, code):
+        """Leave after an error this rank alone may have met (see the module's docstring)."""
+        return code
+
+
+class MPIWorld(World):
+    def __init__(self, expected):
+        try:
+            from mpi4py import MPI
+        except ImportError:
+            raise UserError(f"started by mpiexec as {expected} processes, but mpi4py is not installed; run "
+                            "`python -m pip install -e \".[mpi]\"` (mpi4py and MPICH), or run one process "
+                            "without mpiexec") from None
+        self.MPI, self.comm = MPI, MPI.COMM_WORLD
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.local_size = self.comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()   # ranks on this machine
+        sys.excepthook = self._excepthook        # an uncaught exception on one rank must not hang the others
+
+    def allreduce(self, buf):
+        self.comm.Allreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM)
+        return buf
+
+    def bcast(self, obj):
+        return self.comm.bcast(obj, root=0)
+
+    def allgather(self, obj):
+        return self.comm.allgather(obj)
+
+    def agree(self, fn, *args):
+        result = None
+        if self.root:
+            try:
+                result = ("ok", fn(*args))
+            except UserError as e:
+                result = ("error", str(e))
+        kind, value = self.bcast(result)
+        if kind == "error":
+            raise UserError(value)
+        return value
+
+    def check(self, fn, *args):
+        error = None
+        try:
+            value = fn(*args)
+        except UserError as e:
+            error = str(e)
+        errors = self.allgather(error)
+        for rank, e in enumerate(errors):
+            if e is not None:
+                raise UserError(e if rank == 0 else f"on rank {rank}: {e}")
+        return value
+
+    def same_weights(self, params):
+        crc = 0
+        for k in sorted(params):
+            crc = zlib.crc32(np.ascontiguousarray(params[k]).view(np.uint8), crc)
+        crcs = self.allgather(crc)
+        if len(set(crcs)) > 1:
+            raise RuntimeError(f"the ranks' weights differ (checksums {crcs}); the MPI library's Allreduce does "
+                               "not give every rank the same sum. Report this with the MPI you use")
+
+    def fail(self, code):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.comm.Abort(code)
+
+    def _excepthook(self, kind, value, tb):
+        sys.stderr.write(f"[rank {self.rank}] " + "".join(traceback.format_exception(kind, value, tb)))
+        self.fail(1)
+
+
+# ----------------------------------------------------------------------------
+# gradients in one buffer
+
+def flatten_grads(model, extra=0):
+    """Move every gradient array of the model into one float32 buffer (the arrays become views of it, so the
+    layers' += land there) and return it, with `extra` free slots at the end for scalars that travel along."""
+    grads = model.grads()
+    n = sum(g.size for g in grads.values())
+    flat = np.zeros(n + extra, dtype=next(iter(grads.values())).dtype)
+    offset = 0
+    for _, m in model.modules():
+        for k, g in m.g.items():
+            view = flat[offset:offset + g.size].reshape(g.shape)
+            view[...] = g
+            m.g[k] = view
+            offset += g.size
+    return flat
+
+
+# ----------------------------------------------------------------------------
+# leaving with an error
+
+def launched_rank():
+    """This process's rank as the launcher set it (0 without one); known before MPI starts."""
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "PMIX_RANK"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
+def exit_status(error, code):
+    """Print a UserError and return the command's exit status. Under mpiexec, an error that every rank meets
+    alike (error.everywhere, the default: settings, agree/check, divergence) is printed by rank 0 alone and every
+    rank exits; one that a rank may meet alone (everywhere = False) is printed by it and aborts the job."""
+    everywhere = getattr(error, "everywhere", True)
+    if launched_rank() == 0 or not everywhere:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+    if not everywhere and _world is not None:
+        return _world.fail(code)
+    return code
