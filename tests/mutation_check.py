@@ -1,5 +1,5 @@
 """Break one line of a backward (or of a kernel the backwards use) on purpose and confirm the test that guards it
-fails. Run from anywhere: python tests/mutation_check.py (every row must say CAUGHT; exit status 1 otherwise).
+fails (or, for the last rows, a data-parallel rule). Run from anywhere: python tests/mutation_check.py (every row must say CAUGHT; exit status 1 otherwise).
 
 It mutates a scratch copy of minigpt/ and tests/ (numba's cache files included, so only the mutated module
 recompiles), never the working tree: other processes running the tests meanwhile see the real code.
@@ -15,6 +15,7 @@ L, MODEL = "minigpt/layers.py", "minigpt/model.py"
 SPEC, NK = "minigpt/backends/numpy_ops.py", "minigpt/backends/numba_kernels.py"
 GEMM, NOPS = "minigpt/backends/numba_gemm.py", "minigpt/backends/numba_ops.py"
 TL, TM, TO = "tests/test_layers.py", "tests/test_model.py", "tests/test_ops.py"
+TRAIN, DATA, TD = "minigpt/train.py", "minigpt/data.py", "tests/test_distributed.py"
 
 # (file, exact text (must occur once), replacement, the test that must fail)
 M = [
@@ -70,6 +71,11 @@ M = [
     (GEMM, "bk = beta if k0 == 0 else np.float32(1.0)", "bk = beta", f"{TO}::test_few_rows_match_float64"),
     (NOPS, "        if o is not out:\n            np.copyto(out, o)\n        return out\n\n    # ---- LayerNorm",
         "        return out\n\n    # ---- LayerNorm", f"{TO}::test_bmm_on_views_matches_float64"),
+    # data parallel (needs mpi4py): each rank's share of the loss, and its slice of the global batch
+    (TRAIN, "model.backward(scale=1.0 / k)", "model.backward(scale=1.0 / cfg.grad_accum)",
+        f"{TD}::test_two_ranks_take_the_steps_of_one_process_with_twice_the_batch"),
+    (DATA, "ix = ix[rank * batch_size:(rank + 1) * batch_size]", "ix = ix[:batch_size]",
+        f"{TD}::test_two_ranks_take_the_steps_of_one_process_with_twice_the_batch"),
 ]
 
 
@@ -78,7 +84,7 @@ def main():
     missed = 0
     with tempfile.TemporaryDirectory(prefix="minigpt-mutants-") as tmp:
         tmp = pathlib.Path(tmp)
-        for d in ("minigpt", "tests"):                  # copy2 keeps mtimes, so numba's cache stays valid
+        for d in ("minigpt", "tests", "scripts"):                  # copy2 keeps mtimes, so numba's cache stays valid
             shutil.copytree(root / d, tmp / d, ignore=shutil.ignore_patterns("*.pyc"))
         shutil.copy2(root / "setup.cfg", tmp / "setup.cfg")
         env = {**os.environ, "PYTHONPATH": str(tmp)}   # the copy, ahead of the editable install
