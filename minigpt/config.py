@@ -40,6 +40,9 @@ class TrainConfig:
     plot: str = setting("loss_curve.png", "loss-curve PNG made at the end: a bare name goes in --out_dir, a path "
                                           "is used as is, '' for none")
     resume: bool = setting(False, "continue from out_dir/ckpt_last.npz; settings not typed again come from it")
+    tokenizer: str = setting("char", "char: one token per character | bpe: byte-level BPE trained on the training "
+                                     "split (minigpt/bpe.py)")
+    vocab_size: int = setting(512, "tokens of the BPE vocabulary (with --tokenizer bpe): 256 bytes + merges")
     # model (config S)
     n_layer: int = setting(4, "transformer blocks")
     n_head: int = setting(4, "attention heads per block")
@@ -52,6 +55,8 @@ class TrainConfig:
     batch_size: int = setting(12, "sequences per micro-batch")
     grad_accum: int = setting(1, "micro-batches accumulated into each optimisation step")
     max_iters: int = setting(2000, "optimisation steps in total")
+    max_time: float = setting(0.0, "seconds of training wall time (0: off): the run ends when they are spent and the "
+                                   "lr schedule follows their elapsed fraction; --max_iters stays a cap")
     lr: float = setting(1e-3, "peak learning rate (after warmup)")
     min_lr: float = setting(1e-4, "learning rate at the end of the cosine decay")
     warmup_iters: int = setting(100, "steps of linear warmup")
@@ -86,7 +91,7 @@ class TrainConfig:
 
 _POSITIVE = {"n_layer", "n_head", "n_embd", "block_size", "batch_size", "grad_accum", "eval_interval",
              "eval_iters", "log_interval", "lr_decay_iters"}
-_NON_NEGATIVE = {"max_iters", "warmup_iters", "sample_chars", "threads", "lr", "min_lr", "weight_decay", "grad_clip"}
+_NON_NEGATIVE = {"max_iters", "max_time", "warmup_iters", "sample_chars", "threads", "lr", "min_lr", "weight_decay", "grad_clip"}
 
 
 def check(cfg):
@@ -104,6 +109,11 @@ def check(cfg):
     for k in ("beta1", "beta2"):
         if not 0.0 <= getattr(cfg, k) < 1.0:
             raise UserError(f"--{k} must lie in [0, 1), got {getattr(cfg, k)}")
+    if cfg.tokenizer not in ("char", "bpe"):
+        raise UserError(f"--tokenizer must be char or bpe, got {cfg.tokenizer!r}")
+    if cfg.tokenizer == "bpe" and cfg.vocab_size < 257:
+        raise UserError(f"--vocab_size must be at least 257 (256 byte tokens and one merge), got {cfg.vocab_size}; "
+                        "try 512 or 1024")
     if cfg.backend not in ("auto", "numpy", "numba", "native"):
         raise UserError(f"--backend must be one of auto, numpy, numba, native; got {cfg.backend!r} "
                         "(from --backend, else MINIGPT_BACKEND)")

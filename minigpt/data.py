@@ -1,4 +1,5 @@
 """Text data: load a UTF-8 file, a character tokenizer, a 90/10 train/val split, random (B, T) batches.
+(The byte-level BPE tokenizer, with the same interface, is minigpt/bpe.py.)
 
 Token ids are stored once as compact uint16 (int32 past 65,536 symbols) and batches are gathered from them
 with one fancy-index; the file is never re-read. Every bad input raises a UserError naming the fix.
@@ -63,6 +64,10 @@ class CharTokenizer:
     def decode(self, ids):
         return "".join(self.chars[int(i)] for i in ids)
 
+    def token_bytes(self, i):
+        """The UTF-8 bytes of token i (for decoding a stream token by token, as BPETokenizer.token_bytes)."""
+        return self.chars[int(i)].encode("utf-8")
+
     def to_json(self):
         return json.dumps(self.chars, ensure_ascii=True)
 
@@ -74,13 +79,19 @@ class CharTokenizer:
 # ----------------------------------------------------------------------------
 # dataset
 
+def split_text(text):
+    """The text's first 90% of characters for training, the rest for validation: the same validation text for
+    every tokenizer (so their losses convert to bits per character on equal terms); a BPE trains on the first."""
+    n = int(0.9 * len(text))
+    return text[:n], text[n:]
+
+
 class Dataset:
-    """Encoded text split 90/10 into train and val; batch() draws (x, y) with y shifted by one."""
+    """Text split 90/10 into train and val (split_text), each encoded; batch() draws (x, y), y shifted by one."""
 
     def __init__(self, text, tokenizer, block_size, source="text"):
-        ids = tokenizer.encode(text)                          # (N,) uint16
-        n = int(0.9 * len(ids))
-        self.splits = {"train": ids[:n], "val": ids[n:]}
+        self.texts = dict(zip(("train", "val"), split_text(text)))
+        self.splits = {k: tokenizer.encode(t) for k, t in self.texts.items()}   # (N,) uint16 each
         self.tokenizer = tokenizer
         for split, arr in self.splits.items():
             if len(arr) < block_size + 1:

@@ -5,6 +5,7 @@
 The context given to the model is cropped to its last block_size tokens. top_k=1 is greedy. Generation
 with a KV cache is a forward-only path of its own (forward_cached): training's layers never see the cache.
 """
+import codecs
 import math
 import os
 import sys
@@ -15,8 +16,8 @@ import numpy as np
 
 from . import backends, checkpoint
 from .backends import ops
+from .bpe import tokenizer_from_json
 from .config import UserError, default_backend, parse_args, setting
-from .data import CharTokenizer
 from .layers import heads
 from .model import GPT, GPTConfig
 
@@ -39,11 +40,11 @@ class SampleConfig:
 
 
 def load_model(path, loaded=None):
-    """-> (GPT in eval mode, CharTokenizer) from a checkpoint file (or from its checkpoint.load(path) result)."""
+    """-> (GPT in eval mode, its tokenizer) from a checkpoint file (or from its checkpoint.load(path) result)."""
     meta, params, _, _ = loaded if loaded is not None else checkpoint.load(path)
     model = GPT(GPTConfig(**meta["model_config"]), np.random.default_rng(0))
     checkpoint.load_params(model, params, path)
-    tok = CharTokenizer.from_json(meta["tokenizer"])
+    tok = tokenizer_from_json(meta["tokenizer"])
     if tok.vocab_size != model.config.vocab_size:
         raise UserError(f"{path}: tokenizer has {tok.vocab_size} symbols but the model {model.config.vocab_size}")
     return model.eval(), tok
@@ -206,9 +207,11 @@ def main(argv=None):
         out = []
         print(prompt, end="", flush=True)
         t0 = time.perf_counter()
+        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a BPE token may end mid-character
         for nxt in generate(model, idx, cfg.max_new_tokens, rng, cfg.temperature, cfg.top_k, cfg.top_p, cfg.kv_cache):
             out.append(nxt)
-            print(tok.decode(nxt[:1]), end="", flush=True)             # stream the first sample
+            print(utf8.decode(tok.token_bytes(nxt[0])), end="", flush=True)   # stream the first sample
+        print(utf8.decode(b"", final=True), end="")
         dt = time.perf_counter() - t0
         rows = np.stack(out, axis=1) if out else np.zeros((cfg.num_samples, 0), int)   # (N, new)
         for s in range(1, cfg.num_samples):

@@ -20,7 +20,8 @@ import numpy as np
 
 from . import backends, checkpoint, distributed
 from .config import UserError, check, default_backend, parse_args
-from .data import CharTokenizer, Dataset, load_text
+from .bpe import BPETokenizer, tokenizer_from_json
+from .data import CharTokenizer, Dataset, load_text, split_text
 from .model import GPT, GPTConfig
 from .optim import AdamW, clip_grad_norm, get_lr
 
@@ -56,6 +57,26 @@ def estimate_loss(model, data, cfg, world=distributed.World()):
     return {"train": float(means[0]), "val": float(means[1])}
 
 
+def whole_split_loss(model, ids, block_size, batch_size, world=distributed.World()):
+    """Mean loss over every target of ids (N,): the blocks ids[i : i+T+1] for i = 0, T, 2T, ... and a last,
+    shorter one, so each target counts once with up to T tokens of context. Ranks share the blocks."""
+    n = len(ids) - 1                                         # targets
+    starts = np.arange(0, n - block_size + 1, block_size)     # full blocks
+    mine = starts[world.rank::world.size]
+    total = np.zeros(1)                                      # the sum of the losses of this rank's targets
+    model.eval()
+    for s in range(0, len(mine), batch_size):
+        rows = mine[s:s + batch_size, None] + np.arange(block_size + 1)            # (b, T+1)
+        chunk = ids[rows].astype(np.int32)
+        total += model.forward(chunk[:, :-1], chunk[:, 1:])[1] * chunk[:, 1:].size
+    tail = n - len(starts) * block_size
+    if tail and world.root:                                  # the last targets, in one shorter block
+        chunk = ids[None, len(starts) * block_size:].astype(np.int32)                # (1, tail+1)
+        total += model.forward(chunk[:, :-1], chunk[:, 1:])[1] * tail
+    model.train()
+    return float(world.allreduce(total)[0] / n)
+
+
 def train(cfg, given=None, fetch=None):
     """Train per cfg. From the command line, `given` names the settings the user typed: on --resume the others
     come from the checkpoint, and a typed model setting must match it. given=None (a config built in code):
@@ -78,6 +99,7 @@ class Run:
         self.last_path, self.best_path = _last_path(cfg), os.path.join(cfg.out_dir, "ckpt_best.npz")
         self.log_path = os.path.join(cfg.out_dir, "log.jsonl")
         self.stop = None                                                   # the loop's _StopFlag
+        self.elapsed = 0.0                                                 # seconds of training (--max_time)
         self.flat, self.stop_agreed = None, False
         if world.size > 1:                 # gradients in one buffer + 2 slots: the loss, "a rank was signalled"
             self.flat = distributed.flatten_grads(model, extra=2)
@@ -91,7 +113,7 @@ class Run:
             return
         meta = {"iter": it, "best_val": self.best_val, "tokenizer": self.tok.to_json(),
                 "model_config": self.model.config.to_dict(), "train_config": self.cfg.to_dict(),
-                "rng": {"model": states[0], "batch": self.batch_rng.bit_generator.state}}
+                "rng": {"model": states[0], "batch": self.batch_rng.bit_generator.state}, "elapsed": self.elapsed}
         if self.world.size > 1:
             meta["rng"]["model_ranks"], meta["world_size"] = states, self.world.size
         checkpoint.save(path, self.model, self.opt, meta)
@@ -105,6 +127,16 @@ class Run:
         self.world.allreduce(self.flat)
         self.stop_agreed = self.flat[-1] > 0
         return float(self.flat[-2])
+
+    def clock(self, t_start):
+        """Seconds of training since t_start; under mpiexec with --max_time, rank 0's (one lr, one end for all)."""
+        elapsed = time.perf_counter() - t_start
+        return self.world.bcast(elapsed) if self.cfg.max_time and self.world.size > 1 else elapsed
+
+    def schedule(self, it):
+        """Where the lr schedule is: iteration it, or with --max_time the elapsed fraction of the budget laid
+        over the lr_decay_iters iterations of the schedule (so warmup and decay fit the budget on any machine)."""
+        return it if not self.cfg.max_time else self.cfg.lr_decay_iters * self.elapsed / self.cfg.max_time
 
     def stopping(self):
         """A signal asks to stop: in one process, as soon as it arrives; under mpiexec, once the ranks agree."""
@@ -141,7 +173,7 @@ def _build(cfg, ckpt, world):
     except backends.BackendUnavailable as e:
         raise UserError(f"--backend {cfg.backend}: {e}") from None
     text = load_text(cfg.data)
-    tok = CharTokenizer.from_json(ckpt[0]["tokenizer"]) if ckpt else CharTokenizer.from_text(text)
+    tok = make_tokenizer(cfg, text, ckpt)
     data = Dataset(text, tok, cfg.block_size, source=cfg.data)
     model = GPT(GPTConfig(vocab_size=tok.vocab_size, **cfg.model_dict()), np.random.default_rng([cfg.seed, 0]))
     opt = AdamW(model.params(), (cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
@@ -151,6 +183,19 @@ def _build(cfg, ckpt, world):
     ranks = f", {world.size} ranks x {backends.threads()} threads" if world.size > 1 else ""
     say(f"model: {model.num_params():,} parameters, vocab {tok.vocab_size}, backend {backends.name()}{ranks}")
     return run
+
+
+def make_tokenizer(cfg, text, ckpt=None):
+    """The checkpoint's tokenizer on --resume; else characters of the whole text (as nanoGPT), or a BPE trained
+    on the training split (the same on every rank: training is deterministic)."""
+    if ckpt:
+        return tokenizer_from_json(ckpt[0]["tokenizer"])
+    if cfg.tokenizer == "bpe":
+        t0 = time.perf_counter()
+        tok = BPETokenizer.train(split_text(text)[0], cfg.vocab_size)
+        say(f"BPE: {tok.vocab_size} tokens trained in {time.perf_counter() - t0:.1f} s")
+        return tok
+    return CharTokenizer.from_text(text)
 
 
 def restore(run, ckpt):
@@ -163,7 +208,7 @@ def restore(run, ckpt):
     if run.world.rank < len(dropout):                                  # a rank new to the run keeps its fresh seed
         run.model.rng.bit_generator.state = dropout[run.world.rank]
     run.batch_rng.bit_generator.state = meta["rng"]["batch"]
-    run.start, run.best_val = meta["iter"], meta["best_val"]
+    run.start, run.best_val, run.elapsed = meta["iter"], meta["best_val"], meta.get("elapsed", 0.0)
     if run.start > run.cfg.max_iters:
         raise UserError(f"{run.last_path} is at iter {run.start}, past --max_iters {run.cfg.max_iters}; "
                         "raise --max_iters")
@@ -181,42 +226,57 @@ def restore(run, ckpt):
 # the loop: lr -> eval/checkpoint -> accumulate -> clip -> step -> log
 
 def loop(run):
-    """Iterations run.start .. max_iters; returns the result dict (a shorter one when a signal stopped it)."""
+    """Iterations run.start .. max_iters, or until --max_time seconds are spent; returns the result dict (a
+    shorter one when a signal stopped it)."""
     cfg = run.cfg
     log = open(run.log_path if run.world.root else os.devnull, "a", buffering=1)   # line-buffered: rows reach
     run.stop = stop = _StopFlag()                            # disk as they are made; restored in the finally below
     last_loss, t_train, n_timed = None, 0.0, 0
+    t_start = time.perf_counter() - run.elapsed              # a resumed run spends what is left of the budget
     try:
         for it in range(run.start, cfg.max_iters + 1):
+            run.elapsed = run.clock(t_start)
             if run.stopping():                               # SIGINT/SIGTERM: save this step, exit cleanly
                 run.save(run.last_path, it)
                 name = stop.signal or "a signal to another rank"
                 say(f"\n{name} at iter {it}: saved {run.last_path}; continue with --resume")
                 return {"iter": it, "interrupted": name, "best_val": run.best_val}
-            lr = get_lr(it, cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters)
-            if it % cfg.eval_interval == 0 or it == cfg.max_iters:
-                losses = evaluate(run, it, log)
-            if it == cfg.max_iters:
+            last = it == cfg.max_iters or 0 < cfg.max_time <= run.elapsed
+            lr = get_lr(run.schedule(it), cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters)
+            if it % cfg.eval_interval == 0 or last:
+                losses = evaluate(run, it, log, final=last)
+            if last:
                 break
             loss, gnorm, dt = step(run, it, lr, last_loss)
             last_loss, t_train, n_timed = loss, t_train + dt, n_timed + 1
             eta = (cfg.max_iters - it - 1) * t_train / n_timed
+            if cfg.max_time:
+                eta = min(eta, cfg.max_time - run.elapsed)
             _log_step(log, run, it, loss, lr, gnorm, dt, eta)
     finally:
         log.close()
         stop.restore()
-    return {"iter": cfg.max_iters, "interrupted": None, "best_val": run.best_val, "final": losses,
+    return {"iter": it, "interrupted": None, "best_val": run.best_val, "final": losses,
             "train_seconds": t_train, "ms_per_iter": 1000 * t_train / max(1, n_timed), "model": run.model,
             "tokenizer": run.tok, "log": run.log_path}
 
 
-def evaluate(run, it, log):
-    """Both splits' loss into the log; checkpoint ckpt_last (and ckpt_best when val improved)."""
+def evaluate(run, it, log, final=False):
+    """Both splits' loss into the log; checkpoint ckpt_last (and ckpt_best when val improved). The final one
+    also measures the whole validation split, in nats per token and bits per character."""
     losses = estimate_loss(run.model, run.data, run.cfg, run.world)
     run.world.same_weights(run.model.params())
-    log.write(json.dumps({"iter": it, "kind": "eval", "train_loss": losses["train"], "val_loss": losses["val"],
-                          "rss_mb": _rss_mb()}) + "\n")
+    row = {"iter": it, "kind": "eval", "train_loss": losses["train"], "val_loss": losses["val"],
+           "elapsed": run.elapsed, "rss_mb": _rss_mb()}
     say(f"iter {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+    if final:
+        val = run.data.splits["val"]
+        full = whole_split_loss(run.model, val, run.cfg.block_size, run.cfg.batch_size, run.world)
+        chars = len(run.tok.decode(val[1:]))                 # the characters the targets spell
+        losses["val_full"] = row["val_loss_full"] = full
+        losses["val_bpc"] = row["val_bpc"] = full * (len(val) - 1) / (chars * math.log(2))
+        say(f"iter {it}: val loss over the whole split {full:.4f} ({losses['val_bpc']:.4f} bits per character)")
+    log.write(json.dumps(row) + "\n")
     if losses["val"] < run.best_val:
         run.best_val = losses["val"]
         run.save(run.best_path, it)
@@ -251,7 +311,7 @@ def _log_step(log, run, it, loss, lr, gnorm, dt, eta):
     cfg = run.cfg
     tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.grad_accum * run.world.size
     log.write(json.dumps({"iter": it, "kind": "train", "loss": loss, "lr": lr, "grad_norm": gnorm,
-                          "ms": 1000 * dt, "tokens_per_s": tokens_per_iter / dt, "rss_mb": _rss_mb()}) + "\n")
+                          "elapsed": run.elapsed, "ms": 1000 * dt, "tokens_per_s": tokens_per_iter / dt, "rss_mb": _rss_mb()}) + "\n")
     if it % cfg.log_interval == 0 or it == cfg.max_iters - 1:
         say(f"iter {it:5d}/{cfg.max_iters} | loss {loss:.4f} | lr {lr:.2e} | {1000 * dt:6.1f} ms | "
             f"{tokens_per_iter / dt:8,.0f} tok/s | ETA {_fmt_time(eta)}")
@@ -307,6 +367,12 @@ def _load_resume(cfg, path, given):
             raise UserError(f"--{k} {v} does not match the resumed model's {k}={saved[k]} "
                             f"({path}); drop --{k} or start a new --out_dir")
         setattr(cfg, k, saved[k])                             # the model's shape comes from the checkpoint
+    trained = ckpt[0]["train_config"]                         # so does the tokenizer (older runs: char)
+    for k in ("tokenizer", "vocab_size") if trained.get("tokenizer", "char") == "bpe" else ("tokenizer",):
+        was = trained.get(k, "char")
+        if given is not None and k in given and getattr(cfg, k) != was:
+            raise UserError(f"--{k} {getattr(cfg, k)} does not match the resumed run's {k}={was} ({path}); "
+                            f"drop --{k} or start a new --out_dir")
     for k, v in ckpt[0]["train_config"].items():             # every other setting too, unless given again
         env = k == "backend" and default_backend(unset=None) is not None          # the variable counts as typed
         legacy = k == "plot" and os.path.dirname(v) == "reports"  # older runs plotted into reports/: not any more

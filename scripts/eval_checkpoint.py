@@ -4,7 +4,7 @@
 
 The training loop estimates train/val loss from eval_iters random batches (a fixed generator, so curves are
 comparable). This script measures the same weights two more ways: over every non-overlapping block of each
-split (each target once, with a context of up to block_size tokens), and over `--draws` independent
+split (each target once, with a context of up to block_size tokens: minigpt.train.whole_split_loss), and over `--draws` independent
 draws of eval_iters batches, to show how much the 20-batch figure moves with the batches alone.
 """
 import argparse
@@ -16,18 +16,7 @@ from minigpt import backends, checkpoint
 from minigpt.config import UserError
 from minigpt.data import Dataset, load_text
 from minigpt.sample import load_model
-
-
-def whole_split_loss(model, ids, block_size, batch_size):
-    """Mean loss over the non-overlapping blocks ids[i : i+T+1], i = 0, T, 2T, ... (the tail is dropped)."""
-    n = (len(ids) - 1) // block_size                       # number of full blocks
-    starts = np.arange(n) * block_size
-    total = 0.0
-    for s in range(0, n, batch_size):
-        rows = starts[s:s + batch_size, None] + np.arange(block_size + 1)   # (b, T+1)
-        chunk = ids[rows].astype(np.int32)
-        total += model.forward(chunk[:, :-1], chunk[:, 1:])[1] * len(rows)
-    return total / n
+from minigpt.train import whole_split_loss
 
 
 def main():

@@ -53,7 +53,8 @@ def main(argv):
     if cfg.sample_chars:
         model, tok = result["model"].eval(), result["tokenizer"]
         rng = np.random.default_rng(cfg.seed)
-        start = "\n" if "\n" in tok.stoi else tok.chars[0]            # a text without newlines: its first symbol
+        chars = getattr(tok, "chars", "\n")                             # BPE: any text encodes
+        start = "\n" if "\n" in chars else chars[0]                     # a text without newlines: its first symbol
         ids = [int(t[0]) for t in generate(model, tok.encode(start)[None], cfg.sample_chars, rng, temperature=0.8)]
         print("---- sample ----\n" + tok.decode(ids))
     print(f"done: val loss {result['final']['val']:.4f} at iter {result['iter']} "

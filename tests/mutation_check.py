@@ -16,6 +16,7 @@ SPEC, NK = "minigpt/backends/numpy_ops.py", "minigpt/backends/numba_kernels.py"
 GEMM, NOPS = "minigpt/backends/numba_gemm.py", "minigpt/backends/numba_ops.py"
 TL, TM, TO = "tests/test_layers.py", "tests/test_model.py", "tests/test_ops.py"
 TRAIN, DATA, TD = "minigpt/train.py", "minigpt/data.py", "tests/test_distributed.py"
+TT = "tests/test_train.py"
 
 # (file, exact text (must occur once), replacement, the test that must fail)
 M = [
@@ -71,6 +72,10 @@ M = [
     (GEMM, "bk = beta if k0 == 0 else np.float32(1.0)", "bk = beta", f"{TO}::test_few_rows_match_float64"),
     (NOPS, "        if o is not out:\n            np.copyto(out, o)\n        return out\n\n    # ---- LayerNorm",
         "        return out\n\n    # ---- LayerNorm", f"{TO}::test_bmm_on_views_matches_float64"),
+    # the whole-split evaluation and the time budget's schedule
+    (TRAIN, "if tail and world.root:", "if False:", f"{TT}::test_whole_split_loss_counts_every_target_once"),
+    (TRAIN, "return it if not self.cfg.max_time else", "return it if True else",
+        f"{TT}::test_max_time_ends_the_run_and_lays_the_schedule_over_the_budget"),
     # data parallel (needs mpi4py): each rank's share of the loss, and its slice of the global batch
     (TRAIN, "model.backward(scale=1.0 / k)", "model.backward(scale=1.0 / cfg.grad_accum)",
         f"{TD}::test_two_ranks_take_the_steps_of_one_process_with_twice_the_batch"),

@@ -14,7 +14,7 @@ from minigpt.config import TrainConfig, UserError, parse_args, setting
 from minigpt.data import CharTokenizer, Dataset
 from minigpt.model import GPT, GPTConfig
 from minigpt.optim import AdamW, clip_grad_norm, get_lr
-from minigpt.train import train
+from minigpt.train import train, whole_split_loss
 from helpers import TINY_TRAIN, tiny_cfg, write_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -106,6 +106,23 @@ def test_gradient_accumulation_equals_full_batch():
         np.testing.assert_allclose(acc.grads()[name], g, rtol=1e-10, atol=1e-14, err_msg=name)
 
 
+def test_whole_split_loss_counts_every_target_once(rng):
+    """Against a float64 reference that scores each target with the context of its block, tail included."""
+    cfg = GPTConfig(vocab_size=7, block_size=5, n_layer=1, n_head=1, n_embd=8)
+    model = GPT(cfg, rng, dtype=np.float64)
+    ids = rng.integers(0, 7, 23).astype(np.uint16)             # 22 targets: 4 blocks of 5 and a tail of 2
+    nll = []
+    for s in range(0, 22, 5):
+        x = ids[None, s:min(s + 5, 22)].astype(np.int32)
+        logits = model.forward(x)[0][0].astype(np.float64)      # (t, V)
+        logp = logits - logits.max(1, keepdims=True)
+        logp -= np.log(np.exp(logp).sum(1, keepdims=True))
+        nll += list(-logp[np.arange(x.shape[1]), ids[s + 1:s + 1 + x.shape[1]]])
+    assert len(nll) == 22
+    for batch in (1, 3, 8):
+        assert whole_split_loss(model, ids, 5, batch) == pytest.approx(np.mean(nll), rel=1e-12)
+
+
 # ----------------------------------------------------------------------------
 # the loop, checkpoints, resume
 
@@ -117,7 +134,10 @@ def test_training_loss_falls_and_logs(tmp_path):
     steps = [r for r in rows if r["kind"] == "train"]
     assert [r["iter"] for r in evals] == [0, 30, 60] and len(steps) == 60
     assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.5
-    assert set(steps[0]) == {"iter", "kind", "loss", "lr", "grad_norm", "ms", "tokens_per_s", "rss_mb"}
+    assert set(steps[0]) == {"iter", "kind", "loss", "lr", "grad_norm", "elapsed", "ms", "tokens_per_s", "rss_mb"}
+    assert "val_loss_full" in evals[-1] and "val_loss_full" not in evals[0]         # the whole split at the end
+    assert evals[-1]["val_bpc"] == pytest.approx(evals[-1]["val_loss_full"] / math.log(2))   # chars: 1 per token
+    assert abs(evals[-1]["val_loss_full"] - evals[-1]["val_loss"]) < 0.2
     assert os.path.exists(tmp_path / "out" / "ckpt_best.npz") and os.path.exists(tmp_path / "out" / "ckpt_last.npz")
 
 
@@ -275,15 +295,10 @@ def test_train_shakespeare_script_smoke(tmp_path):
                          "--data", str(data), "--draws", "2", "--backend", "numpy"],
                         cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert ev.returncode == 0, ev.stderr
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    from eval_checkpoint import whole_split_loss                        # batched; here one block at a time
-    from minigpt.sample import load_model
+    from minigpt.sample import load_model                               # the script reports the loop's measure
     model, tok = load_model(str(out / "ckpt_last.npz"))
     ids = Dataset(data.read_text(), tok, 16).splits["val"]
-    one = [model.forward(ids[None, i:i + 16].astype(np.int32), ids[None, i + 1:i + 17].astype(np.int32))[1]
-           for i in range(0, len(ids) - 16, 16)]
-    assert abs(whole_split_loss(model, ids, 16, 4) - np.mean(one)) < 1e-5
-    assert f"val  : whole split {np.mean(one):.4f}" in ev.stdout
+    assert f"val  : whole split {whole_split_loss(model, ids, 16, 4):.4f}" in ev.stdout
 
 
 def test_default_run_writes_only_into_out_dir(tmp_path):
@@ -308,3 +323,55 @@ def test_the_package_never_imports_torch():
             "assert 'torch' not in sys.modules, 'torch was imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+# ----------------------------------------------------------------------------
+# a time budget; the BPE tokenizer in a run
+
+def test_max_time_ends_the_run_and_lays_the_schedule_over_the_budget(tmp_path):
+    cfg = tiny_cfg(tmp_path, max_time=1.5, max_iters=10 ** 6, eval_interval=10 ** 6, lr_decay_iters=100,
+                   warmup_iters=10)
+    res = train(cfg)
+    rows = read_log(res["log"])
+    steps = [r for r in rows if r["kind"] == "train"]
+    final = [r for r in rows if r["kind"] == "eval"][-1]
+    assert 1.5 <= final["elapsed"] < 3.0 and final["iter"] == res["iter"] == len(steps) > 20
+    for r in steps:                                             # lr = the schedule at the elapsed fraction
+        assert r["lr"] == pytest.approx(get_lr(100 * r["elapsed"] / 1.5, cfg.lr, cfg.min_lr, 10, 100), rel=1e-9)
+    assert steps[0]["lr"] < cfg.lr / 5 and steps[-1]["lr"] < cfg.min_lr * 1.5      # warmed up, then decayed
+    assert "val_loss_full" in final
+
+
+def test_resume_spends_what_is_left_of_the_budget(tmp_path):
+    cfg = tiny_cfg(tmp_path, max_time=2.0, max_iters=15, eval_interval=5)
+    first = train(cfg)                                          # stopped by the cap, well inside the budget
+    spent = checkpoint.load(str(tmp_path / "out" / "ckpt_last.npz"))[0]["elapsed"]
+    assert first["iter"] == 15 and 0 < spent < 2.0
+    again = tiny_cfg(tmp_path, max_time=2.0, max_iters=10 ** 6, eval_interval=5, resume=True)
+    res = train(again)
+    steps = [r for r in read_log(res["log"]) if r["kind"] == "train"]
+    assert steps[15]["elapsed"] >= spent                        # the clock goes on from the checkpoint
+    final = [r for r in read_log(res["log"]) if r["kind"] == "eval"][-1]
+    assert 2.0 <= final["elapsed"] < 3.5
+
+
+def test_bpe_run_saves_its_tokenizer_and_samples(tmp_path):
+    from minigpt.bpe import BPETokenizer
+    from minigpt.sample import load_model
+    cfg = tiny_cfg(tmp_path, tokenizer="bpe", vocab_size=300, max_iters=8)
+    res = train(cfg)
+    assert isinstance(res["tokenizer"], BPETokenizer) and res["tokenizer"].vocab_size == 300
+    model, tok = load_model(str(tmp_path / "out" / "ckpt_last.npz"))
+    assert isinstance(tok, BPETokenizer) and model.config.vocab_size == 300
+    final = [r for r in read_log(res["log"]) if r["kind"] == "eval"][-1]
+    val_text = open(cfg.data, encoding="utf-8").read()[int(0.9 * len(open(cfg.data, encoding="utf-8").read())):]
+    n_targets = len(tok.encode(val_text)) - 1                  # bits per character over the same characters
+    assert final["val_bpc"] == pytest.approx(final["val_loss_full"] * n_targets / (len(val_text) - len(
+        tok.decode(tok.encode(val_text)[:1]))) / math.log(2), rel=1e-9)
+    r = subprocess.run([sys.executable, "-m", "minigpt.sample", "--ckpt", str(tmp_path / "out" / "ckpt_last.npz"),
+                        "--max_new_tokens=20", "--prompt", "Good lord ünicode ✓", "--backend=numpy"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("Good lord ünicode ✓"), r.stderr
+    with pytest.raises(UserError, match="--tokenizer char does not match the resumed run's tokenizer=bpe"):
+        train(parse_args(["--data", cfg.data, "--out_dir", cfg.out_dir, "--resume", "--tokenizer", "char"]),
+              given={"tokenizer", "resume", "data", "out_dir"})
