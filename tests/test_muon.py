@@ -1,0 +1,206 @@
+"""Muon: Newton-Schulz against a float64 reference, the whole update against a float64 reference on a real GPT's
+params, AdamW's exact update for the other params, the optimizer state through a checkpoint, and training."""
+import math
+
+import numpy as np
+import pytest
+
+from minigpt import checkpoint
+from minigpt.data import CharTokenizer, Dataset
+from minigpt.model import GPT, GPTConfig
+from minigpt.optim import AdamW, Muon, clip_grad_norm, get_lr, muon_params, newton_schulz
+from helpers import write_text
+
+SHAPES = [(5, 3), (3, 7), (17, 64), (64, 17), (1, 40), (40, 1), (32, 32)]
+
+
+def ns_reference(G, steps=5):
+    """The quintic Newton-Schulz iteration in float64, written out on the matrix as given (no transposing):
+    X <- a X + b (X X^T) X + c (X X^T)^2 X after scaling X to Frobenius norm 1."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    X = np.asarray(G, np.float64) / (np.sqrt(np.sum(np.asarray(G, np.float64) ** 2)) + 1e-7)
+    for _ in range(steps):
+        S = X @ X.T
+        X = a * X + b * (S @ X) + c * (S @ (S @ X))
+    return X
+
+
+def frob_err(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+# ----------------------------------------------------------------------------
+# Newton-Schulz
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_newton_schulz_matches_float64_reference(shape):
+    G = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
+    X = newton_schulz(G)
+    assert X.shape == shape and X.dtype == np.float32
+    assert frob_err(X, ns_reference(G)) < 2e-5                         # float32 rounding, amplified <= a^5
+
+
+@pytest.mark.parametrize("shape", [s for s in SHAPES if s[0] != s[1]])   # a random square one is near-singular
+def test_newton_schulz_keeps_singular_vectors_and_bounds_values(shape):
+    """X = U diag(s') V^T with G's own U, V, and s' in the quintic's band: every s with s / |G|_F >= 0.002
+    ends in [0.68, 1.21] after 5 steps (the iteration maps each singular value separately: p^5(s / |G|_F))."""
+    G = np.random.default_rng(7 + sum(shape)).standard_normal(shape)
+    U, s, Vt = np.linalg.svd(G, full_matrices=False)                  # (m, k), (k,), (k, n)
+    assert s.min() / np.linalg.norm(G) >= 0.002                        # well-conditioned enough for the band
+    X = newton_schulz(G.astype(np.float32)).astype(np.float64)
+    D = U.T @ X @ Vt.T                                                 # (k, k): diagonal iff same vectors
+    off = D - np.diag(np.diag(D))
+    assert np.abs(off).max() < 1e-4, np.abs(off).max()
+    assert 0.65 < np.diag(D).min() and np.diag(D).max() < 1.25, np.diag(D)
+    a, b, c = 3.4445, -4.7750, 2.0315
+    want = s / np.linalg.norm(G)
+    for _ in range(5):
+        want = a * want + b * want ** 3 + c * want ** 5                 # the scalar map on each singular value
+    np.testing.assert_allclose(np.diag(D), want, atol=1e-4)
+
+
+def test_newton_schulz_of_zero_is_zero():
+    assert not newton_schulz(np.zeros((4, 6), np.float32)).any()      # the +1e-7 keeps a zero gradient finite
+
+
+# ----------------------------------------------------------------------------
+# the update on a real model's parameters
+
+def tiny_gpt(seed=0):
+    """Every kind of parameter: biases, LayerNorms, both embeddings and an untied LM head."""
+    cfg = GPTConfig(vocab_size=13, block_size=8, n_layer=2, n_head=2, n_embd=16, bias=True, tie_weights=False)
+    return GPT(cfg, np.random.default_rng(seed))
+
+
+def random_grads(model, seed):
+    r = np.random.default_rng(seed)
+    for g in model.grads().values():
+        g[...] = 0.01 * r.standard_normal(g.shape)
+    return model.grads()
+
+
+def test_muon_params_are_the_block_matrices():
+    params = tiny_gpt().params()
+    want = {f"h.{i}.{m}.weight" for i in range(2) for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")}
+    assert muon_params(params) == want
+    opt = Muon(params)
+    assert set(opt.m) == set(params) and set(opt.v) == set(params) - want
+    assert opt.decay == {"wte.weight", "wpe.weight", "lm_head.weight"}
+
+
+# the reference's sqrt(max(1, fan_out / fan_in)) per block matrix, stored (in, out): c_attn (C, 3C), c_fc (C, 4C)
+SCALE = {"attn.c_attn": math.sqrt(3), "attn.c_proj": 1.0, "mlp.c_fc": 2.0, "mlp.c_proj": 1.0}
+
+
+def muon_reference(p, bufs, g, lr, name, ratio, mu, wd):
+    """One Muon update of p in float64, written from the algorithm: buf = mu buf + g, u = g + mu buf
+    (Nesterov), p = p (1 - lr' wd) - lr' scale NS(u) with lr' = ratio * lr."""
+    bufs[name] = mu * bufs[name] + g
+    u = g + mu * bufs[name]
+    lr_m = ratio * lr
+    scale = SCALE[name.split(".", 2)[2].rsplit(".", 1)[0]]
+    return p * (1 - lr_m * wd) - lr_m * scale * ns_reference(u)
+
+
+def test_muon_step_matches_float64_reference_and_adamw():
+    model, twin = tiny_gpt(), tiny_gpt()                               # twin: the same params, stepped by AdamW
+    kw = dict(betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
+    opt = Muon(model.params(), lr_ratio=25.0, momentum=0.95, muon_weight_decay=0.5, **kw)
+    adam = AdamW(twin.params(), **kw)
+    names = muon_params(model.params())
+    ref = {k: model.params()[k].astype(np.float64) for k in names}
+    bufs = {k: np.zeros_like(ref[k]) for k in names}
+    for step, lr in enumerate([1e-3, 2e-3, 5e-4, 1.5e-3]):
+        grads = random_grads(model, seed=step)
+        random_grads(twin, seed=step)
+        before = {k: ref[k].copy() for k in names}
+        opt.step(model.params(), grads, lr)
+        adam.step(twin.params(), twin.grads(), lr)
+        for k in names:
+            ref[k] = muon_reference(ref[k], bufs, grads[k].astype(np.float64), lr, k, 25.0, 0.95, 0.5)
+            delta, want = model.params()[k] - before[k], ref[k] - before[k]
+            assert frob_err(delta, want) < 1e-4, (step, k, frob_err(delta, want))
+            np.testing.assert_allclose(opt.m[k], bufs[k], rtol=1e-5, atol=1e-9, err_msg=k)
+        for k, p in model.params().items():                           # everything else: AdamW, bit for bit
+            if k not in names:
+                np.testing.assert_array_equal(p, twin.params()[k], err_msg=k)
+                np.testing.assert_array_equal(opt.m[k], adam.m[k], err_msg=k)
+                np.testing.assert_array_equal(opt.v[k], adam.v[k], err_msg=k)
+    assert opt.t == 4
+
+
+def test_muon_without_nesterov_uses_the_buffer():
+    model = tiny_gpt()
+    opt = Muon(model.params(), lr_ratio=20.0, nesterov=False, muon_weight_decay=0.0)
+    k = "h.1.mlp.c_fc.weight"
+    p0 = model.params()[k].copy()
+    g0 = random_grads(model, 0)[k].copy()
+    opt.step(model.params(), model.grads(), 1e-3)
+    p1 = model.params()[k].copy()
+    g1 = random_grads(model, 1)[k].copy()
+    opt.step(model.params(), model.grads(), 1e-3)
+    u = g1 + 0.95 * g0                                                # buf after two steps, used as is
+    want = p1 - 20.0 * 1e-3 * 2.0 * ns_reference(u)
+    assert frob_err(model.params()[k] - p1, want - p1) < 1e-4
+    assert frob_err(p1 - p0, -20.0 * 1e-3 * 2.0 * ns_reference(g0)) < 1e-4
+
+
+# ----------------------------------------------------------------------------
+# state: through a checkpoint file, and refused when it belongs to another optimizer or model
+
+def test_muon_state_round_trips_through_a_checkpoint(tmp_path):
+    model = tiny_gpt()
+    opt = Muon(model.params())
+    for s in range(3):
+        opt.step(model.params(), random_grads(model, s), 1e-3)
+    path = str(tmp_path / "c.npz")
+    checkpoint.save(path, model, opt, {})
+    meta, params, m, v = checkpoint.load(path)
+    resumed = tiny_gpt(seed=1)
+    checkpoint.load_params(resumed, params)
+    opt2 = Muon(resumed.params())
+    opt2.load_state(meta["adam_t"], m, v)
+    assert opt2.t == 3
+    opt.step(model.params(), random_grads(model, 9), 1e-3)             # the next step is the same in both
+    opt2.step(resumed.params(), random_grads(resumed, 9), 1e-3)
+    for k, p in model.params().items():
+        np.testing.assert_array_equal(resumed.params()[k], p, err_msg=k)
+
+
+def test_muon_load_state_refuses_other_state():
+    model = tiny_gpt()
+    opt = Muon(model.params())
+    adam = AdamW(model.params())
+    with pytest.raises(ValueError, match=r"state v does not match Muon.*unexpected \['h\.0\.attn\.c_attn\.weight'"):
+        opt.load_state(adam.t, adam.m, adam.v)                         # an AdamW checkpoint: v for every param
+    small = Muon(GPT(GPTConfig(vocab_size=13, block_size=8, n_layer=2, n_head=2, n_embd=8, bias=True,
+                               tie_weights=False), np.random.default_rng(0)).params())
+    with pytest.raises(ValueError, match=r"m\[.*\] has shape"):
+        opt.load_state(small.t, small.m, small.v)
+    m = dict(opt.m)
+    del m["h.1.mlp.c_fc.weight"]
+    with pytest.raises(ValueError, match=r"missing \['h\.1\.mlp\.c_fc\.weight'\]"):
+        opt.load_state(0, m, opt.v)
+
+
+# ----------------------------------------------------------------------------
+# training
+
+def test_muon_training_loss_falls(tmp_path):
+    text = write_text(tmp_path / "t.txt", n_chars=4000)
+    tok = CharTokenizer.from_text(text)
+    data = Dataset(text, tok, 16)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=False),
+                np.random.default_rng(0))
+    opt = Muon(model.params())
+    rng = np.random.default_rng(1)
+    losses = []
+    for it in range(30):
+        model.zero_grad()
+        _, loss = model.forward(*data.batch("train", 8, 16, rng))
+        model.backward()
+        clip_grad_norm(model.grads(), 1.0)
+        opt.step(model.params(), model.grads(), get_lr(it, 1e-2, 1e-3, 3, 30))
+        losses.append(loss)
+    assert all(map(math.isfinite, losses))
+    assert np.mean(losses[-5:]) < losses[0] - 1.0, losses               # 3.4 -> about 2.1 in 30 steps (AdamW: 1.9)
