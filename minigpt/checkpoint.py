@@ -1,4 +1,5 @@
-"""Checkpoints: one .npz holding params, AdamW moments, step, every RNG state, configs and the tokenizer.
+"""Checkpoints: one .npz holding params, the optimizer's state (AdamW moments; Muon's momentum buffers, and AdamW
+moments for the rest), step, every RNG state, configs and the tokenizer.
 
 save() writes a temporary file in the same directory, fsyncs it, and renames it into place (then fsyncs
 the directory), so a crash at any moment leaves the previous checkpoint intact and loadable.

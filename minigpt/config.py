@@ -61,6 +61,9 @@ class TrainConfig:
     min_lr: float = setting(1e-4, "learning rate at the end of the cosine decay")
     warmup_iters: int = setting(100, "steps of linear warmup")
     lr_decay_iters: int = setting(2000, "step at which the cosine decay reaches --min_lr")
+    optimizer: str = setting("adamw", "adamw | muon: Muon (Newton-Schulz orthogonalised momentum) for the blocks' "
+                                      "matrices, AdamW for the rest (minigpt/optim.py)")
+    muon_lr_ratio: float = setting(20.0, "with --optimizer muon: the Muon matrices' lr is this times --lr's schedule")
     beta1: float = setting(0.9, "AdamW beta1, in [0, 1)")
     beta2: float = setting(0.99, "AdamW beta2, in [0, 1)")
     weight_decay: float = setting(0.1, "AdamW weight decay (matrices and embeddings only)")
@@ -91,7 +94,7 @@ class TrainConfig:
 
 _POSITIVE = {"n_layer", "n_head", "n_embd", "block_size", "batch_size", "grad_accum", "eval_interval",
              "eval_iters", "log_interval", "lr_decay_iters"}
-_NON_NEGATIVE = {"max_iters", "max_time", "warmup_iters", "sample_chars", "threads", "lr", "min_lr", "weight_decay", "grad_clip"}
+_NON_NEGATIVE = {"max_iters", "max_time", "muon_lr_ratio", "warmup_iters", "sample_chars", "threads", "lr", "min_lr", "weight_decay", "grad_clip"}
 
 
 def check(cfg):
@@ -109,6 +112,8 @@ def check(cfg):
     for k in ("beta1", "beta2"):
         if not 0.0 <= getattr(cfg, k) < 1.0:
             raise UserError(f"--{k} must lie in [0, 1), got {getattr(cfg, k)}")
+    if cfg.optimizer not in ("adamw", "muon"):
+        raise UserError(f"--optimizer must be adamw or muon, got {cfg.optimizer!r}")
     if cfg.tokenizer not in ("char", "bpe"):
         raise UserError(f"--tokenizer must be char or bpe, got {cfg.tokenizer!r}")
     if cfg.tokenizer == "bpe" and cfg.vocab_size < 257:

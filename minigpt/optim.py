@@ -36,8 +36,9 @@ class AdamW:
         return {"t": self.t, "m": self.m, "v": self.v}
 
     def load_state(self, t, m, v):
-        if set(m) != set(self.m) or any(m[k].shape != self.m[k].shape for k in m):
-            raise ValueError("optimizer state does not match the model's parameters")
+        if set(m) != set(self.m) or set(v) != set(self.v) or any(m[k].shape != self.m[k].shape for k in m):
+            raise ValueError("optimizer state does not match AdamW on this model's parameters (a checkpoint of "
+                             "another optimizer or model?)")
         self.t = int(t)
         for k in self.m:
             self.m[k][...] = m[k]

@@ -23,7 +23,7 @@ from .config import UserError, check, default_backend, parse_args
 from .bpe import BPETokenizer, tokenizer_from_json
 from .data import CharTokenizer, Dataset, load_text, split_text
 from .model import GPT, GPTConfig
-from .optim import AdamW, clip_grad_norm, get_lr
+from .optim import AdamW, Muon, clip_grad_norm, get_lr
 
 
 class Diverged(UserError):
@@ -176,13 +176,22 @@ def _build(cfg, ckpt, world):
     tok = make_tokenizer(cfg, text, ckpt)
     data = Dataset(text, tok, cfg.block_size, source=cfg.data)
     model = GPT(GPTConfig(vocab_size=tok.vocab_size, **cfg.model_dict()), np.random.default_rng([cfg.seed, 0]))
-    opt = AdamW(model.params(), (cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
+    opt = make_optimizer(cfg, model)
     run = Run(cfg, tok, data, model, opt, world)
     if ckpt:
         restore(run, ckpt)
     ranks = f", {world.size} ranks x {backends.threads()} threads" if world.size > 1 else ""
     say(f"model: {model.num_params():,} parameters, vocab {tok.vocab_size}, backend {backends.name()}{ranks}")
     return run
+
+
+def make_optimizer(cfg, model):
+    """AdamW over every parameter, or Muon for the blocks' matrices with AdamW for the rest (minigpt/optim.py)."""
+    betas, params = (cfg.beta1, cfg.beta2), model.params()
+    if cfg.optimizer == "muon":
+        return Muon(params, lr_ratio=cfg.muon_lr_ratio, betas=betas, weight_decay=cfg.weight_decay,
+                    muon_weight_decay=cfg.weight_decay)
+    return AdamW(params, betas, weight_decay=cfg.weight_decay)
 
 
 def make_tokenizer(cfg, text, ckpt=None):
@@ -203,7 +212,12 @@ def restore(run, ckpt):
     The log keeps only the rows before that point, so it ends up equal to an uninterrupted run's."""
     meta, params, m, v = ckpt
     checkpoint.load_params(run.model, params, run.last_path)
-    run.opt.load_state(meta["adam_t"], m, v)
+    try:
+        run.opt.load_state(meta["adam_t"], m, v)
+    except ValueError as e:
+        was = meta["train_config"].get("optimizer", "adamw")
+        raise UserError(f"{run.last_path}: {e}; the run used --optimizer {was}: resume with it, or start a new "
+                        "--out_dir") from None
     dropout = meta["rng"].get("model_ranks", [meta["rng"]["model"]])  # one state per rank that saved it
     if run.world.rank < len(dropout):                                  # a rank new to the run keeps its fresh seed
         run.model.rng.bit_generator.state = dropout[run.world.rank]

@@ -375,3 +375,16 @@ def test_bpe_run_saves_its_tokenizer_and_samples(tmp_path):
     with pytest.raises(UserError, match="--tokenizer char does not match the resumed run's tokenizer=bpe"):
         train(parse_args(["--data", cfg.data, "--out_dir", cfg.out_dir, "--resume", "--tokenizer", "char"]),
               given={"tokenizer", "resume", "data", "out_dir"})
+
+
+def test_muon_run_resumes_exactly_and_refuses_another_optimizer(tmp_path):
+    straight = train(tiny_cfg(tmp_path / "a", optimizer="muon", max_iters=12, eval_interval=6))
+    train(tiny_cfg(tmp_path / "b", optimizer="muon", max_iters=6, eval_interval=6))
+    res = train(tiny_cfg(tmp_path / "b", optimizer="muon", max_iters=12, eval_interval=6, resume=True))
+    losses = [[r["loss"] for r in read_log(x["log"]) if r["kind"] == "train"] for x in (straight, res)]
+    assert losses[0] == losses[1] and len(losses[0]) == 12
+    meta, _, m, v = checkpoint.load(str(tmp_path / "b" / "out" / "ckpt_last.npz"))
+    assert meta["train_config"]["optimizer"] == "muon" and "h.0.mlp.c_fc.weight" in m
+    assert "h.0.mlp.c_fc.weight" not in v and "wte.weight" in v        # Muon's matrices have no second moment
+    with pytest.raises(UserError, match="the run used --optimizer muon"):
+        train(tiny_cfg(tmp_path / "b", optimizer="adamw", max_iters=14, resume=True))
