@@ -30,6 +30,15 @@ def setting(default, help):
     return field(default=default, metadata={"help": help})
 
 
+# Named sets of defaults (--preset NAME); settings typed on the command line win over them.
+PRESETS = {
+    # scripts/speedrun.py's recipe: more of nanoGPT's wall time spent learning (reports/speedrun.md). Run it with
+    # --max_time set to the seconds you have; max_iters is only a cap.
+    "speedrun": dict(optimizer="muon", muon_lr_ratio=20.0, lr=3e-3, min_lr=3e-4, max_iters=10 ** 6,
+                     eval_interval=500),
+}
+
+
 @dataclass
 class TrainConfig:
     """Every setting of a training run; each is a --key on the command line."""
@@ -40,6 +49,9 @@ class TrainConfig:
     plot: str = setting("loss_curve.png", "loss-curve PNG made at the end: a bare name goes in --out_dir, a path "
                                           "is used as is, '' for none")
     resume: bool = setting(False, "continue from out_dir/ckpt_last.npz; settings not typed again come from it")
+    preset: str = setting("", "a named set of defaults that typed settings override: "
+                              + ", ".join(f"{k} ({', '.join(f'{n}={v}' for n, v in d.items())})"
+                                          for k, d in PRESETS.items()))
     tokenizer: str = setting("char", "char: one token per character | bpe: byte-level BPE trained on the training "
                                      "split (minigpt/bpe.py)")
     vocab_size: int = setting(512, "tokens of the BPE vocabulary (with --tokenizer bpe): 256 bytes + merges")
@@ -217,8 +229,13 @@ def parse_args(argv, cls=TrainConfig, *, prog=None, description=None, **defaults
     typed, extra = make_parser(cls, prog, description, defaults).parse_known_args(argv)
     if extra:
         raise _unknown(extra[0], [f.name for f in fields(cls)])
-    values = {**defaults, **vars(typed)}
-    cfg = cls(**values)
-    cfg.given = frozenset(values) - set(defaults)                     # what the user set explicitly
+    given = frozenset(vars(typed)) - set(defaults)                    # what the user set explicitly
+    preset = vars(typed).get("preset") or defaults.get("preset")
+    if preset:                                                        # its values become defaults
+        if preset not in PRESETS:
+            raise UserError(f"unknown --preset {preset!r}; choose one of {', '.join(PRESETS)}")
+        defaults = {**PRESETS[preset], **defaults}
+    cfg = cls(**{**defaults, **vars(typed)})
+    cfg.given = given
     return cfg
 

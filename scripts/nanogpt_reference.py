@@ -41,7 +41,7 @@ def main():
     torch.set_num_threads(a.threads)
     rows, t0 = [], time.time()
     for seed in a.seeds:
-        curve = train_like_nanogpt(seed, data, tok.vocab_size, cfg, a.gelu)
+        curve, _ = train_like_nanogpt(seed, data, tok.vocab_size, cfg, a.gelu)
         rows.append((seed, curve[-1][1]["train"], curve[-1][1]["val"]))
     vals = [r[2] for r in rows]
     cmd = "python scripts/nanogpt_reference.py " + " ".join(sys.argv[1:])

@@ -8,6 +8,7 @@ nn.Linear stores (out, in), hence the transposes. GELU is the tanh form, as ours
 exact nn.GELU() (used only by scripts/nanogpt_reference.py).
 """
 import math
+import time
 
 import numpy as np
 import torch
@@ -112,7 +113,8 @@ def train_like_nanogpt(seed, data, vocab_size, cfg, gelu="erf"):
     """Train a fresh TorchGPT on data (a minigpt Dataset) per cfg (a TrainConfig) the way nanoGPT's train.py
     does: torch.manual_seed(seed), torch's init, batches and eval batches from torch.randint on the one global
     generator, torch.optim.AdamW with the two decay groups, clip_grad_norm_, minigpt's get_lr (a pure function).
-    Returns [(iter, {"train": loss, "val": loss})] at every eval. For scripts/nanogpt_reference.py."""
+    Returns ([(iter, {"train": loss, "val": loss}, seconds since the loop began)] at every eval, the model).
+    For scripts/nanogpt_reference.py and scripts/speedrun.py."""
     from minigpt.model import GPTConfig
     from minigpt.optim import get_lr
     torch.manual_seed(seed)
@@ -140,13 +142,14 @@ def train_like_nanogpt(seed, data, vocab_size, cfg, gelu="erf"):
         model.train()
         return out
 
-    curve = []
+    curve, t0 = [], time.perf_counter()
     for it in range(cfg.max_iters + 1):
         lr = get_lr(it, cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters)
         for g in opt.param_groups:
             g["lr"] = lr
         if it % cfg.eval_interval == 0 or it == cfg.max_iters:
-            curve.append((it, estimate()))
+            elapsed = time.perf_counter() - t0
+            curve.append((it, estimate(), elapsed))
             print(f"  seed {seed} iter {it}: train {curve[-1][1]['train']:.4f} val {curve[-1][1]['val']:.4f}",
                   flush=True)
         if it == cfg.max_iters:
@@ -157,4 +160,4 @@ def train_like_nanogpt(seed, data, vocab_size, cfg, gelu="erf"):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
-    return curve
+    return curve, model
