@@ -34,8 +34,7 @@ def setting(default, help):
 PRESETS = {
     # scripts/speedrun.py's recipe: more of nanoGPT's wall time spent learning (reports/speedrun.md). Run it with
     # --max_time set to the seconds you have; max_iters is only a cap.
-    "speedrun": dict(optimizer="muon", muon_lr_ratio=20.0, lr=3e-3, min_lr=3e-4, max_iters=10 ** 6,
-                     eval_interval=500),
+    "speedrun": dict(optimizer="muon", batch_size=32, max_iters=10 ** 6),
 }
 
 

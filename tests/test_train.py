@@ -388,3 +388,13 @@ def test_muon_run_resumes_exactly_and_refuses_another_optimizer(tmp_path):
     assert "h.0.mlp.c_fc.weight" not in v and "wte.weight" in v        # Muon's matrices have no second moment
     with pytest.raises(UserError, match="the run used --optimizer muon"):
         train(tiny_cfg(tmp_path / "b", optimizer="adamw", max_iters=14, resume=True))
+
+
+def test_preset_sets_defaults_that_typed_settings_override():
+    from minigpt.config import PRESETS
+    cfg = parse_args(["--preset", "speedrun", "--lr", "2e-3", "--max_time", "10"])
+    for k, v in PRESETS["speedrun"].items():
+        assert getattr(cfg, k) == (2e-3 if k == "lr" else v), k
+    assert cfg.max_time == 10 and cfg.given == {"preset", "lr", "max_time"}   # the preset's keys are not typed
+    with pytest.raises(UserError, match="unknown --preset 'fast'; choose one of speedrun"):
+        parse_args(["--preset", "fast"])
