@@ -2,8 +2,11 @@
 
 Three generators, all seeded from cfg.seed: the model's (init, then dropout masks), the batch sampler's,
 and the evaluation one, re-created at every eval so that curves are comparable between runs. Checkpoints
-carry every state that the next step reads, so a resumed run is bit-identical to an uninterrupted one.
-The parts: setup (settings, backend, data, model, optimizer), restore (--resume), loop (with evaluate and step).
+carry every state that the next step reads, so a resumed run is bit-identical to an uninterrupted one (with
+--max_time the lr follows the clock, so only the budget carries over). The last evaluation also scores the whole
+validation split (whole_split_loss), in nats per token and bits per character.
+The parts: setup (settings, backend, tokenizer, data, model, optimizer), restore (--resume), loop (with evaluate
+and step).
 Run it with scripts/train_shakespeare.py (which also downloads the text, plots the loss curve and samples) or
 `python -m minigpt.train --data PATH ...` (training only); --help lists every setting. Under `mpiexec -n N` it
 trains data-parallel (minigpt/distributed.py): each rank takes its slice of every batch, one Allreduce sums the
