@@ -189,9 +189,29 @@ def write_report(a, runs):
             m, s, v = stats(rs)
             L.append(f"| {name} | {np.mean([r['iters'] for r in rs]):,.0f} | {m:.4f} | {s:.4f} | "
                      f"{np.mean(v - base):+.4f} | {', '.join(f'{x:.4f}' for x in v)} |")
+        L += ["", interplay(runs)]
     with open(os.path.join(ROOT, a.out), "w") as f:
         f.write("\n".join(L) + "\n")
     print(f"wrote {a.out} and {png}")
+
+
+def interplay(runs):
+    """What each change adds on top of the others: the recipe against the recipe less that change (with two
+    changes, the other change alone in the budget), paired by seed."""
+    rec = np.array([r["val_full"] for r in runs["minigpt recipe (--preset speedrun)"]])
+    out = []
+    names = list(CHANGES)
+    for name in names:
+        others = [n for n in names if n != name]
+        if len(others) != 1:
+            return ""
+        without = np.array([r["val_full"] for r in runs[f"config S in the budget + {others[0]}"]])
+        alone = np.array([r["val_full"] for r in runs[f"config S in the budget + {name}"]])
+        base = np.array([r["val_full"] for r in runs["config S in the budget"]])
+        out.append(f"{name}: {np.mean(alone - base):+.4f} alone, {np.mean(rec - without):+.4f} on top of the other")
+    return ("The changes interact. Each one's paired Δ alone, and on top of the other (the recipe against the other "
+            "change alone): " + "; ".join(out) + ". A bigger batch alone costs AdamW iterations it needs, while "
+            "Muon pays a fixed Newton-Schulz cost per step, and a bigger batch spreads that cost over more tokens.")
 
 
 if __name__ == "__main__":
