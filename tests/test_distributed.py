@@ -144,6 +144,7 @@ def test_two_ranks_take_the_steps_of_one_process_with_twice_the_batch(tmp_path, 
     np.testing.assert_allclose([r["loss"] for r in b], [r["loss"] for r in a], rtol=2e-5)
     ea, eb = rows(tmp_path / "one", "eval"), rows(tmp_path / "two", "eval")
     assert [round(r["val_loss"], 3) for r in eb] == [round(r["val_loss"], 3) for r in ea]
+    assert eb[-1]["val_loss_full"] == pytest.approx(ea[-1]["val_loss_full"], abs=1e-4)   # ranks share the blocks
     assert two.stdout.count("done: val loss") == 1               # rank 0 alone prints and writes
     assert "2 ranks x 1 threads" in two.stdout
     assert sorted(os.listdir(tmp_path / "two")) == ["ckpt_best.npz", "ckpt_last.npz", "log.jsonl"]
