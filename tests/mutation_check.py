@@ -16,7 +16,7 @@ SPEC, NK = "minigpt/backends/numpy_ops.py", "minigpt/backends/numba_kernels.py"
 GEMM, NOPS = "minigpt/backends/numba_gemm.py", "minigpt/backends/numba_ops.py"
 TL, TM, TO = "tests/test_layers.py", "tests/test_model.py", "tests/test_ops.py"
 TRAIN, DATA, TD = "minigpt/train.py", "minigpt/data.py", "tests/test_distributed.py"
-TT = "tests/test_train.py"
+TT, OPT, TMU = "tests/test_train.py", "minigpt/optim.py", "tests/test_muon.py"
 
 # (file, exact text (must occur once), replacement, the test that must fail)
 M = [
@@ -76,6 +76,13 @@ M = [
     (TRAIN, "if tail and world.root:", "if False:", f"{TT}::test_whole_split_loss_counts_every_target_once"),
     (TRAIN, "return it if not self.cfg.max_time else", "return it if True else",
         f"{TT}::test_max_time_ends_the_run_and_lays_the_schedule_over_the_budget"),
+    # Muon: the Nesterov look-ahead, the shape scale, one Newton-Schulz product
+    (OPT, "u = g + self.momentum * buf if self.nesterov else buf", "u = buf",
+        f"{TMU}::test_muon_step_matches_float64_reference_and_adamw"),
+    (OPT, "p -= (lr_muon * muon_scale(shape)) * o", "p -= lr_muon * o",
+        f"{TMU}::test_muon_step_matches_float64_reference_and_adamw"),
+    (OPT, "ops.bmm(B, X, out=Y, acc=True)", "ops.bmm(B, X, out=Y, acc=False)",
+        f"{TMU}::test_newton_schulz_matches_float64_reference"),
     # data parallel (needs mpi4py): each rank's share of the loss, and its slice of the global batch
     (TRAIN, "model.backward(scale=1.0 / k)", "model.backward(scale=1.0 / cfg.grad_accum)",
         f"{TD}::test_two_ranks_take_the_steps_of_one_process_with_twice_the_batch"),
