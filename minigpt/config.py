@@ -32,8 +32,8 @@ def setting(default, help):
 
 # Named sets of defaults (--preset NAME); settings typed on the command line win over them.
 PRESETS = {
-    # scripts/speedrun.py's recipe: more of nanoGPT's wall time spent learning (reports/speedrun.md). Run it with
-    # --max_time set to the seconds you have; max_iters is only a cap.
+    # scripts/speedrun.py's recipe: more of nanoGPT's wall time spent learning (reports/speedrun.md). It needs
+    # --max_time (the seconds you have; check() says so); max_iters is only a cap.
     "speedrun": dict(optimizer="muon", batch_size=32, max_iters=10 ** 6),
 }
 
@@ -77,13 +77,14 @@ class TrainConfig:
     muon_lr_ratio: float = setting(20.0, "with --optimizer muon: the Muon matrices' lr is this times --lr's schedule")
     beta1: float = setting(0.9, "AdamW beta1, in [0, 1)")
     beta2: float = setting(0.99, "AdamW beta2, in [0, 1)")
-    weight_decay: float = setting(0.1, "AdamW weight decay (matrices and embeddings only)")
+    weight_decay: float = setting(0.1, "decoupled weight decay of matrices and embeddings (with --optimizer muon the "
+                                       "blocks' matrices decay at Muon's lr, muon_lr_ratio x AdamW's)")
     grad_clip: float = setting(1.0, "clip the global gradient norm to this (0: no clipping)")
     # evaluation, logging, sampling
     eval_interval: int = setting(250, "evaluate and checkpoint every this many steps (and at the end)")
     eval_iters: int = setting(20, "batches per split in each evaluation")
     log_interval: int = setting(10, "print a progress line every this many steps (log.jsonl gets every step)")
-    sample_chars: int = setting(500, "characters sampled at the end (0: no sample)")
+    sample_chars: int = setting(500, "tokens sampled at the end: characters, or BPE tokens (0: no sample)")
     seed: int = setting(1337, "seeds the init, dropout, batches and evaluation batches")
     # execution
     backend: str = setting(default_backend, "auto | numpy | numba | native; $MINIGPT_BACKEND sets the default")
@@ -123,6 +124,8 @@ def check(cfg):
     for k in ("beta1", "beta2"):
         if not 0.0 <= getattr(cfg, k) < 1.0:
             raise UserError(f"--{k} must lie in [0, 1), got {getattr(cfg, k)}")
+    if cfg.preset == "speedrun" and not cfg.max_time:
+        raise UserError("--preset speedrun trains to a time budget: add --max_time SECONDS (e.g. --max_time 60)")
     if cfg.optimizer not in ("adamw", "muon"):
         raise UserError(f"--optimizer must be adamw or muon, got {cfg.optimizer!r}")
     if cfg.tokenizer not in ("char", "bpe"):
@@ -234,6 +237,8 @@ def parse_args(argv, cls=TrainConfig, *, prog=None, description=None, **defaults
         if preset not in PRESETS:
             raise UserError(f"unknown --preset {preset!r}; choose one of {', '.join(PRESETS)}")
         defaults = {**PRESETS[preset], **defaults}
+        if "preset" in given:                                         # typed: they count as typed (on --resume
+            given |= PRESETS[preset].keys() - set(vars(typed))        # they win over the checkpoint's)
     cfg = cls(**{**defaults, **vars(typed)})
     cfg.given = given
     return cfg

@@ -90,8 +90,8 @@ class Dataset:
     """Text split 90/10 into train and val (split_text), each encoded; batch() draws (x, y), y shifted by one."""
 
     def __init__(self, text, tokenizer, block_size, source="text"):
-        self.texts = dict(zip(("train", "val"), split_text(text)))
-        self.splits = {k: tokenizer.encode(t) for k, t in self.texts.items()}   # (N,) uint16 each
+        texts = dict(zip(("train", "val"), split_text(text)))
+        self.splits = {k: tokenizer.encode(t) for k, t in texts.items()}        # (N,) uint16 each
         self.tokenizer = tokenizer
         for split, arr in self.splits.items():
             if len(arr) < block_size + 1:

@@ -25,6 +25,7 @@ from . import backends, checkpoint, distributed
 from .config import UserError, check, default_backend, parse_args
 from .bpe import BPETokenizer, tokenizer_from_json
 from .data import CharTokenizer, Dataset, load_text, split_text
+from .evaluate import estimate_loss, whole_split_loss
 from .model import GPT, GPTConfig
 from .optim import AdamW, Muon, clip_grad_norm, get_lr
 
@@ -41,43 +42,6 @@ class StoppedTwice(UserError):
 def exit_code(e):
     """The command's exit status for a UserError: 3 diverged, 130 stopped by a second signal, else 2."""
     return 3 if isinstance(e, Diverged) else 130 if isinstance(e, StoppedTwice) else 2
-
-
-def estimate_loss(model, data, cfg, world=distributed.World()):
-    """Mean loss over cfg.eval_iters batches of each split, drawn from a fixed evaluation generator. Under
-    mpiexec each rank evaluates its slice of every batch and the ranks average (the batches of one process
-    with --batch_size N*B)."""
-    rng = np.random.default_rng([cfg.seed, 2])
-    model.eval()
-    means = np.zeros(2)                                      # train, val
-    for i, split in enumerate(("train", "val")):
-        losses = [model.forward(*data.batch(split, cfg.batch_size, cfg.block_size, rng, world.rank, world.size))[1]
-                  for _ in range(cfg.eval_iters)]
-        means[i] = np.mean(losses)
-    if world.size > 1:
-        means = world.allreduce(means) / world.size
-    model.train()
-    return {"train": float(means[0]), "val": float(means[1])}
-
-
-def whole_split_loss(model, ids, block_size, batch_size, world=distributed.World()):
-    """Mean loss over every target of ids (N,): the blocks ids[i : i+T+1] for i = 0, T, 2T, ... and a last,
-    shorter one, so each target counts once with up to T tokens of context. Ranks share the blocks."""
-    n = len(ids) - 1                                         # targets
-    starts = np.arange(0, n - block_size + 1, block_size)     # full blocks
-    mine = starts[world.rank::world.size]
-    total = np.zeros(1)                                      # the sum of the losses of this rank's targets
-    model.eval()
-    for s in range(0, len(mine), batch_size):
-        rows = mine[s:s + batch_size, None] + np.arange(block_size + 1)            # (b, T+1)
-        chunk = ids[rows].astype(np.int32)
-        total += model.forward(chunk[:, :-1], chunk[:, 1:])[1] * chunk[:, 1:].size
-    tail = n - len(starts) * block_size
-    if tail and world.root:                                  # the last targets, in one shorter block
-        chunk = ids[None, len(starts) * block_size:].astype(np.int32)                # (1, tail+1)
-        total += model.forward(chunk[:, :-1], chunk[:, 1:])[1] * tail
-    model.train()
-    return float(world.allreduce(total)[0] / n)
 
 
 def train(cfg, given=None, fetch=None):
@@ -163,6 +127,9 @@ def _prepare(cfg, given, fetch):
     """The checkpoint to resume from (its settings applied to cfg), a writable out_dir, the data file."""
     ckpt = _load_resume(cfg, _last_path(cfg), given) if cfg.resume else None   # settings first: they may change cfg
     check(cfg)
+    if given is not None and "vocab_size" in given and cfg.tokenizer != "bpe":
+        raise UserError(f"--vocab_size sets the size of a BPE vocabulary, but this run's tokenizer is "
+                        f"{cfg.tokenizer}; add --tokenizer bpe (a new run) or drop --vocab_size")
     _ensure_writable(cfg.out_dir)
     if fetch is not None and not os.path.exists(cfg.data):
         fetch(cfg.data)
@@ -211,7 +178,7 @@ def make_tokenizer(cfg, text, ckpt=None):
 
 
 def restore(run, ckpt):
-    """Continue where ckpt = checkpoint.load(...) stopped: weights, AdamW moments, both generators, position.
+    """Continue where ckpt = checkpoint.load(...) stopped: weights, optimizer state, generators, position, time.
     The log keeps only the rows before that point, so it ends up equal to an uninterrupted run's."""
     meta, params, m, v = ckpt
     checkpoint.load_params(run.model, params, run.last_path)
@@ -229,6 +196,9 @@ def restore(run, ckpt):
     if run.start > run.cfg.max_iters:
         raise UserError(f"{run.last_path} is at iter {run.start}, past --max_iters {run.cfg.max_iters}; "
                         "raise --max_iters")
+    if 0 < run.cfg.max_time <= run.elapsed:
+        raise UserError(f"{run.last_path} has spent its time budget ({run.elapsed:.0f} s of --max_time "
+                        f"{run.cfg.max_time:g}); raise --max_time to continue")
     if run.world.root:
         _truncate_log(run.log_path, run.start)
     say(f"resuming from {run.last_path} at iter {run.start}")
@@ -263,6 +233,9 @@ def loop(run):
             if it % cfg.eval_interval == 0 or last:
                 losses = evaluate(run, it, log, final=last)
             if last:
+                if cfg.max_time and run.elapsed < cfg.max_time:
+                    say(f"note: --max_iters {cfg.max_iters} ended the run {cfg.max_time - run.elapsed:.0f} s before "
+                        f"--max_time, with the lr still at {lr:.2e}; raise --max_iters to spend the budget")
                 break
             loss, gnorm, dt = step(run, it, lr, last_loss)
             last_loss, t_train, n_timed = loss, t_train + dt, n_timed + 1
@@ -303,7 +276,7 @@ def evaluate(run, it, log, final=False):
 
 def step(run, it, lr, last_loss):
     """One optimisation step: grad_accum micro-batches on each of the N ranks, each backward seeded with
-    1/(grad_accum N), the ranks' gradients summed, then clip and AdamW. A non-finite loss or gradient norm raises
+    1/(grad_accum N), the ranks' gradients summed, then clip and the optimizer's step. A non-finite loss or gradient norm raises
     Diverged before the weights change. -> (loss, gnorm, seconds)"""
     cfg, model, world = run.cfg, run.model, run.world
     t0 = time.perf_counter()

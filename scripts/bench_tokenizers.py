@@ -54,7 +54,8 @@ def main():
 
     from minigpt.bpe import BPETokenizer                      # training speed and compression, outside the runs
     from minigpt.data import load_text, split_text
-    train_text, val_text = split_text(load_text(os.path.join(ROOT, a.data)))
+    text = load_text(os.path.join(ROOT, a.data))
+    train_text, val_text = split_text(text)
     bpe = {}
     for v in (512, 1024):
         t0 = time.perf_counter()
@@ -72,10 +73,10 @@ def main():
                 results[name].append(res)
                 print(f"seed {1337 + i} {name}: {res['bpc']:.4f} bits/char after {res['iters']} iterations",
                       flush=True)
-    write_report(a, results, bpe)
+    write_report(a, results, bpe, char_vocab=len(set(text)))
 
 
-def write_report(a, results, bpe):
+def write_report(a, results, bpe, char_vocab):
     cmd = "python scripts/bench_tokenizers.py" + (" " + " ".join(sys.argv[1:]) if sys.argv[1:] else "")
     L = ["# Characters against byte-level BPE", "",
          f"Measured by `{cmd}` at {revision(ROOT)}, on {cpu_line()}.", "",
@@ -87,7 +88,7 @@ def write_report(a, results, bpe):
          "| tokenizer | vocab | chars per token (val) | iterations in the budget | val bits/char, mean | per seed |",
          "|---|---:|---:|---:|---:|---|"]
     for name, runs in results.items():
-        vocab = 65 if name == "char" else int(name.split()[1])
+        vocab = char_vocab if name == "char" else int(name.split()[1])
         bpcs = [r["bpc"] for r in runs]
         L.append(f"| {name} | {vocab} | {1 / np.mean([r['tokens_per_char'] for r in runs]):.3f} | "
                  f"{np.mean([r['iters'] for r in runs]):,.0f} | {np.mean(bpcs):.4f} | "

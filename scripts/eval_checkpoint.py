@@ -4,7 +4,7 @@
 
 The training loop estimates train/val loss from eval_iters random batches (a fixed generator, so curves are
 comparable). This script measures the same weights two more ways: over every non-overlapping block of each
-split (each target once, with a context of up to block_size tokens: minigpt.train.whole_split_loss), and over `--draws` independent
+split (each target once, with a context of up to block_size tokens: minigpt.evaluate.whole_split_loss), and over `--draws` independent
 draws of eval_iters batches, to show how much the 20-batch figure moves with the batches alone.
 """
 import argparse
@@ -16,7 +16,7 @@ from minigpt import backends, checkpoint
 from minigpt.config import UserError
 from minigpt.data import Dataset, load_text
 from minigpt.sample import load_model
-from minigpt.train import whole_split_loss
+from minigpt.evaluate import whole_split_loss
 
 
 def main():

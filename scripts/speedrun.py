@@ -8,7 +8,7 @@ For each seed in turn: nanoGPT's procedure trains config S for 2000 iterations (
 train_like_nanogpt, PyTorch on --threads threads) and its training loop is timed, evaluations included; then every
 minigpt run of the seed trains with --max_time set to that time: the recipe (--preset speedrun) and, with
 --ablations, config S alone in the budget and config S with each change of the recipe alone. Every run, nanoGPT's
-too, is scored the same way at its end: the mean loss over the whole validation split (minigpt.train.
+too, is scored the same way at its end: the mean loss over the whole validation split (minigpt.evaluate.
 whole_split_loss). Needs PyTorch for nanoGPT's side (not a minigpt dependency: pip install torch).
 """
 import argparse
@@ -39,7 +39,7 @@ def nanogpt_child(seed, threads, data):
     from torch_twin import train_like_nanogpt
     from minigpt.config import parse_args
     from minigpt.data import CharTokenizer, Dataset, load_text
-    from minigpt.train import whole_split_loss
+    from minigpt.evaluate import whole_split_loss
     torch.set_num_threads(threads)
     cfg = parse_args(["--data", data])                                 # config S
     text = load_text(data)
@@ -49,11 +49,13 @@ def nanogpt_child(seed, threads, data):
     wall = curve[-1][2]                                                # the loop's time at its last evaluation
 
     class Scored:                                                      # the interface whole_split_loss walks
+        training = True
+
         def eval(self):
             model.eval()
 
-        def train(self):
-            model.train()
+        def train(self, mode=True):
+            model.train(mode)
 
         def forward(self, x, y):
             with torch.no_grad():

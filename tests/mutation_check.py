@@ -73,7 +73,7 @@ M = [
     (NOPS, "        if o is not out:\n            np.copyto(out, o)\n        return out\n\n    # ---- LayerNorm",
         "        return out\n\n    # ---- LayerNorm", f"{TO}::test_bmm_on_views_matches_float64"),
     # the whole-split evaluation and the time budget's schedule
-    (TRAIN, "if tail and world.root:", "if False:", f"{TT}::test_whole_split_loss_counts_every_target_once"),
+    ("minigpt/evaluate.py", "if tail and world.root:", "if False:", f"{TT}::test_whole_split_loss_counts_every_target_once"),
     (TRAIN, "return it if not self.cfg.max_time else", "return it if True else",
         f"{TT}::test_max_time_ends_the_run_and_lays_the_schedule_over_the_budget"),
     # Muon: the Nesterov look-ahead, the shape scale, one Newton-Schulz product

@@ -1,11 +1,10 @@
 """Byte-level BPE: training equals a slow reference that recounts every pair at every merge, any Unicode text
-round-trips, the JSON forms load back, bad input is a UserError, the speed targets hold, and Hugging Face
+round-trips, the JSON forms load back, bad input is a UserError, and Hugging Face
 `tokenizers` reading to_hf_json() gives the same ids on the corpus and on random Unicode."""
 import json
 import os
 import random
 import re
-import time
 from collections import Counter
 
 import numpy as np
@@ -114,19 +113,6 @@ def test_bpe_tokens_are_distinct_and_compress():
     ids = tok.encode(text)
     assert len(text) / len(ids) > 2.3                                           # 2.43 measured
     assert tok.decode(ids) == text
-
-
-def test_bpe_speed_targets():
-    """The issue's targets on this machine: vocab 1024 on tiny Shakespeare in under 10 s, encoding >= 1 MB/s
-    (measured: 0.3-0.4 s and 4-7 MB/s)."""
-    text = corpus()
-    t0 = time.perf_counter()
-    tok = BPETokenizer.train(text, 1024)
-    t1 = time.perf_counter()
-    tok.encode(text)
-    t2 = time.perf_counter()
-    assert t1 - t0 < 10.0
-    assert len(text.encode("utf-8")) / 1e6 / (t2 - t1) > 1.0
 
 
 def test_bpe_stops_when_the_text_runs_out_of_pairs():
