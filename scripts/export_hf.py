@@ -15,18 +15,11 @@ which is the same function. The export needs neither torch nor transformers (saf
 GPT-2 in transformers does not crop its context: prompt and new tokens together must fit in block_size
 (n_positions), hence max_length above; minigpt's own sampler slides a window instead.
 """
-import json
-import os
-import struct
 import sys
 from dataclasses import dataclass
 
-import numpy as np
-
-from minigpt import checkpoint
-from minigpt.bpe import BPETokenizer, tokenizer_from_json
 from minigpt.config import UserError, parse_args, setting
-from minigpt.layers import LayerNorm
+from minigpt.hf import export
 
 
 @dataclass
@@ -34,108 +27,6 @@ class ExportConfig:
     ckpt: str = setting("out/ckpt_best.npz", "the minigpt checkpoint to export")
     out: str = setting("", "directory to write the Hugging Face model into (required)")
     force: bool = setting(False, "write into --out even if it holds files (same-named files are replaced)")
-
-
-# ----------------------------------------------------------------------------
-# weights: minigpt names -> GPT2LMHeadModel names
-
-def hf_tensors(params, n_layer, tie_weights):
-    """{HF name: float32 array} from minigpt's params; every minigpt parameter must be used exactly once."""
-    left = dict(params)
-
-    def take(name):
-        if name not in left:
-            raise UserError(f"the checkpoint lacks parameter {name!r}, which its model_config implies; it is "
-                            "damaged or was made by another minigpt model code")
-        return left.pop(name)
-
-    out = {"transformer.wte.weight": take("wte.weight"),                      # (V, C) in both
-           "transformer.wpe.weight": take("wpe.weight")}                      # (T, C)
-    norms, linears = ["ln_1", "ln_2"], ["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"]
-    for name in [f"h.{i}.{m}" for i in range(n_layer) for m in norms + linears] + ["ln_f"]:
-        w = take(f"{name}.weight")                                        # Linear (in, out) = Conv1D's
-        out[f"transformer.{name}.weight"] = w
-        out[f"transformer.{name}.bias"] = left.pop(f"{name}.bias", np.zeros(w.shape[-1], w.dtype))   # (out,)
-    if not tie_weights:
-        out["lm_head.weight"] = take("lm_head.weight").T                  # (C, V) -> nn.Linear's (V, C)
-    if left:
-        raise UserError(f"the checkpoint has parameters a GPT-2 model has no place for: {sorted(left)[:4]}; "
-                        "it was made by another minigpt model code")
-    return {k: np.ascontiguousarray(v, dtype="<f4") for k, v in out.items()}
-
-
-def write_safetensors(path, tensors):
-    """The safetensors format: 8-byte little-endian header size, a JSON header (name -> dtype, shape, byte
-    offsets into the data), padded with spaces to 8 bytes, then the raw little-endian data."""
-    header, offset = {"__metadata__": {"format": "pt"}}, 0                   # transformers requires "pt"
-    for name, a in tensors.items():
-        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
-        offset += a.nbytes
-    head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * (-len(head) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(head)) + head)
-        for a in tensors.values():
-            f.write(a.tobytes())
-
-
-def gpt2_config(mc):
-    """GPT2Config for minigpt's model_config: tanh GELU is "gelu_new"; eval-only, so no dropout; no special
-    tokens (minigpt has none), so generate() runs to max_new_tokens."""
-    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": mc["vocab_size"],
-            "n_positions": mc["block_size"], "n_embd": mc["n_embd"], "n_layer": mc["n_layer"],
-            "n_head": mc["n_head"], "n_inner": 4 * mc["n_embd"], "activation_function": "gelu_new",
-            "layer_norm_epsilon": LayerNorm(1).eps, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
-            "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
-            "tie_word_embeddings": mc["tie_weights"], "bos_token_id": None, "eos_token_id": None,
-            "pad_token_id": None, "use_cache": True, "dtype": "float32"}
-
-
-# ----------------------------------------------------------------------------
-# the directory
-
-def _prepare(out, force):
-    if not out:
-        raise UserError("--out DIR is required: the directory to write the Hugging Face model into")
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise UserError(f"--out {out!r} is a file; pass a directory path")
-    if os.path.isdir(out) and os.listdir(out) and not force:
-        raise UserError(f"--out {out!r} is not empty; pass --force to write into it, or another --out")
-    try:
-        os.makedirs(out, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"cannot create --out {out!r} ({e.strerror}); pass a writable directory") from None
-
-
-def _write_json(path, obj):
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, ensure_ascii=False)
-
-
-def export(ckpt, out, force=False):
-    """Write the Hugging Face directory `out` for checkpoint file `ckpt`; -> the names of the files written."""
-    meta, params, _, _ = checkpoint.load(ckpt)
-    if "model_config" not in meta or "tokenizer" not in meta:
-        raise UserError(f"{ckpt}: the checkpoint has no model_config or tokenizer; export a training run's checkpoint")
-    mc, tok = meta["model_config"], tokenizer_from_json(meta["tokenizer"])
-    if tok.vocab_size != mc["vocab_size"]:
-        raise UserError(f"{ckpt}: the tokenizer has {tok.vocab_size} tokens but the model {mc['vocab_size']}")
-    tensors = hf_tensors(params, mc["n_layer"], mc["tie_weights"])
-    _prepare(out, force)
-    try:
-        write_safetensors(os.path.join(out, "model.safetensors"), tensors)
-        _write_json(os.path.join(out, "config.json"), gpt2_config(mc))
-        if isinstance(tok, BPETokenizer):
-            tok.save_hf(os.path.join(out, "tokenizer.json"))
-            _write_json(os.path.join(out, "tokenizer_config.json"), {
-                "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": mc["block_size"],
-                "model_input_names": ["input_ids", "attention_mask"],     # token_type_ids would add wte rows
-                "clean_up_tokenization_spaces": False})
-            return ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
-        _write_json(os.path.join(out, "minigpt_chars.json"), tok.chars)
-    except OSError as e:
-        raise UserError(f"cannot write into --out {out!r} ({e.strerror}); pass a writable directory") from None
-    return ["config.json", "model.safetensors", "minigpt_chars.json"]
 
 
 def main(argv):

@@ -18,9 +18,7 @@ from minigpt.data import CharTokenizer
 from minigpt.model import GPT, GPTConfig
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
-sys.path.insert(0, SCRIPTS)                             # export_hf.py is a script, not part of the package
-
-from export_hf import export                            # noqa: E402
+from minigpt.hf import export
 
 NO_HF = "transformers and torch are not minigpt dependencies; pip install transformers torch to run this"
 
