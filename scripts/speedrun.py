@@ -181,9 +181,9 @@ def write_report(a, runs):
           "head, no dropout), the other settings are config S's, and the time budget itself (the lr schedule laid "
           "over it) is the first change.", "",
           "How it was chosen: ten single runs of 60 s at seed 1337 on this machine (AdamW at lr 1e-3 and 3e-3; Muon "
-          "at lr ratios 20 and 6.67; Muon with batch 24, 32 and 48, batch 24 at lr 1.5e-3, block 128, and n_embd 192). Batch 24-48 "
-          "with Muon were within 0.01 of each other, and 32 is the middle. Seeds 1338 and 1339 played no part in "
-          "the choice."]
+          "at lr ratios 20 and 6.67; Muon with batch 24, 32 and 48, batch 24 at lr 1.5e-3, block 128, and n_embd "
+          "192). Batch 24-48 with Muon were within 0.01 of each other, and 32 is the middle. Seeds 1338 and 1339 "
+          "played no part in the choice."]
     if "config S in the budget" in runs:
         base = np.array([r["val_full"] for r in runs["config S in the budget"]])
         L += ["", "## Ablations", "",
