@@ -40,6 +40,21 @@ def test_newton_schulz_matches_float64_reference(shape):
     assert frob_err(X, ns_reference(G)) < 2e-5                         # float32 rounding, amplified <= a^5
 
 
+@pytest.mark.parametrize("backend", ["numba", "native"])
+def test_newton_schulz_of_a_stack_on_the_fast_backends(use, backend):
+    """Each matrix of a stack (L, rows, cols) as alone, through the backend's batched products (odd shapes)."""
+    from minigpt import backends
+    if backend not in backends.available():
+        pytest.skip(f"{backend}: {backends.why_unavailable(backend)}")
+    use(backend)
+    for shape in ((3, 17, 40), (2, 40, 17), (4, 33, 33)):
+        G = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
+        X = newton_schulz(G)
+        assert X.shape == shape
+        for g, x in zip(G, X):
+            assert frob_err(x, ns_reference(g)) < 2e-5
+
+
 @pytest.mark.parametrize("shape", [s for s in SHAPES if s[0] != s[1]])   # a random square one is near-singular
 def test_newton_schulz_keeps_singular_vectors_and_bounds_values(shape):
     """X = U diag(s') V^T with G's own U, V, and s' in the quintic's band: every s with s / |G|_F >= 0.002
