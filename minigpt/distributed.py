@@ -10,7 +10,7 @@ writes the log, checkpoints, plot and sample.
 One process never imports mpi4py: world() returns a World of size 1 whose collectives do nothing. mpiexec is
 recognised by the variables its launcher sets (PMI_SIZE: MPICH, Intel MPI, Slurm; OMPI_COMM_WORLD_SIZE: Open MPI).
 
-Faults. A rank that dies makes mpiexec stop the others (MPICH's Hydra kills them and names the dead rank). An
+Faults. A rank that dies makes mpiexec stop the others (MPICH's Hydra kills them and names the dead process). An
 error on one rank only is printed there and aborts the whole job (MPI_Abort), because the others would wait
 forever for it in the next collective; an error that every rank meets the same way (a bad setting, a diverged
 loss, anything agree() settled) exits normally. A SIGINT/SIGTERM, which mpiexec forwards to every rank, rides
