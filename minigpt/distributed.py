@@ -17,6 +17,7 @@ loss, anything agree() settled) exits normally. A SIGINT/SIGTERM, which mpiexec 
 along in the gradient Allreduce, so all ranks stop after the same step and rank 0 saves once.
 """
 import os
+import shutil
 import sys
 import traceback
 import zlib
@@ -27,6 +28,12 @@ from .config import UserError
 
 _SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "PMIX_SIZE")
 _world = None
+
+
+def find_mpiexec():
+    """mpiexec beside this Python (where the mpich wheel installs it), else the one on PATH; None if neither."""
+    near = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return near if os.path.exists(near) else shutil.which("mpiexec")
 
 
 def launched_size():

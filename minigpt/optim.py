@@ -115,6 +115,11 @@ class Muon:
         self.m = {k: np.zeros_like(p) for k, p in params.items()}      # momentum buffers / first moments
         self.v = {k: np.zeros_like(p) for k, p in params.items() if k not in self.muon}   # second moments
         self.decay = {k for k, p in params.items() if p.ndim >= 2 and k not in self.muon}   # AdamW's rule
+        self.groups = {}                                               # shape -> the Muon names of that shape
+        for k in sorted(self.muon, key=list(params).index):
+            self.groups.setdefault(params[k].shape, []).append(k)
+        self.stacks = {shape: np.empty((len(names), *shape), params[names[0]].dtype)   # each group's momentum
+                       for shape, names in self.groups.items()}                         # directions, reused
 
     def step(self, params, grads, lr):
         """One in-place update of every array in params from the matching array in grads."""
@@ -122,21 +127,23 @@ class Muon:
         b1, b2 = self.beta1, self.beta2
         bc1, bc2 = 1.0 - b1 ** self.t, 1.0 - b2 ** self.t
         lr_muon = self.lr_ratio * lr
-        updates = {}                                                   # shape -> [(name, momentum direction)]
         for k, p in params.items():
-            g = grads[k]
             if k not in self.muon:
                 wd = self.weight_decay if k in self.decay else 0.0
-                ops.adamw(p, g, self.m[k], self.v[k], lr, b1, b2, self.eps, wd, bc1, bc2)
-                continue
-            buf = self.m[k]
-            buf *= self.momentum
-            buf += g                                                   # buf = mu buf + g
-            u = g + self.momentum * buf if self.nesterov else buf      # Nesterov: look one momentum step ahead
-            updates.setdefault(p.shape, []).append((k, u))
-        for shape, group in updates.items():                           # every layer's c_fc (say) in one stack
-            O = newton_schulz(np.stack([u for _, u in group]), self.ns_steps)          # (L, rows, cols)
-            for (k, _), o in zip(group, O):
+                ops.adamw(p, grads[k], self.m[k], self.v[k], lr, b1, b2, self.eps, wd, bc1, bc2)
+        for shape, names in self.groups.items():                       # every layer's c_fc (say) in one stack
+            U = self.stacks[shape]                                     # (L, rows, cols)
+            for k, u in zip(names, U):
+                buf, g = self.m[k], grads[k]
+                buf *= self.momentum
+                buf += g                                               # buf = mu buf + g
+                if self.nesterov:                                      # look one momentum step ahead
+                    np.multiply(buf, self.momentum, out=u)
+                    u += g                                             # u = g + mu buf
+                else:
+                    u[...] = buf
+            O = newton_schulz(U, self.ns_steps)                        # (L, rows, cols)
+            for k, o in zip(names, O):
                 p = params[k]
                 p *= 1.0 - lr_muon * self.muon_weight_decay            # p -= lr wd p
                 p -= (lr_muon * muon_scale(shape)) * o

@@ -12,7 +12,6 @@ arrangements so that a change in the machine's load touches all of them alike. N
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_util import cpu_line, revision  # noqa: E402
+from bench_util import command, cpu_line, revision  # noqa: E402
+from minigpt.distributed import find_mpiexec  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = {"S": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch=12),       # batch: the global one
@@ -30,11 +30,6 @@ ARRANGEMENTS = {"1 process x 2 threads": (1, 2), "2 ranks x 1 thread": (2, 1),
                 "1 process x 1 thread, half the batch": (1, 1)}   # one rank's share of the work, alone
 LINKS_GBIT = (10, 25, 100)
 LATENCY_S = 20e-6                  # per message of the ring (TCP over Ethernet, one hop): an assumption
-
-
-def mpiexec():
-    near = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return near if os.path.exists(near) else shutil.which("mpiexec")
 
 
 def n_params(c, V=65):
@@ -50,7 +45,7 @@ def train_run(c, ranks, threads, steps, backend, data, tmp):
             *(f"--{k}={v}" for k, v in c.items() if k != "batch"), f"--batch_size={batch}",
             f"--max_iters={steps}", f"--eval_interval={10 ** 6}", "--eval_iters=1", "--sample_chars=0", "--plot=",
             f"--backend={backend}", f"--threads={threads}", f"--log_interval={10 ** 6}"]
-    cmd = [mpiexec(), "-n", str(ranks), *args] if ranks > 1 else args
+    cmd = [find_mpiexec(), "-n", str(ranks), *args] if ranks > 1 else args
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
     with open(os.path.join(out, "log.jsonl")) as f:
         ms = [r["ms"] for r in map(json.loads, f) if r["kind"] == "train"]
@@ -67,7 +62,7 @@ def exactness(backend, data, tmp, iters=200):
         args = [sys.executable, "scripts/train_shakespeare.py", "--data", data, "--out_dir", out,
                 f"--batch_size={batch}", f"--max_iters={iters}", "--eval_interval=100", "--sample_chars=0",
                 "--plot=", f"--backend={backend}", "--threads=1"]
-        subprocess.run([mpiexec(), "-n", "2", *args] if ranks > 1 else args, cwd=ROOT, check=True,
+        subprocess.run([find_mpiexec(), "-n", "2", *args] if ranks > 1 else args, cwd=ROOT, check=True,
                        capture_output=True)
         with open(os.path.join(out, "log.jsonl")) as f:
             logs[ranks] = [json.loads(line) for line in f]
@@ -110,11 +105,11 @@ def main():
     a = ap.parse_args()
     if a.child:
         return allreduce_child([int(n) for n in a.child.split(",")], reps=30)
-    if mpiexec() is None:
+    if find_mpiexec() is None:
         sys.exit("error: no mpiexec; pip install -e \".[mpi]\" installs mpi4py and MPICH")
 
     sizes = {name: n_params(c) + 2 for name, c in CONFIGS.items()}           # + the loss and the stop flag
-    r = subprocess.run([mpiexec(), "-n", "2", sys.executable, __file__, "--allreduce-child",
+    r = subprocess.run([find_mpiexec(), "-n", "2", sys.executable, __file__, "--allreduce-child",
                         ",".join(str(n) for n in sizes.values())], cwd=ROOT, check=True, capture_output=True, text=True)
     allreduce = {name: json.loads(r.stdout)[str(n)] for name, n in sizes.items()}
 
@@ -133,7 +128,7 @@ def main():
 
 
 def write_report(a, results, sizes, allreduce, exact):
-    cmd = "python scripts/bench_distributed.py" + (" " + " ".join(sys.argv[1:]) if sys.argv[1:] else "")
+    cmd = command("bench_distributed.py")
     L = ["# Data-parallel training on MPI", "",
          f"Measured by `{cmd}` at {revision(ROOT)}, on {cpu_line()}; backend `{a.backend}`, MPICH from PyPI.",
          f"Medians over {a.rounds} runs of each arrangement, alternating (S: {a.steps_S} steps per run, M: "

@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_util import cpu_line, revision  # noqa: E402
+from bench_util import command, cpu_line, revision  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKENIZERS = {"char": [], "BPE 512": ["--tokenizer=bpe", "--vocab_size=512"],
@@ -77,7 +77,7 @@ def main():
 
 
 def write_report(a, results, bpe, char_vocab):
-    cmd = "python scripts/bench_tokenizers.py" + (" " + " ".join(sys.argv[1:]) if sys.argv[1:] else "")
+    cmd = command("bench_tokenizers.py")
     L = ["# Characters against byte-level BPE", "",
          f"Measured by `{cmd}` at {revision(ROOT)}, on {cpu_line()}.", "",
          f"Config S (4 layers, n_embd 128, block 64 tokens, batch 12, AdamW lr 1e-3) trained for {a.seconds:g} s of "

@@ -3,7 +3,9 @@ decide which native kernels can run) and the git revision of a tree. A sibling m
 (`from bench_util import cpu_line`); not part of the package.
 """
 import os
+import shlex
 import subprocess
+import sys
 
 SIMD = ("avx512f", "avx2", "fma")
 
@@ -41,6 +43,11 @@ def cpu_line():
     c = cpu()
     return f"{c['model']}, {c['cpus']} CPUs, " + ", ".join(f"{f} {'yes' if v else 'no'}" for f, v in c["flags"].items()) \
         + " (lscpu)"
+
+
+def command(script):
+    """The command line this run was started with, as a report quotes it: 'python scripts/<script> <args>'."""
+    return " ".join(["python", f"scripts/{script}", *map(shlex.quote, sys.argv[1:])])
 
 
 def revision(tree="."):

@@ -21,7 +21,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_util import cpu_line, revision  # noqa: E402
+from bench_util import command, cpu_line, revision  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOAL = 1.80
@@ -152,7 +152,7 @@ def write_report(a, runs):
         v = np.array([r["val_full"] for r in rs])
         return v.mean(), (v.std(ddof=1) if len(v) > 1 else float("nan")), v
 
-    cmd = "python scripts/speedrun.py" + (" " + " ".join(sys.argv[1:]) if sys.argv[1:] else "")
+    cmd = command("speedrun.py")
     import torch
     from minigpt.data import load_text, split_text
     m_ref, s_ref, _ = stats(ref)

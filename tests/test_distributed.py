@@ -21,18 +21,12 @@ MODEL = ["--n_layer=2", "--n_head=2", "--n_embd=16", "--block_size=16", "--sampl
 LAUNCHER_VARS = [v for v in os.environ if v.startswith(("PMI_", "OMPI_", "PMIX_", "MV2_", "HYDRA_"))]
 
 
-def _mpiexec():
-    """mpiexec beside this Python (the mpich wheel installs it there), else on PATH; None when missing."""
-    near = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return near if os.path.exists(near) else shutil.which("mpiexec")
-
-
 def _have_mpi():
     try:
         import mpi4py  # noqa: F401
     except ImportError:
         return False
-    return _mpiexec() is not None
+    return distributed.find_mpiexec() is not None
 
 
 needs_mpi = pytest.mark.skipif(not _have_mpi(), reason="mpi4py or mpiexec not installed "
@@ -46,7 +40,7 @@ def _env(**extra):
 
 def _cmd(n, args):
     script = [sys.executable, "scripts/train_shakespeare.py", *MODEL, *args]
-    return script if n is None else [_mpiexec(), "-n", str(n), *script]
+    return script if n is None else [distributed.find_mpiexec(), "-n", str(n), *script]
 
 
 def run(n, *args, timeout=180):
@@ -225,7 +219,7 @@ def test_an_error_on_one_rank_only_ends_every_rank_with_its_message(tmp_path):
     code = ("import os, sys; from minigpt import distributed; from minigpt.train import main; "
             f"os.chdir(os.path.join({str(tmp_path)!r}, 'r%d' % distributed.world().rank)); "
             f"sys.exit(main(['--data', 'text.txt', '--out_dir', {str(tmp_path / 'out')!r}, '--backend=numpy']))")
-    r = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-c", code], cwd=ROOT,
+    r = subprocess.run([distributed.find_mpiexec(), "-n", "2", sys.executable, "-c", code], cwd=ROOT,
                        env=_env(PYTHONPATH=ROOT), capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert r.stderr.count("error: on rank 1: data file 'text.txt' does not exist") == 1, r.stderr
