@@ -1,5 +1,6 @@
-"""Checkpoints: one .npz holding params, the optimizer's state (AdamW moments; Muon's momentum buffers, and AdamW
-moments for the rest), step, every RNG state, configs and the tokenizer.
+"""Checkpoints: one .npz holding params, the optimizer's state under its name ("adamw.m/<param>", "muon.momentum/
+<param>": Optimizer.state()), step, every RNG state, configs and the tokenizer. Checkpoints of minigpt before
+the optimizers named their state ("adam_m/", "adam_v/") still load.
 
 save() writes a temporary file in the same directory, fsyncs it, and renames it into place (then fsyncs
 the directory), so a crash at any moment leaves the previous checkpoint intact and loadable.
@@ -19,9 +20,10 @@ FORMAT = "minigpt-checkpoint-1"
 def save(path, model, opt, meta):
     """meta: a JSON-able dict (iter, configs, rng states, tokenizer, ...)."""
     arrays = {f"param/{k}": v for k, v in model.params().items()}
-    arrays.update({f"adam_m/{k}": v for k, v in opt.m.items()})
-    arrays.update({f"adam_v/{k}": v for k, v in opt.v.items()})
-    meta = {**meta, "format": FORMAT, "adam_t": opt.t}
+    t, slots = opt.state()
+    for slot, named in slots.items():
+        arrays.update({f"{opt.name}.{slot}/{k}": v for k, v in named.items()})
+    meta = {**meta, "format": FORMAT, "optimizer": opt.name, "opt_t": t}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
     d = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=d)
@@ -46,7 +48,8 @@ def save(path, model, opt, meta):
 
 
 def load(path):
-    """-> (meta dict, params dict, adam_m dict, adam_v dict); a UserError for anything unusable."""
+    """-> (meta dict, params dict, optimizer state {"name", "t", "slots": {slot: {param: array}}}); a UserError
+    for anything unusable."""
     if not os.path.exists(path):
         raise UserError(f"checkpoint {path!r} does not exist; check --out_dir, or start without --resume")
     try:
@@ -60,11 +63,29 @@ def load(path):
         assert meta.get("format") == FORMAT
     except (KeyError, ValueError, AssertionError):
         raise UserError(f"{path!r} is not a minigpt checkpoint (no {FORMAT} metadata)") from None
-    groups = {"param": {}, "adam_m": {}, "adam_v": {}}
+    params, slots = {}, {}
     for k, v in files.items():
-        g, _, name = k.partition("/")
-        groups[g][name] = v
-    return meta, groups["param"], groups["adam_m"], groups["adam_v"]
+        group, _, name = k.partition("/")
+        if group == "param":
+            params[name] = v
+        else:                                                  # "<optimizer>.<slot>", or before: adam_m, adam_v
+            slots.setdefault(group.partition(".")[2] or group, {})[name] = v
+    if "optimizer" not in meta:
+        return meta, params, _unnamed_state(meta, slots)
+    return meta, params, {"name": meta["optimizer"], "t": meta["opt_t"], "slots": slots}
+
+
+def _unnamed_state(meta, slots):
+    """The state of a checkpoint written before optimizers named theirs: AdamW's m and v as adam_m, adam_v;
+    Muon kept its momentum buffers in adam_m too, for the parameters that have no adam_v."""
+    name = meta.get("train_config", {}).get("optimizer", "adamw")
+    m, v = slots.get("adam_m", {}), slots.get("adam_v", {})
+    if name == "muon":
+        slots = {"momentum": {k: a for k, a in m.items() if k not in v},
+                 "m": {k: a for k, a in m.items() if k in v}, "v": v}
+    else:
+        slots = {"m": m, "v": v}
+    return {"name": name, "t": meta.get("adam_t", 0), "slots": slots}
 
 
 def load_params(model, params, path="checkpoint"):

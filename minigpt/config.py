@@ -8,6 +8,7 @@ Unknown keys and wrong types are UserErrors that name the fix. Nothing here trai
 import argparse
 import difflib
 import math
+import numbers
 import os
 import re
 from dataclasses import MISSING, asdict, dataclass, field, fields
@@ -39,8 +40,35 @@ PRESETS = {
 
 
 @dataclass
-class TrainConfig:
-    """Every setting of a training run; each is a --key on the command line."""
+class ModelShape:
+    """The model's settings (config S), declared once: TrainConfig has them as --keys, GPTConfig as the model's."""
+    n_layer: int = setting(4, "transformer blocks")
+    n_head: int = setting(4, "attention heads per block")
+    n_embd: int = setting(128, "embedding width (a multiple of --n_head)")
+    block_size: int = setting(64, "context length in tokens")
+    dropout: float = setting(0.0, "dropout probability in training, in [0, 1)")
+    bias: bool = setting(False, "biases in the Linear and LayerNorm layers (off: nanoGPT's train.py default)")
+    tie_weights: bool = setting(True, "the LM head shares the token-embedding matrix")
+
+    def model_dict(self):
+        return {f.name: getattr(self, f.name) for f in fields(ModelShape)}
+
+
+@dataclass
+class GPTConfig(ModelShape):
+    """The model: its shape and the vocabulary size its tokenizer gives. Checked when made (check_model)."""
+    vocab_size: int = setting(65, "tokens in the vocabulary (the tokenizer's)")
+
+    def __post_init__(self):
+        check_model(self)
+
+    def to_dict(self):
+        return asdict(self)
+
+
+@dataclass
+class TrainConfig(ModelShape):
+    """Every setting of a training run; each is a --key on the command line (the model's first)."""
     # data and output
     data: str = setting("data/tinyshakespeare.txt", "UTF-8 text to train on (train_shakespeare.py downloads the "
                                                     "default when it is missing)")
@@ -54,14 +82,6 @@ class TrainConfig:
     tokenizer: str = setting("char", "char: one token per character | bpe: byte-level BPE trained on the training "
                                      "split (minigpt/bpe.py)")
     vocab_size: int = setting(512, "tokens of the BPE vocabulary (with --tokenizer bpe): 256 bytes + merges")
-    # model (config S)
-    n_layer: int = setting(4, "transformer blocks")
-    n_head: int = setting(4, "attention heads per block")
-    n_embd: int = setting(128, "embedding width (a multiple of --n_head)")
-    block_size: int = setting(64, "context length in tokens")
-    dropout: float = setting(0.0, "dropout probability in training, in [0, 1)")
-    bias: bool = setting(False, "biases in the Linear and LayerNorm layers (off: nanoGPT's train.py default)")
-    tie_weights: bool = setting(True, "the LM head shares the token-embedding matrix")
     # optimisation
     batch_size: int = setting(12, "sequences per micro-batch")
     grad_accum: int = setting(1, "micro-batches accumulated into each optimisation step")
@@ -90,9 +110,9 @@ class TrainConfig:
     backend: str = setting(default_backend, "auto | numpy | numba | native; $MINIGPT_BACKEND sets the default")
     threads: int = setting(0, "threads for the backend and BLAS (0: all CPUs)")
 
-    def model_dict(self):
-        return {k: getattr(self, k) for k in
-                ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "tie_weights")}
+    def model_config(self, vocab_size):
+        """The GPTConfig of this run, for a tokenizer of vocab_size tokens."""
+        return GPTConfig(vocab_size=vocab_size, **self.model_dict())
 
     def to_dict(self):
         return asdict(self)
@@ -104,9 +124,26 @@ class TrainConfig:
         return self.plot if os.path.dirname(self.plot) else os.path.join(self.out_dir, self.plot)
 
 
-_POSITIVE = {"n_layer", "n_head", "n_embd", "block_size", "batch_size", "grad_accum", "eval_interval",
+_POSITIVE = {"batch_size", "grad_accum", "eval_interval",
              "eval_iters", "log_interval", "lr_decay_iters"}
 _NON_NEGATIVE = {"max_iters", "max_time", "muon_lr_ratio", "warmup_iters", "sample_chars", "threads", "lr", "min_lr", "weight_decay", "grad_clip"}
+
+
+def check_model(cfg):
+    """The model's rules, for a GPTConfig or a TrainConfig: the one place they are checked."""
+    for f in fields(ModelShape) + ((fields(GPTConfig)[-1],) if isinstance(cfg, GPTConfig) else ()):
+        v, typ = getattr(cfg, f.name), _TYPES.get(f.type, f.type)
+        if typ is int and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0):
+            raise UserError(f"--{f.name} must be positive (a whole number), got {v!r}")
+        if typ is bool and not isinstance(v, bool):
+            raise UserError(f"--{f.name} must be true or false, got {v!r}")
+    if isinstance(cfg.dropout, bool) or not isinstance(cfg.dropout, (int, float)) or not 0.0 <= cfg.dropout < 1.0:
+        raise UserError(f"--dropout must lie in [0, 1), got {cfg.dropout!r}")
+    if cfg.n_embd % cfg.n_head:
+        near = [h for h in range(1, cfg.n_embd + 1) if cfg.n_embd % h == 0][:8]
+        raise UserError(f"--n_embd ({cfg.n_embd}) must be divisible by --n_head ({cfg.n_head}); "
+                        f"n_head could be one of {near}...")
+    return cfg
 
 
 def check(cfg):
@@ -117,10 +154,7 @@ def check(cfg):
     for k in _NON_NEGATIVE:
         if getattr(cfg, k) < 0:
             raise UserError(f"--{k} must be zero or more, got {getattr(cfg, k)}")
-    if not 0.0 <= cfg.dropout < 1.0:
-        raise UserError(f"--dropout must lie in [0, 1), got {cfg.dropout}")
-    if cfg.n_embd % cfg.n_head:
-        raise UserError(f"--n_embd ({cfg.n_embd}) must be divisible by --n_head ({cfg.n_head})")
+    check_model(cfg)
     for k in ("beta1", "beta2"):
         if not 0.0 <= getattr(cfg, k) < 1.0:
             raise UserError(f"--{k} must lie in [0, 1), got {getattr(cfg, k)}")

@@ -3,7 +3,8 @@
 Every rank holds the whole model. Each step, every rank draws the same global batch of N * batch_size start
 offsets from the shared batch generator and takes its own slice of them (so the union of the ranks' rows is
 what one process with --batch_size N*B would draw), runs forward and backward on its slice with the loss scaled
-by 1/N, and one Allreduce sums the gradients, which live in one flat buffer. Every rank then clips and applies
+by 1/N, and one Allreduce sums the gradients in place: they live in one flat buffer, the model's grad_memory
+(a second, of two numbers, sums the loss and "a rank was signalled"). Every rank then clips and applies
 the same update to the same weights, so the replicas stay equal without ever sending weights. Only rank 0
 writes the log, checkpoints, plot and sample.
 
@@ -14,7 +15,7 @@ Faults. A rank that dies makes mpiexec stop the others (MPICH's Hydra kills them
 error on one rank only is printed there and aborts the whole job (MPI_Abort), because the others would wait
 forever for it in the next collective; an error that every rank meets the same way (a bad setting, a diverged
 loss, anything agree() settled) exits normally. A SIGINT/SIGTERM, which mpiexec forwards to every rank, rides
-along in the gradient Allreduce, so all ranks stop after the same step and rank 0 saves once.
+along in the loss's Allreduce, so all ranks stop after the same step and rank 0 saves once.
 """
 import os
 import shutil
@@ -155,22 +156,6 @@ class MPIWorld(World):
 
 # ----------------------------------------------------------------------------
 # gradients in one buffer
-
-def flatten_grads(model, extra=0):
-    """Move every gradient array of the model into one float32 buffer (the arrays become views of it, so the
-    layers' += land there) and return it, with `extra` free slots at the end for scalars that travel along."""
-    grads = model.grads()
-    n = sum(g.size for g in grads.values())
-    flat = np.zeros(n + extra, dtype=next(iter(grads.values())).dtype)
-    offset = 0
-    for _, m in model.modules():
-        for k, g in m.g.items():
-            view = flat[offset:offset + g.size].reshape(g.shape)
-            view[...] = g
-            m.g[k] = view
-            offset += g.size
-    return flat
-
 
 # ----------------------------------------------------------------------------
 # leaving with an error

@@ -13,7 +13,7 @@ import numpy as np
 from . import checkpoint
 from .bpe import BPETokenizer, tokenizer_from_json
 from .config import UserError
-from .layers import LayerNorm
+from .layers import LN_EPS
 
 
 # ----------------------------------------------------------------------------
@@ -65,7 +65,7 @@ def gpt2_config(mc):
     return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": mc["vocab_size"],
             "n_positions": mc["block_size"], "n_embd": mc["n_embd"], "n_layer": mc["n_layer"],
             "n_head": mc["n_head"], "n_inner": 4 * mc["n_embd"], "activation_function": "gelu_new",
-            "layer_norm_epsilon": LayerNorm(1).eps, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+            "layer_norm_epsilon": LN_EPS, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
             "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
             "tie_word_embeddings": mc["tie_weights"], "bos_token_id": None, "eos_token_id": None,
             "pad_token_id": None, "use_cache": True, "dtype": "float32"}
@@ -94,7 +94,7 @@ def _write_json(path, obj):
 
 def export(ckpt, out, force=False):
     """Write the Hugging Face directory `out` for checkpoint file `ckpt`; -> the names of the files written."""
-    meta, params, _, _ = checkpoint.load(ckpt)
+    meta, params, _ = checkpoint.load(ckpt)
     if "model_config" not in meta or "tokenizer" not in meta:
         raise UserError(f"{ckpt}: the checkpoint has no model_config or tokenizer; export a training run's checkpoint")
     mc, tok = meta["model_config"], tokenizer_from_json(meta["tokenizer"])

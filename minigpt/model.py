@@ -1,116 +1,360 @@
 """GPT: token + learned position embeddings -> n_layer pre-LN blocks -> final LayerNorm -> LM head.
 
-The LM head is tied to the token embedding by default: logits = x @ wte^T, and wte's gradient is the sum
-of the head's and the embedding's contributions. Parameter names follow GPT-2/nanoGPT attribute paths
-(README.md), so weights map to those ecosystems by a rename (and a transpose: Linear weights are (in, out)).
+Read it as llm.c's train_gpt2.c: parameter_shapes() lists every parameter, carved as named views out of one flat
+buffer (and the gradients out of another: clipping is one norm, MPI's Allreduce takes the buffer itself);
+activation_shapes() lists every array one step computes into, the activation table, and gradient_shapes() the
+backward's. The model owns the tables (allocated once per batch shape) and hands each layer (layers.py: pure
+functions) its slice. Generation runs this same forward over new positions with a KVCache.
+
+The LM head is tied to the token embedding by default: logits = x wte^T, and wte's gradient is the sum of the
+head's and the embedding's parts. Parameter names follow GPT-2/nanoGPT attribute paths (h.3.attn.c_attn.weight),
+so weights map to those ecosystems by a rename (and a transpose: Linear weights are (in, out)).
 """
 import math
-from dataclasses import asdict, dataclass, fields
+from types import SimpleNamespace
 
 import numpy as np
 
+from . import backends
+from . import layers as L
 from .backends import ops
-from .layers import Block, CrossEntropy, Dropout, Embedding, LayerNorm, Linear, Module, PositionalEmbedding, flat
+from .config import GPTConfig  # noqa: F401  (the model's config; re-exported for `from minigpt.model import`)
+from .layers import flat
 
 
-@dataclass
-class GPTConfig:
-    vocab_size: int = 65
-    block_size: int = 64
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    dropout: float = 0.0
-    bias: bool = True
-    tie_weights: bool = True
+# ----------------------------------------------------------------------------
+# the tables: parameters, activations, and the activations' gradients
 
-    def __post_init__(self):
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if f.type in (int, "int"):
-                if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
-                    raise ValueError(f"{f.name} must be a positive integer, got {v!r}")
-            elif f.type in (bool, "bool") and not isinstance(v, (bool, np.bool_)):
-                raise ValueError(f"{f.name} must be true or false, got {v!r}")
-        if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must lie in [0, 1), got {self.dropout!r}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); "
-                             f"pick n_head among {[h for h in range(1, self.n_embd + 1) if self.n_embd % h == 0][:8]}...")
-
-    def to_dict(self):
-        return asdict(self)
+def parameter_shapes(cfg):
+    """{name: shape} of every parameter, in the order they lie in the flat buffer."""
+    C, V = cfg.n_embd, cfg.vocab_size
+    shapes = {"wte.weight": (V, C), "wpe.weight": (cfg.block_size, C)}
+    for l in range(cfg.n_layer):
+        for name, (n_in, n_out) in (("ln_1", (0, C)), ("attn.c_attn", (C, 3 * C)), ("attn.c_proj", (C, C)),
+                                    ("ln_2", (0, C)), ("mlp.c_fc", (C, 4 * C)), ("mlp.c_proj", (4 * C, C))):
+            shapes[f"h.{l}.{name}.weight"] = (n_in, n_out) if n_in else (n_out,)   # Linear (in, out); LN (C,)
+            if cfg.bias:
+                shapes[f"h.{l}.{name}.bias"] = (n_out,)
+    shapes["ln_f.weight"] = (C,)
+    if cfg.bias:
+        shapes["ln_f.bias"] = (C,)
+    if not cfg.tie_weights:
+        shapes["lm_head.weight"] = (C, V)
+    return shapes
 
 
-class GPT(Module):
+def activation_shapes(cfg, B, T, Tk=None, dropout=False):
+    """{name: shape} of every array a forward at (B, T) writes and the backward reads; per-layer ones lead
+    with L. Tk: keys a query may see (T in training; block_size in a KVCache). dropout adds the masks."""
+    C, nh, V, Ln, Tk = cfg.n_embd, cfg.n_head, cfg.vocab_size, cfg.n_layer, Tk or T
+    shapes = {
+        "emb":      (B, T, C),            # wte[idx] + wpe[t] (times emb_mask): the residual stream's start
+        "ln1":      (Ln, B, T, C),        # ln_1(x)
+        "ln1_mean": (Ln, B * T),
+        "ln1_rstd": (Ln, B * T),
+        "qkv":      (Ln, B, T, 3 * C),    # ln1 W_attn + b: q, k, v side by side
+        "att":      (Ln, B, nh, T, Tk),   # softmax(q k^T / sqrt(hs)), causal
+        "atty":     (Ln, B, T, C),        # att v, the heads side by side
+        "x_attn":   (Ln, B, T, C),        # the residual stream after attention: x + atty W_proj + b
+        "ln2":      (Ln, B, T, C),        # ln_2(x_attn)
+        "ln2_mean": (Ln, B * T),
+        "ln2_rstd": (Ln, B * T),
+        "fc":       (Ln, B, T, 4 * C),    # gelu(ln2 W_fc + b)
+        "fc_dgelu": (Ln, B, T, 4 * C),    # gelu' there: the backward's one multiply
+        "x_mlp":    (Ln, B, T, C),        # the residual stream after the MLP: x_attn + fc W_proj + b
+        "lnf":      (B, T, C),            # ln_f(x) of the last layer's x_mlp
+        "lnf_mean": (B * T,),
+        "lnf_rstd": (B * T,),
+        "logits":   (B, T, V),            # lnf wte^T (tied) or lnf W_head
+        "lse":      (B * T,),             # log-sum-exp of each row of logits
+    }
+    if dropout:
+        shapes.update({
+            "emb_mask":  (B, T, C),       # inverted-dropout masks (layers.dropout_mask), drawn every forward
+            "att_mask":  (Ln, B, nh, T, T),
+            "attd":      (Ln, B, nh, T, T),   # att * att_mask: what multiplies v
+            "attn_mask": (Ln, B, T, C),   # on the attention's output, before the residual add
+            "mlp_mask":  (Ln, B, T, C),   # on the MLP's output
+        })
+    return shapes
+
+
+def gradient_shapes(cfg, B, T):
+    """{name: shape} of the backward's arrays: one of each, which every layer's backward uses up in turn."""
+    C, nh, V = cfg.n_embd, cfg.n_head, cfg.vocab_size
+    return {
+        "dresid":  (B, T, C),             # d loss / d the residual stream, carried down through the layers
+        "dx":      (B, T, C),             # a LayerNorm's input gradient, before it is added into dresid
+        "dln":     (B, T, C),             # d loss / d a LayerNorm's output
+        "dproj":   (B, T, C),             # d loss / d an output projection, under dropout
+        "datty":   (B, T, C),
+        "dqkv":    (B, T, 3 * C),
+        "datt":    (B, nh, T, T),
+        "dfc":     (B, T, 4 * C),
+        "dlogits": (B, T, V),
+    }
+
+
+class Table(SimpleNamespace):
+    """Named arrays allocated once from a {name: shape} table; .h[l] holds layer l's slices of the per-layer
+    ones (those in activation_shapes that lead with n_layer), so a layer reads a.qkv, not a.qkv[l]."""
+
+    def __init__(self, shapes, dtype, n_layer=0, per_layer=()):
+        super().__init__(**{k: np.zeros(s, dtype) for k, s in shapes.items()})
+        self.shape = next(iter(shapes.values()))[:2] if shapes else ()
+        self.h = [SimpleNamespace(**{k: getattr(self, k)[l] for k in per_layer if k in shapes})
+                  for l in range(n_layer)]
+
+
+PER_LAYER = ("ln1", "ln1_mean", "ln1_rstd", "qkv", "att", "atty", "x_attn", "ln2", "ln2_mean", "ln2_rstd", "fc",
+             "fc_dgelu", "x_mlp", "att_mask", "attd", "attn_mask", "mlp_mask")
+
+
+def _normal(rng, shape, std, dtype):
+    return (std * rng.standard_normal(shape)).astype(dtype)
+
+
+# ----------------------------------------------------------------------------
+# a block: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))
+
+class Block:
+    """Layer l: views of its parameters and gradients (p, g: "attn.c_attn.weight", ...), and the math of its
+    two halves over its slice `a` of the activation table and the shared gradient arrays `d`."""
+
+    def __init__(self, cfg, l, params, grads):
+        pre = f"h.{l}."
+        self.p = {k[len(pre):]: v for k, v in params.items() if k.startswith(pre)}
+        self.g = {k[len(pre):]: v for k, v in grads.items() if k.startswith(pre)}
+        self.n_head, self.p_drop = cfg.n_head, cfg.dropout
+
+    def forward(self, x, a, rng=None, start=0, kv=None):           # x (B, T, C) -> a.x_mlp (B, T, C)
+        x = self.attn_forward(x, a, rng, start, kv)                # a.x_attn = x + attn(ln_1(x))
+        return self.mlp_forward(x, a, rng)                         # a.x_mlp = x_attn + mlp(ln_2(x_attn))
+
+    def backward(self, dx, x, a, d, dropped=False):                # dx: d loss/d a.x_mlp -> d loss/d x, in place
+        self.mlp_backward(dx, a.x_attn, a, d, dropped)             # dx += ln_2.backward(mlp.backward(dx))
+        return self.attn_backward(dx, x, a, d, dropped)            # dx += ln_1.backward(attn.backward(dx))
+
+    # ---- the attention half
+    def attn_forward(self, x, a, rng, start, kv):
+        p, b = self.p, self.p.get
+        if rng is not None:
+            L.dropout_mask(a.att_mask, self.p_drop, rng)
+        L.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p["ln_1.weight"], b("ln_1.bias"))
+        L.linear_forward(a.qkv, a.ln1, p["attn.c_attn.weight"], b("attn.c_attn.bias"))
+        L.attention_forward(a.atty, a.att, a.qkv, self.n_head, start, kv,
+                            *((a.att_mask, a.attd) if rng is not None else ()))
+        L.linear_forward(a.x_attn, a.atty, p["attn.c_proj.weight"], b("attn.c_proj.bias"))   # attn(ln_1(x))
+        if rng is not None:
+            a.x_attn *= L.dropout_mask(a.attn_mask, self.p_drop, rng)
+        return np.add(x, a.x_attn, out=a.x_attn)                   # x_attn = x + attn(ln_1(x))
+
+    def attn_backward(self, dx, x, a, d, dropped):                 # dx (B, T, C): d loss / d x_attn
+        p, g, gb = self.p, self.g, self.g.get
+        dy = np.multiply(dx, a.attn_mask, out=d.dproj) if dropped else dx   # fwd: y *= attn_mask
+        L.linear_backward(d.datty, g["attn.c_proj.weight"], gb("attn.c_proj.bias"), dy, a.atty,
+                          p["attn.c_proj.weight"])
+        L.attention_backward(d.dqkv, d.datt, d.datty, a.qkv, a.att, self.n_head,
+                             *((a.att_mask, a.attd) if dropped else ()))
+        L.linear_backward(d.dln, g["attn.c_attn.weight"], gb("attn.c_attn.bias"), d.dqkv, a.ln1,
+                          p["attn.c_attn.weight"])
+        L.layernorm_backward(d.dx, g["ln_1.weight"], gb("ln_1.bias"), d.dln, x, p["ln_1.weight"],
+                             a.ln1_mean, a.ln1_rstd)
+        dx += d.dx                                                 # fwd: x_attn = x + attn(ln_1(x))
+        return dx
+
+    # ---- the MLP half
+    def mlp_forward(self, x, a, rng):                              # x = a.x_attn
+        p, b = self.p, self.p.get
+        L.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, x, p["ln_2.weight"], b("ln_2.bias"))
+        L.linear_gelu_forward(a.fc, a.fc_dgelu, a.ln2, p["mlp.c_fc.weight"], b("mlp.c_fc.bias"))
+        L.linear_forward(a.x_mlp, a.fc, p["mlp.c_proj.weight"], b("mlp.c_proj.bias"))        # mlp(ln_2(x))
+        if rng is not None:
+            a.x_mlp *= L.dropout_mask(a.mlp_mask, self.p_drop, rng)
+        return np.add(x, a.x_mlp, out=a.x_mlp)                     # x_mlp = x + mlp(ln_2(x))
+
+    def mlp_backward(self, dx, x, a, d, dropped):                  # dx (B, T, C): d loss / d x_mlp
+        p, g, gb = self.p, self.g, self.g.get
+        dy = np.multiply(dx, a.mlp_mask, out=d.dproj) if dropped else dx    # fwd: y *= mlp_mask
+        L.linear_backward(d.dfc, g["mlp.c_proj.weight"], gb("mlp.c_proj.bias"), dy, a.fc, p["mlp.c_proj.weight"])
+        L.linear_gelu_backward(d.dln, g["mlp.c_fc.weight"], gb("mlp.c_fc.bias"), d.dfc, a.fc_dgelu, a.ln2,
+                               p["mlp.c_fc.weight"])
+        L.layernorm_backward(d.dx, g["ln_2.weight"], gb("ln_2.bias"), d.dln, x, p["ln_2.weight"],
+                             a.ln2_mean, a.ln2_rstd)
+        dx += d.dx                                                 # fwd: x_mlp = x + mlp(ln_2(x))
+        return dx
+
+
+# ----------------------------------------------------------------------------
+# the model
+
+class GPT:
     def __init__(self, config, rng=None, dtype=np.float32):
-        super().__init__()
         cfg = self.config = config
         self.rng = rng if rng is not None else np.random.default_rng(0)   # init, then dropout masks
-        proj_std = 0.02 / math.sqrt(2 * cfg.n_layer)                     # GPT-2: scaled residual projections
-        C = cfg.n_embd
-        self.wte = Embedding(cfg.vocab_size, C, self.rng, dtype=dtype)
-        self.wpe = PositionalEmbedding(cfg.block_size, C, self.rng, dtype=dtype)
-        self.drop = Dropout(cfg.dropout, self.rng)
-        self.h = [Block(C, cfg.n_head, self.rng, cfg.dropout, cfg.bias, proj_std, dtype)
-                  for _ in range(cfg.n_layer)]
-        self.ln_f = LayerNorm(C, cfg.bias, dtype=dtype)
-        self.lm_head = None if cfg.tie_weights else Linear(C, cfg.vocab_size, self.rng, bias=False, dtype=dtype)
-        self.loss_fn = CrossEntropy(cfg.vocab_size)
-        self.loss = None                                                  # the last forward's, until backward
+        shapes = parameter_shapes(cfg)
+        n = sum(math.prod(s) for s in shapes.values())
+        self.param_memory, self.grad_memory = np.zeros(n, dtype), np.zeros(n, dtype)   # every parameter, gradient
+        self._params, self._grads = _carve(self.param_memory, shapes), _carve(self.grad_memory, shapes)
+        proj_std = 0.02 / math.sqrt(2 * cfg.n_layer)                      # GPT-2: scaled residual projections
+        for k, p in self._params.items():                                 # in buffer order: the same draws as
+            if p.ndim == 2:                                               # the per-module init of before
+                p[...] = _normal(self.rng, p.shape, proj_std if k.endswith("c_proj.weight") else 0.02, dtype)
+            elif k.startswith("ln") or ".ln_" in k:
+                p[...] = 1.0 if k.endswith("weight") else 0.0            # LayerNorm: w = 1, b = 0; biases 0
+        self.h = [Block(cfg, l, self._params, self._grads) for l in range(cfg.n_layer)]
+        self.training = True
+        self.acts = self.dacts = None                                     # the tables, made at the first forward
+        self.loss = self.targets = self.idx = None                        # the last forward's, until backward
+        self.dropped = False                                              # did the last forward draw masks?
 
-    def children(self):
-        out = [("wte", self.wte), ("wpe", self.wpe), ("drop", self.drop)]
-        out += [(f"h.{i}", b) for i, b in enumerate(self.h)]
-        out.append(("ln_f", self.ln_f))
-        if self.lm_head is not None:
-            out.append(("lm_head", self.lm_head))
-        return out + [("loss_fn", self.loss_fn)]
+    def params(self):
+        """{name: live view into param_memory}; the optimizer updates them in place."""
+        return self._params
 
-    def arrays(self, B, T):                                               # the tied head's logits and dx
-        C, V = self.config.n_embd, self.config.vocab_size
-        return ({"logits": (B, T, V)}, {"dx": (B, T, C)}) if self.lm_head is None else ({}, {})
+    def grads(self):
+        """{name: live view into grad_memory}, the same names as params()."""
+        return self._grads
+
+    def zero_grad(self):
+        self.grad_memory.fill(0)
+
+    def train(self, mode=True):
+        self.training = mode
+        return self
+
+    def eval(self):
+        return self.train(False)
 
     def num_params(self):
-        return sum(p.size for p in self.params().values())
+        return self.param_memory.size
+
+    def tables(self, B, T):
+        """The activation table and its gradients' for (B, T): made once, reused while the shape repeats."""
+        dropout = self.config.dropout > 0
+        if self.acts is None or self.acts.shape != (B, T) or ("emb_mask" in vars(self.acts)) != dropout:
+            dtype = self.param_memory.dtype
+            self.acts = Table(activation_shapes(self.config, B, T, dropout=dropout), dtype, self.config.n_layer,
+                              PER_LAYER)
+            self.dacts = Table(gradient_shapes(self.config, B, T), dtype)
+        return self.acts, self.dacts
 
     # ------------------------------------------------------------------------
 
-    def forward(self, idx, targets=None):
+    def forward(self, idx, targets=None, cache=None):
         """idx (B, T) ints -> logits (B, T, V), and the mean cross-entropy when targets (B, T) are given.
-        The logits live in the model's arrays until the next forward: copy them to keep them longer."""
-        idx = np.asarray(idx)
-        if idx.ndim != 2:
-            raise ValueError(f"idx must be (B, T) token ids, got shape {idx.shape}")
-        self.bind(*idx.shape, self.wte.p["weight"].dtype)
-        x = self.drop(self.wpe(self.wte(idx)))                            # (B, T, C)
-        for block in self.h:
-            x = block(x)
-        logits = self.head(self.ln_f(x))                                  # (B, T, V)
-        self.loss = None if targets is None else self.loss_fn(logits, np.asarray(targets))
-        return logits, self.loss
+        With a KVCache (generation), idx continues the cache.n positions it holds. The logits live in the
+        model's (or the cache's) table until the next forward: copy them to keep them longer."""
+        idx, targets = self._check(idx, targets, cache)
+        B, T = idx.shape
+        pass  # ENSURE-PENDING
+        a = self.tables(B, T)[0] if cache is None else cache.table(self, B, T)
+        start = 0 if cache is None else cache.n
+        rng = self.rng if self.training and self.config.dropout > 0 and cache is None else None
+        p = self._params
+        x = L.embedding_forward(a.emb, idx, p["wte.weight"], p["wpe.weight"], start)     # (B, T, C)
+        if rng is not None:
+            x *= L.dropout_mask(a.emb_mask, self.config.dropout, rng)
+        for l, block in enumerate(self.h):
+            x = block.forward(x, a.h[l], rng, start, None if cache is None else (cache.k[l], cache.v[l]))
+        L.layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, p["ln_f.weight"], p.get("ln_f.bias"))
+        self.head_forward(a.logits, a.lnf)                                # (B, T, V)
+        if cache is not None:
+            cache.n += T
+        self.loss = None if targets is None else L.crossentropy_forward(a.lse, a.logits, targets)
+        self.idx, self.targets, self.dropped = idx, targets, rng is not None
+        return a.logits, self.loss
 
     def backward(self, scale=1.0):
-        """Backpropagate the last forward's loss (times scale: 1/k for k accumulation micro-batches)."""
+        """Backpropagate the last forward's loss (times scale: 1/k for k accumulation micro-batches), adding
+        into grads()."""
         if self.loss is None:
             raise RuntimeError("backward() needs a forward(idx, targets) with targets just before it")
         self.loss = None
-        dx = self.head_backward(self.loss_fn.backward(scale))              # (B, T, C)
-        dx = self.ln_f.backward(dx)                                       # ln_f's own dx array: the residual
-        for block in reversed(self.h):                                    # stream's gradient, updated in place
-            dx = block.backward(dx)
-        self.wte.backward(self.wpe.backward(self.drop.backward(dx)))      # wte's gradient += the embedding's part
+        a, d, g = self.acts, self.dacts, self._grads
+        L.crossentropy_backward(d.dlogits, a.logits, self.targets, a.lse, scale)
+        self.head_backward(d.dln, d.dlogits, a.lnf)                       # d loss / d lnf
+        x = a.h[-1].x_mlp if self.h else a.emb                            # the last block's output
+        dx = L.layernorm_backward(d.dresid, g["ln_f.weight"], g.get("ln_f.bias"), d.dln, x,
+                                  self._params["ln_f.weight"], a.lnf_mean, a.lnf_rstd)
+        for l in reversed(range(len(self.h))):                            # dresid: d loss / d the residual
+            x = a.h[l - 1].x_mlp if l else a.emb                          # stream, carried down in place
+            self.h[l].backward(dx, x, a.h[l], d, self.dropped)
+        if self.dropped:
+            dx *= a.emb_mask                                              # fwd: emb *= emb_mask
+        L.embedding_backward(g["wte.weight"], g["wpe.weight"], dx, self.idx)   # wte's gradient += the lookup's
 
-    def head(self, x):                                                    # x (B, T, C) -> logits (B, T, V)
-        if self.lm_head is not None:
-            return self.lm_head(x)
-        self.cache = x
-        ops.matmul(flat(x), self.wte.p["weight"], tb=True, out=flat(self.a.logits))   # tied: logits = x wte^T
-        return self.a.logits
+    def head_forward(self, logits, x):                                    # x (B, T, C) -> logits (B, T, V)
+        tied = self.lm_head_weight is self._params["wte.weight"]
+        ops.matmul(flat(x), self.lm_head_weight, tb=tied, out=flat(logits))   # x wte^T (tied), or x W (C, V)
+        return logits
 
-    def head_backward(self, dlogits):                                     # (B, T, V) -> dx (B, T, C)
-        if self.lm_head is not None:
-            return self.lm_head.backward(dlogits)
-        x, W = self._take_cache(), self.wte.p["weight"]
-        ops.matmul(flat(dlogits), flat(x), ta=True, out=self.wte.g["weight"], acc=True)   # d(wte) += dlogits^T x
-        return ops.matmul(flat(dlogits), W, out=flat(self.d.dx)).reshape(self.d.dx.shape)   # dx = dlogits wte
+    def head_backward(self, dx, dlogits, x):                              # dlogits (B, T, V) -> dx (B, T, C)
+        if self.config.tie_weights:                                       # fwd: logits = x wte^T
+            ops.matmul(flat(dlogits), flat(x), ta=True, out=self._grads["wte.weight"], acc=True)  # dwte += dl^T x
+            ops.matmul(flat(dlogits), self._params["wte.weight"], out=flat(dx))                    # dx = dl wte
+        else:                                                             # fwd: logits = x W
+            ops.matmul(flat(x), flat(dlogits), ta=True, out=self._grads["lm_head.weight"], acc=True)   # dW += x^T dl
+            ops.matmul(flat(dlogits), self._params["lm_head.weight"], tb=True, out=flat(dx))          # dx = dl W^T
+        return dx
+
+    @property
+    def lm_head_weight(self):
+        return self._params["wte.weight" if self.config.tie_weights else "lm_head.weight"]
+
+    def _check(self, idx, targets, cache):
+        idx = np.asarray(idx)
+        if idx.ndim != 2 or not np.issubdtype(idx.dtype, np.integer):
+            raise ValueError(f"idx must be (B, T) integer token ids, got shape {idx.shape} of {idx.dtype}")
+        n_pos, V = self.config.block_size, self.config.vocab_size
+        end = idx.shape[1] + (cache.n if cache is not None else 0)
+        if end > n_pos:
+            raise ValueError(f"{end} positions exceed the positional table of length {n_pos} (block_size); "
+                             f"crop the context to its last {n_pos} tokens" + (" (or start a new KVCache)" if cache
+                                                                               else ""))
+        if idx.size and (idx.min() < 0 or idx.max() >= V):
+            raise ValueError(f"token ids must lie in [0, {V}), got min {idx.min()} max {idx.max()}; "
+                             "encode the text with the model's own tokenizer")
+        if targets is not None:
+            if cache is not None:
+                raise ValueError("a forward with a KVCache is for generation: it takes no targets")
+            targets = np.asarray(targets)
+            if targets.shape != idx.shape:
+                raise ValueError(f"targets {targets.shape} do not match idx {idx.shape}")
+            if targets.size and (targets.min() < 0 or targets.max() >= V):
+                raise ValueError(f"targets must lie in [0, {V})")
+        return idx, targets
+
+
+def _carve(memory, shapes):
+    """{name: view of memory with that shape}, consecutive in the order of shapes."""
+    out, offset = {}, 0
+    for k, s in shapes.items():
+        n = math.prod(s)
+        out[k] = memory[offset:offset + n].reshape(s)
+        offset += n
+    return out
+
+
+# ----------------------------------------------------------------------------
+# generation: the keys and values of past positions, so each new token costs one position's forward
+
+class KVCache:
+    """k, v (n_layer, B, nh, block_size, hs): the keys and values of the n positions seen so far. Its own
+    activation table (the model's layout, attention over up to block_size keys) holds the new positions'
+    arrays, so generating leaves the training table alone."""
+
+    def __init__(self, model, B):
+        cfg = model.config
+        shape = (cfg.n_layer, B, cfg.n_head, cfg.block_size, cfg.n_embd // cfg.n_head)
+        self.k, self.v = np.zeros(shape, model.param_memory.dtype), np.zeros(shape, model.param_memory.dtype)
+        self.n = 0
+        self.acts = None
+
+    def table(self, model, B, T):
+        """The activation table for T new positions (the prompt's T once, then 1 per token)."""
+        if self.acts is None or self.acts.shape != (B, T):
+            cfg = model.config
+            self.acts = Table(activation_shapes(cfg, B, T, Tk=cfg.block_size), model.param_memory.dtype,
+                              cfg.n_layer, PER_LAYER)
+        return self.acts

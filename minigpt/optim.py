@@ -13,36 +13,63 @@ import numpy as np
 from .backends import ops
 
 
-class AdamW:
-    def __init__(self, params, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1):
-        self.beta1, self.beta2 = betas
-        self.eps, self.weight_decay = eps, weight_decay
+class Optimizer:
+    """What AdamW and Muon share: the step count t and their state, named slots of per-parameter arrays
+    ({"m": {name: array}, ...}) that a checkpoint stores under the optimizer's name and restores by name."""
+    name = "?"
+
+    def __init__(self, **slots):
         self.t = 0                                                     # steps taken
+        self.slots = slots
+
+    def state(self):
+        """-> (t, slots): what makes a resumed run bit-identical."""
+        return self.t, self.slots
+
+    def load_state(self, t, slots, name=None):
+        """Restore state() as saved; a ValueError naming the difference if it belongs to another optimizer
+        (name) or model."""
+        if name is not None and name != self.name:
+            raise ValueError(f"the optimizer state is {name}'s, not {self.name}'s")
+        for slot, want in self.slots.items():
+            got = slots.get(slot, {})
+            missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+            if missing or extra or set(slots) != set(self.slots):
+                raise ValueError(f"optimizer state {slot} does not match {self.name} on this model: missing "
+                                 f"{missing[:3]}, unexpected {extra[:3]} (a checkpoint of another optimizer or model?)")
+            for k, a in got.items():
+                if a.shape != want[k].shape:
+                    raise ValueError(f"optimizer state {slot}[{k}] has shape {a.shape}, expected {want[k].shape}")
+        self.t = int(t)
+        for slot, want in self.slots.items():
+            for k, a in want.items():
+                a[...] = slots[slot][k]
+
+    def adamw(self, params, grads, names, lr):
+        """The AdamW update (backends/numpy_ops.py: the math) of params[k] for k in names, with the step's
+        bias corrections; weight decay for those in self.decay."""
+        b1, b2 = self.beta1, self.beta2
+        bc1, bc2 = 1.0 - b1 ** self.t, 1.0 - b2 ** self.t
+        for k in names:
+            wd = self.weight_decay if k in self.decay else 0.0
+            ops.adamw(params[k], grads[k], self.m[k], self.v[k], lr, b1, b2, self.eps, wd, bc1, bc2)
+
+
+class AdamW(Optimizer):
+    name = "adamw"
+
+    def __init__(self, params, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1):
         self.m = {k: np.zeros_like(p) for k, p in params.items()}      # first moments
         self.v = {k: np.zeros_like(p) for k, p in params.items()}      # second moments
+        super().__init__(m=self.m, v=self.v)
+        self.beta1, self.beta2 = betas
+        self.eps, self.weight_decay = eps, weight_decay
         self.decay = {k for k, p in params.items() if p.ndim >= 2}
 
     def step(self, params, grads, lr):
         """One in-place update of every array in params from the matching array in grads."""
         self.t += 1
-        b1, b2 = self.beta1, self.beta2
-        bc1, bc2 = 1.0 - b1 ** self.t, 1.0 - b2 ** self.t
-        for k, p in params.items():                                   # the math: backends/numpy_ops.py
-            wd = self.weight_decay if k in self.decay else 0.0
-            ops.adamw(p, grads[k], self.m[k], self.v[k], lr, b1, b2, self.eps, wd, bc1, bc2)
-
-    def state(self):
-        """Arrays and counters that make a resumed run bit-identical."""
-        return {"t": self.t, "m": self.m, "v": self.v}
-
-    def load_state(self, t, m, v):
-        if set(m) != set(self.m) or set(v) != set(self.v) or any(m[k].shape != self.m[k].shape for k in m):
-            raise ValueError("optimizer state does not match AdamW on this model's parameters (a checkpoint of "
-                             "another optimizer or model?)")
-        self.t = int(t)
-        for k in self.m:
-            self.m[k][...] = m[k]
-            self.v[k][...] = v[k]
+        self.adamw(params, grads, params, lr)
 
 
 # ----------------------------------------------------------------------------
@@ -92,8 +119,8 @@ def muon_scale(shape):
     return max(1.0, fan_out / fan_in) ** 0.5
 
 
-class Muon:
-    """Muon for muon_params(params), AdamW (the same ops.adamw update as AdamW) for the rest.
+class Muon(Optimizer):
+    """Muon for muon_params(params), AdamW (Optimizer.adamw, as AdamW's) for the rest.
 
     step(params, grads, lr) takes the schedule's lr: AdamW's params move with lr, the Muon matrices with
     lr_ratio * lr times muon_scale(shape), so one warmup + cosine schedule drives both. The scale is the
@@ -101,19 +128,22 @@ class Muon:
     so lr_ratio * lr is the "Muon lr" the speedruns quote (0.02-0.05): the default 20 makes config S's lr 1e-3
     a Muon lr of 0.02, the best of 0.01-0.05 there (val 1.68 against AdamW's 1.93 at 2000 iterations).
     Weight decay is decoupled: AdamW's as in AdamW, the Muon matrices' p *= 1 - lr_ratio * lr * muon_weight_decay.
-    State: t; m[k] is the momentum buffer (Muon) or the first moment (AdamW); v[k] exists only for AdamW params.
+    State (Optimizer): momentum[k] for the Muon matrices; m[k], v[k] (AdamW's moments) for the rest.
     Cost: Newton-Schulz runs the backend's batched products over each stack of same-shaped matrices; at config S
     on 2 cores it costs about half a forward+backward."""
+
+    name = "muon"
 
     def __init__(self, params, lr_ratio=20.0, momentum=0.95, nesterov=True, ns_steps=5,
                  betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, muon_weight_decay=0.1):
         self.lr_ratio, self.momentum, self.nesterov, self.ns_steps = lr_ratio, momentum, nesterov, ns_steps
         self.beta1, self.beta2 = betas
         self.eps, self.weight_decay, self.muon_weight_decay = eps, weight_decay, muon_weight_decay
-        self.t = 0                                                     # steps taken
         self.muon = muon_params(params)
-        self.m = {k: np.zeros_like(p) for k, p in params.items()}      # momentum buffers / first moments
-        self.v = {k: np.zeros_like(p) for k, p in params.items() if k not in self.muon}   # second moments
+        self.momentum_buf = {k: np.zeros_like(params[k]) for k in params if k in self.muon}   # Muon's buffers
+        self.m = {k: np.zeros_like(p) for k, p in params.items() if k not in self.muon}      # AdamW's moments
+        self.v = {k: np.zeros_like(p) for k, p in params.items() if k not in self.muon}
+        super().__init__(momentum=self.momentum_buf, m=self.m, v=self.v)
         self.decay = {k for k, p in params.items() if p.ndim >= 2 and k not in self.muon}   # AdamW's rule
         self.groups = {}                                               # shape -> the Muon names of that shape
         for k in sorted(self.muon, key=list(params).index):
@@ -124,17 +154,12 @@ class Muon:
     def step(self, params, grads, lr):
         """One in-place update of every array in params from the matching array in grads."""
         self.t += 1
-        b1, b2 = self.beta1, self.beta2
-        bc1, bc2 = 1.0 - b1 ** self.t, 1.0 - b2 ** self.t
+        self.adamw(params, grads, self.m, lr)                          # everything but the Muon matrices
         lr_muon = self.lr_ratio * lr
-        for k, p in params.items():
-            if k not in self.muon:
-                wd = self.weight_decay if k in self.decay else 0.0
-                ops.adamw(p, grads[k], self.m[k], self.v[k], lr, b1, b2, self.eps, wd, bc1, bc2)
         for shape, names in self.groups.items():                       # every layer's c_fc (say) in one stack
             U = self.stacks[shape]                                     # (L, rows, cols)
             for k, u in zip(names, U):
-                buf, g = self.m[k], grads[k]
+                buf, g = self.momentum_buf[k], grads[k]
                 buf *= self.momentum
                 buf += g                                               # buf = mu buf + g
                 if self.nesterov:                                      # look one momentum step ahead
@@ -148,38 +173,19 @@ class Muon:
                 p *= 1.0 - lr_muon * self.muon_weight_decay            # p -= lr wd p
                 p -= (lr_muon * muon_scale(shape)) * o
 
-    def state(self):
-        """Arrays and counters that make a resumed run bit-identical."""
-        return {"t": self.t, "m": self.m, "v": self.v}
-
-    def load_state(self, t, m, v):
-        """Restore t, m, v as state() gave them; a ValueError naming the difference if they belong to another
-        optimizer or model (an AdamW checkpoint has a second moment for every parameter, Muon's does not)."""
-        for which, got, want in (("m", m, self.m), ("v", v, self.v)):
-            missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
-            if missing or extra:
-                raise ValueError(f"optimizer state {which} does not match Muon on this model: missing {missing[:3]}, "
-                                 f"unexpected {extra[:3]} (a checkpoint of another optimizer or model?)")
-            for k, a in got.items():
-                if a.shape != want[k].shape:
-                    raise ValueError(f"optimizer state {which}[{k}] has shape {a.shape}, expected {want[k].shape}")
-        self.t = int(t)
-        for k in self.m:
-            self.m[k][...] = m[k]
-        for k in self.v:
-            self.v[k][...] = v[k]
-
 
 # ----------------------------------------------------------------------------
 # clipping and the schedule
 
 def clip_grad_norm(grads, max_norm):
-    """Scale all gradients in place so their global L2 norm is at most max_norm (0: no clipping).
-    Returns the norm before clipping (as torch.nn.utils.clip_grad_norm_)."""
-    norm = math.sqrt(sum(float(np.dot(g.ravel(), g.ravel())) for g in grads.values()))
+    """Scale the gradients in place so their global L2 norm is at most max_norm (0: no clipping). grads is the
+    model's flat buffer (model.grad_memory), or a dict of arrays. Returns the norm before clipping (as
+    torch.nn.utils.clip_grad_norm_)."""
+    arrays = list(grads.values()) if isinstance(grads, dict) else [grads]
+    norm = math.sqrt(sum(float(np.dot(g.ravel(), g.ravel())) for g in arrays))
     if max_norm > 0 and norm > max_norm:
         scale = max_norm / (norm + 1e-6)
-        for g in grads.values():
+        for g in arrays:
             g *= scale
     return norm
 

@@ -2,11 +2,11 @@
 
     python -m minigpt.sample --out_dir out --prompt "ROMEO:" --num_samples 3 --max_new_tokens 300
 
-The context given to the model is cropped to its last block_size tokens. top_k=1 is greedy. Generation
-with a KV cache is a forward-only path of its own (forward_cached): training's layers never see the cache.
+The context given to the model is cropped to its last block_size tokens. top_k=1 is greedy. Generation runs
+the model's own forward: with a KV cache (model.KVCache) over the new positions only. This file holds sampling
+and no model math.
 """
 import codecs
-import math
 import os
 import sys
 import time
@@ -15,11 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import backends, checkpoint
-from .backends import ops
 from .bpe import tokenizer_from_json
 from .config import UserError, default_backend, parse_args, setting
-from .layers import heads
-from .model import GPT, GPTConfig
+from .model import GPT, GPTConfig, KVCache
 
 
 @dataclass
@@ -41,67 +39,13 @@ class SampleConfig:
 
 def load_model(path, loaded=None):
     """-> (GPT in eval mode, its tokenizer) from a checkpoint file (or from its checkpoint.load(path) result)."""
-    meta, params, _, _ = loaded if loaded is not None else checkpoint.load(path)
+    meta, params, _ = loaded if loaded is not None else checkpoint.load(path)
     model = GPT(GPTConfig(**meta["model_config"]), np.random.default_rng(0))
     checkpoint.load_params(model, params, path)
     tok = tokenizer_from_json(meta["tokenizer"])
     if tok.vocab_size != model.config.vocab_size:
         raise UserError(f"{path}: tokenizer has {tok.vocab_size} symbols but the model {model.config.vocab_size}")
     return model.eval(), tok
-
-
-# ----------------------------------------------------------------------------
-# inference with a KV cache: a forward-only pass over new positions, reading the model's parameters. It keeps
-# the keys and values of every position seen, so each new token costs one position's pass, not the context's.
-
-class KVCache:
-    """Keys and values of the tokens seen so far: k, v (n_layer, B, n_head, block_size, hs); n filled positions."""
-
-    def __init__(self, config, batch_size, dtype=np.float32):
-        hs = config.n_embd // config.n_head
-        shape = (config.n_layer, batch_size, config.n_head, config.block_size, hs)
-        self.k, self.v = np.zeros(shape, dtype), np.zeros(shape, dtype)
-        self.n = 0
-
-
-def _layernorm(ln, x):                                                 # x (N, C) -> (N, C)
-    N = x.shape[0]
-    return ops.layernorm(x, ln.p["weight"], ln.p.get("bias"), np.empty_like(x), np.empty(N, x.dtype),
-                         np.empty(N, x.dtype), ln.eps)
-
-
-def _linear(lin, x):                                                   # x (N, in) -> (N, out)
-    y = ops.matmul(x, lin.p["weight"])
-    if lin.gelu:
-        return ops.gelu(y, lin.p.get("bias"), out=y, dgelu=np.empty_like(y))   # in place
-    return y if "bias" not in lin.p else np.add(y, lin.p["bias"], out=y)
-
-
-def _attention(attn, x, k_all, v_all, n, B, T):                       # x (B*T, C); k_all, v_all (B, nh, S, hs)
-    nh, hs = k_all.shape[1], k_all.shape[3]
-    q, k, v = heads(_linear(attn.c_attn, x).reshape(B, T, -1), nh, 3)   # each (B, nh, T, hs)
-    k_all[:, :, n:n + T], v_all[:, :, n:n + T] = k, v                  # append this call's positions
-    att = ops.bmm(q, k_all[:, :, :n + T], tb=True)                     # (B, nh, T, n+T): scores
-    ops.causal_softmax(att, 1.0 / math.sqrt(hs), start=n)              # new position n+t sees keys 0..n+t
-    y = ops.bmm(att, v_all[:, :, :n + T])                              # (B, nh, T, hs)
-    return _linear(attn.c_proj, y.transpose(0, 2, 1, 3).reshape(B * T, nh * hs))
-
-
-def forward_cached(model, idx, cache):
-    """Logits (B, V) of the position after idx (B, T), whose tokens continue the cache.n ones in cache."""
-    B, T = idx.shape
-    n = cache.n
-    if n + T > model.config.block_size:
-        raise ValueError(f"{n + T} positions exceed block_size {model.config.block_size}; start a new cache")
-    x = (model.wte.p["weight"][idx] + model.wpe.p["weight"][n:n + T]).reshape(B * T, -1)   # (B*T, C)
-    for i, blk in enumerate(model.h):
-        x = x + _attention(blk.attn, _layernorm(blk.ln_1, x), cache.k[i], cache.v[i], n, B, T)
-        x = x + _linear(blk.mlp.c_proj, _linear(blk.mlp.c_fc, _layernorm(blk.ln_2, x)))
-    cache.n += T
-    x = _layernorm(model.ln_f, x.reshape(B, T, -1)[:, -1])            # (B, C): the last position only
-    if model.lm_head is not None:
-        return _linear(model.lm_head, x)
-    return ops.matmul(x, model.wte.p["weight"], tb=True)              # tied head: x wte^T  (B, V)
 
 
 # ----------------------------------------------------------------------------
@@ -133,26 +77,25 @@ def sample_next(logits, rng, temperature=1.0, top_k=0, top_p=1.0):
 
 
 class Decoder:
-    """The logits of the next token for a growing batch of contexts: with a KV cache (forward_cached), or by
-    recomputing the cropped context with the model's own forward.
+    """The logits of the next token for a growing batch of contexts, from the model's own forward: with a KV
+    cache over the positions it has not seen yet, or by recomputing the cropped context.
 
     KV-cache policy: the prompt is prefilled in one pass, then each new token costs one position's forward pass.
     The learned positional table cannot slide, so once the context is longer than block_size every step sees a
     new window of the last block_size tokens, whose keys and values the cache does not hold: from there each
-    step recomputes that window with the model's forward, as without a cache (reports/generation.md)."""
+    step recomputes that window, as without a cache (reports/generation.md)."""
 
     def __init__(self, model, idx, use_cache=True):
         self.model, self.idx = model, np.asarray(idx)                  # idx (B, T0)
         self.T = model.config.block_size
-        self.kv = KVCache(model.config, self.idx.shape[0], model.wte.p["weight"].dtype) if use_cache else None
+        self.kv = KVCache(model, self.idx.shape[0]) if use_cache else None
 
     def logits(self):
         """(B, V) logits for the token after the current context."""
         if self.kv is None or self.idx.shape[1] > self.T:             # no cache, or a sliding window
             return self.model.forward(self.idx[:, -self.T:])[0][:, -1]
-        if self.kv.n == 0:                                             # the prompt, in one pass
-            return forward_cached(self.model, self.idx, self.kv)
-        return forward_cached(self.model, self.idx[:, -1:], self.kv)   # one new position
+        new = self.idx[:, self.kv.n:]                                  # the prompt, then one new position
+        return self.model.forward(new, cache=self.kv)[0][:, -1]
 
     def append(self, nxt):                                             # nxt (B,)
         self.idx = np.concatenate([self.idx, nxt[:, None]], axis=1)

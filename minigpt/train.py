@@ -26,7 +26,7 @@ from .config import UserError, check, default_backend, parse_args
 from .bpe import BPETokenizer, tokenizer_from_json
 from .data import CharTokenizer, Dataset, load_text, split_text
 from .evaluate import estimate_loss, whole_split_loss
-from .model import GPT, GPTConfig
+from .model import GPT
 from .optim import AdamW, Muon, clip_grad_norm, get_lr
 
 
@@ -67,11 +67,9 @@ class Run:
         self.log_path = os.path.join(cfg.out_dir, "log.jsonl")
         self.stop = None                                                   # the loop's _StopFlag
         self.elapsed = 0.0                                                 # seconds of training (--max_time)
-        self.flat, self.stop_agreed = None, False
-        if world.size > 1:                 # gradients in one buffer + 2 slots: the loss, "a rank was signalled"
-            self.flat = distributed.flatten_grads(model, extra=2)
-            if world.rank > 0:             # the same init on every rank, but each its own dropout masks
-                model.rng.bit_generator.state = np.random.default_rng([cfg.seed, 3, world.rank]).bit_generator.state
+        self.stop_agreed = False
+        if world.rank > 0:                 # the same init on every rank, but each its own dropout masks
+            model.rng.bit_generator.state = np.random.default_rng([cfg.seed, 3, world.rank]).bit_generator.state
 
     def save(self, path, it):
         """Rank 0 writes; every rank calls it (it gathers each rank's dropout generator)."""
@@ -86,14 +84,14 @@ class Run:
         checkpoint.save(path, self.model, self.opt, meta)
 
     def sync(self, loss):
-        """Sum the gradients over the ranks, and with them the loss and whether a signal reached any rank;
-        -> the global loss. Nothing to do in one process."""
-        if self.flat is None:
+        """Sum the gradients over the ranks (the model's flat buffer, in place), then the loss and whether a
+        signal reached any rank; -> the global loss. Nothing to do in one process."""
+        if self.world.size == 1:
             return loss
-        self.flat[-2], self.flat[-1] = loss, self.stop is not None and self.stop.signal is not None
-        self.world.allreduce(self.flat)
-        self.stop_agreed = self.flat[-1] > 0
-        return float(self.flat[-2])
+        self.world.allreduce(self.model.grad_memory)
+        both = self.world.allreduce(np.array([loss, self.stop is not None and self.stop.signal is not None]))
+        self.stop_agreed = both[1] > 0
+        return float(both[0])
 
     def clock(self, t_start):
         """Seconds of training since t_start; under mpiexec with --max_time, rank 0's (one lr, one end for all)."""
@@ -107,7 +105,7 @@ class Run:
 
     def stopping(self):
         """A signal asks to stop: in one process, as soon as it arrives; under mpiexec, once the ranks agree."""
-        return self.stop_agreed if self.flat is not None else self.stop.signal is not None
+        return self.stop_agreed if self.world.size > 1 else self.stop.signal is not None
 
 
 def _last_path(cfg):
@@ -145,7 +143,7 @@ def _build(cfg, ckpt, world):
     text = load_text(cfg.data)
     tok = make_tokenizer(cfg, text, ckpt)
     data = Dataset(text, tok, cfg.block_size, source=cfg.data)
-    model = GPT(GPTConfig(vocab_size=tok.vocab_size, **cfg.model_dict()), np.random.default_rng([cfg.seed, 0]))
+    model = GPT(cfg.model_config(tok.vocab_size), np.random.default_rng([cfg.seed, 0]))
     opt = make_optimizer(cfg, model)
     run = Run(cfg, tok, data, model, opt, world)
     if ckpt:
@@ -180,10 +178,10 @@ def make_tokenizer(cfg, text, ckpt=None):
 def restore(run, ckpt):
     """Continue where ckpt = checkpoint.load(...) stopped: weights, optimizer state, generators, position, time.
     The log keeps only the rows before that point, so it ends up equal to an uninterrupted run's."""
-    meta, params, m, v = ckpt
+    meta, params, state = ckpt
     checkpoint.load_params(run.model, params, run.last_path)
     try:
-        run.opt.load_state(meta["adam_t"], m, v)
+        run.opt.load_state(state["t"], state["slots"], state["name"])
     except ValueError as e:
         was = meta["train_config"].get("optimizer", "adamw")
         raise UserError(f"{run.last_path}: {e}; the run used --optimizer {was}: resume with it, or start a new "
@@ -287,7 +285,7 @@ def step(run, it, lr, last_loss):
         loss += model.forward(x, y)[1] / k
         model.backward(scale=1.0 / k)
     loss = run.sync(loss)
-    gnorm = clip_grad_norm(model.grads(), cfg.grad_clip)
+    gnorm = clip_grad_norm(model.grad_memory, cfg.grad_clip)
     if not (math.isfinite(loss) and math.isfinite(gnorm)):
         raise Diverged(f"non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} at iter {it} "
                        f"(last finite loss {last_loss}); the weights were not updated or saved. Resume "

@@ -61,7 +61,7 @@ class MiniStep:
         m.zero_grad()
         _, loss = m.forward(self.x, self.y)
         m.backward()
-        clip_grad_norm(m.grads(), 1.0)
+        clip_grad_norm(m.grad_memory, 1.0)
         self.opt.step(m.params(), m.grads(), 1e-4)
         return loss
 
@@ -103,18 +103,18 @@ def time_steps(step, n, warmup=3):
 # ----------------------------------------------------------------------------
 # profiled pass: exclusive time per part
 #
-# A part is the layer that owns the work, wrapped at its methods, as the trees before the backends redesign
-# measured it (so the shares of --baseline children compare): a Linear's forward/backward and the tied head are
-# "matmul" (with their bias adds), CausalSelfAttention's own forward/backward is "attention" (bmm, causal softmax,
-# the head views; its c_attn/c_proj are Linears, so matmul), and so on. GELU has no layer any more: it is fused
-# into Linear(gelu=True), so it is wrapped at the backend's ops (gelu, gelu_backward) and its time comes out of
-# matmul's. "other" is what no part covers: embeddings, residual adds, zero_grad, clip_grad_norm, Python glue.
+# A part is the layer function that does the work (minigpt/layers.py), wrapped, so the shares compare with the
+# trees before (where the same work sat in layer classes): the Linears (with their bias adds) and the head are
+# "matmul", the attention core (bmm, causal softmax, the head views) is "attention", and so on. GELU is fused
+# into the MLP's first Linear, so it is wrapped at the backend's ops (gelu, gelu_backward) and its time comes out
+# of matmul's. "other" is what no part covers: embeddings, residual adds, dropout, zero_grad, clip_grad_norm, glue.
 
-PARTS = {"matmul": [(L.Linear, "forward"), (L.Linear, "backward"), (GPT, "head"), (GPT, "head_backward")],
-         "attention": [(L.CausalSelfAttention, "forward"), (L.CausalSelfAttention, "backward")],
-         "LayerNorm": [(L.LayerNorm, "forward"), (L.LayerNorm, "backward")],
+PARTS = {"matmul": [(L, "linear_forward"), (L, "linear_backward"), (L, "linear_gelu_forward"),
+                    (L, "linear_gelu_backward"), (GPT, "head_forward"), (GPT, "head_backward")],
+         "attention": [(L, "attention_forward"), (L, "attention_backward")],
+         "LayerNorm": [(L, "layernorm_forward"), (L, "layernorm_backward")],
          "GELU": [("ops", "gelu"), ("ops", "gelu_backward")],
-         "loss": [(L.CrossEntropy, "forward"), (L.CrossEntropy, "backward")],
+         "loss": [(L, "crossentropy_forward"), (L, "crossentropy_backward")],
          "optimizer": [(AdamW, "step")]}
 
 

@@ -25,30 +25,15 @@ def rel_err(a, b):
     return float(np.abs(a - b).max(initial=0.0) / max(scale, 1e-30))
 
 
-def check_module(m, x, dy, forward=None, reset=None, tol=1e-6):
-    """Check dx and every parameter gradient of module m against finite differences of sum(forward(x) * dy).
-    m is bound to x's (B, T) first. reset(), when given, is called before every forward (to replay the same
-    dropout mask). Outputs live in the module's arrays until its next forward: each is used or copied first."""
-    fwd = forward or m.forward
-    if x.ndim == 3:
-        m.bind(*x.shape[:2], x.dtype)
-
-    def probe():
-        if reset:
-            reset()
-        return float(np.sum(fwd(x) * dy))
-
-    m.zero_grad()
-    if reset:
-        reset()
-    fwd(x)
-    dx = m.backward(dy.copy())                            # a copy: Block.backward updates its dy in place
-    if dx is not None:
-        dx = dx.copy()
-        err = rel_err(dx, num_grad(probe, x))
-        assert err < tol, f"{type(m).__name__} input gradient: rel err {err:.2e}"
-    grads = {k: v.copy() for k, v in m.grads().items()}
-    for name, p in m.params().items():
-        err = rel_err(grads[name], num_grad(probe, p))
-        assert err < tol, f"{type(m).__name__} parameter {name!r}: rel err {err:.2e}"
-    return sorted(grads)
+def check_layer(forward, backward, arrays, dy, tol=1e-6):
+    """Check the analytic gradients of a layer against finite differences of sum(forward() * dy).
+    forward() computes the output from `arrays` ({name: contiguous float64 array}, read in place, so perturbing
+    one changes the next forward); backward(dy) runs after a forward and returns {name: gradient}. Outputs
+    may live in the caller's buffers (the next forward overwrites them): the gradients are copied first."""
+    forward()
+    got = {k: np.array(v, copy=True) for k, v in backward(dy.copy()).items()}   # a copy: backwards may use dy
+    probe = lambda: float(np.sum(forward() * dy))                               # as scratch
+    for name, a in arrays.items():
+        err = rel_err(got[name], num_grad(probe, a))
+        assert err < tol, f"gradient of {name!r}: rel err {err:.2e}"
+    return sorted(got)

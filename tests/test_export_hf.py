@@ -6,7 +6,6 @@ import os
 import pathlib
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ from minigpt import checkpoint
 from minigpt.bpe import BPETokenizer
 from minigpt.data import CharTokenizer
 from minigpt.model import GPT, GPTConfig
+from minigpt.optim import AdamW
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
 from minigpt.hf import export
@@ -38,7 +38,7 @@ def make_checkpoint(path, tok, tie=True, bias=True, seed=0):
     for p in model.params().values():
         p += (0.3 * r.standard_normal(p.shape)).astype(p.dtype)
     meta = {"model_config": cfg.to_dict(), "tokenizer": tok.to_json(), "iter": 0}
-    checkpoint.save(str(path), model, SimpleNamespace(m={}, v={}, t=0), meta)
+    checkpoint.save(str(path), model, AdamW(model.params()), meta)
     return model.eval()
 
 
@@ -80,7 +80,7 @@ def test_export_of_a_training_run_checkpoint(tmp_path):
     train(cfg)
     ckpt = os.path.join(cfg.out_dir, "ckpt_best.npz")
     export(ckpt, str(tmp_path / "hf"))
-    meta, params, _, _ = checkpoint.load(ckpt)
+    meta, params, _ = checkpoint.load(ckpt)
     model = GPT(GPTConfig(**meta["model_config"]))
     checkpoint.load_params(model, params)
     tok = CharTokenizer.from_json(meta["tokenizer"])

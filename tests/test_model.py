@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 
 from minigpt import backends
+from minigpt.config import UserError
 from minigpt.model import GPT, GPTConfig
 from gradcheck import num_grad, rel_err
 
-TINY = dict(vocab_size=11, block_size=6, n_layer=2, n_head=2, n_embd=8)
+TINY = dict(vocab_size=11, block_size=6, n_layer=2, n_head=2, n_embd=8, bias=True)
 
 
 def tiny_model(seed=0, dtype=np.float64, **kw):
@@ -94,14 +95,40 @@ def test_gpt_parameter_names():
     assert not any(n.endswith(".bias") for n in nobias.params())
 
 
-def test_gpt_params_are_live_arrays():
+def test_gpt_params_and_grads_are_views_of_one_buffer_each():
+    """params()/grads() are live views of param_memory/grad_memory, consecutive and in order, which the blocks
+    read and write: clipping and the Allreduce take the buffer itself."""
     model = tiny_model()
     model.params()["h.1.attn.c_proj.weight"][0, 0] = 123.0
-    assert model.h[1].attn.c_proj.p["weight"][0, 0] == 123.0
+    assert model.h[1].p["attn.c_proj.weight"][0, 0] == 123.0
+    for mem, named in ((model.param_memory, model.params()), (model.grad_memory, model.grads())):
+        offset = 0
+        for k, a in named.items():
+            assert np.shares_memory(a, mem) and a.ctypes.data == mem.ctypes.data + offset * mem.itemsize, k
+            offset += a.size
+        assert offset == mem.size == model.num_params()
+    model.forward(*batch(np.random.default_rng(0)))
+    model.backward()
+    assert model.grad_memory.any() and model.h[0].g["mlp.c_fc.weight"].any()
+    model.zero_grad()
+    assert not any(g.any() for g in model.grads().values())
+
+
+def test_gpt_activation_table_is_made_once_per_shape():
+    """One table per (B, T): forwards at that shape reuse its arrays; another shape makes a new one."""
+    model = tiny_model()
+    x, y = batch(np.random.default_rng(0))
+    model.forward(x, y)
+    acts, dacts = model.acts, model.dacts
+    model.backward()
+    model.forward(x[:, ::-1].copy(), y)
+    assert model.acts is acts and model.dacts is dacts and model.acts.h[1].qkv.base is acts.qkv
+    model.forward(x[:, :3], y[:, :3])
+    assert model.acts is not acts and model.acts.logits.shape == (2, 3, 11)
 
 
 def test_gpt_init_scales():
-    cfg = GPTConfig(vocab_size=65, block_size=64, n_layer=8, n_head=4, n_embd=256)
+    cfg = GPTConfig(vocab_size=65, block_size=64, n_layer=8, n_head=4, n_embd=256, bias=True)
     p = GPT(cfg, np.random.default_rng(0)).params()
     assert abs(p["h.0.attn.c_attn.weight"].std() - 0.02) < 0.001
     assert abs(p["h.0.mlp.c_proj.weight"].std() - 0.02 / math.sqrt(16)) < 0.0005
@@ -147,12 +174,12 @@ def test_gpt_overfits_one_batch():
 
 
 @pytest.mark.parametrize("field,value,match", [
-    ("n_embd", 9, "divisible by n_head"), ("n_layer", 0, "n_layer"), ("block_size", -1, "block_size"),
+    ("n_embd", 9, "divisible by --n_head"), ("n_layer", 0, "n_layer"), ("block_size", -1, "block_size"),
     ("vocab_size", 2.5, "vocab_size"), ("dropout", 1.0, "dropout"), ("dropout", -0.1, "dropout"),
     ("bias", "yes", "bias"),
 ])
 def test_config_errors_name_the_field(field, value, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(UserError, match=match):
         GPTConfig(**{**TINY, field: value})
 
 
@@ -231,7 +258,7 @@ def test_training_step_allocates_nothing_large(backend):
         model.forward(x, y)
 
     def update():
-        clip_grad_norm(model.grads(), 1.0)
+        clip_grad_norm(model.grad_memory, 1.0)
         opt.step(model.params(), model.grads(), 1e-3)
 
     phases = {"forward": forward, "backward": model.backward, "update": update}

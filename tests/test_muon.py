@@ -99,7 +99,7 @@ def test_muon_params_are_the_block_matrices():
     want = {f"h.{i}.{m}.weight" for i in range(2) for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")}
     assert muon_params(params) == want
     opt = Muon(params)
-    assert set(opt.m) == set(params) and set(opt.v) == set(params) - want
+    assert set(opt.momentum_buf) == want and set(opt.m) == set(opt.v) == set(params) - want
     assert opt.decay == {"wte.weight", "wpe.weight", "lm_head.weight"}
 
 
@@ -135,7 +135,7 @@ def test_muon_step_matches_float64_reference_and_adamw():
             ref[k] = muon_reference(ref[k], bufs, grads[k].astype(np.float64), lr, k, 25.0, 0.95, 0.5)
             delta, want = model.params()[k] - before[k], ref[k] - before[k]
             assert frob_err(delta, want) < 1e-4, (step, k, frob_err(delta, want))
-            np.testing.assert_allclose(opt.m[k], bufs[k], rtol=1e-5, atol=1e-9, err_msg=k)
+            np.testing.assert_allclose(opt.momentum_buf[k], bufs[k], rtol=1e-5, atol=1e-9, err_msg=k)
         for k, p in model.params().items():                           # everything else: AdamW, bit for bit
             if k not in names:
                 np.testing.assert_array_equal(p, twin.params()[k], err_msg=k)
@@ -170,11 +170,12 @@ def test_muon_state_round_trips_through_a_checkpoint(tmp_path):
         opt.step(model.params(), random_grads(model, s), 1e-3)
     path = str(tmp_path / "c.npz")
     checkpoint.save(path, model, opt, {})
-    meta, params, m, v = checkpoint.load(path)
+    meta, params, state = checkpoint.load(path)
+    assert state["name"] == "muon" and set(state["slots"]) == {"momentum", "m", "v"}
     resumed = tiny_gpt(seed=1)
     checkpoint.load_params(resumed, params)
     opt2 = Muon(resumed.params())
-    opt2.load_state(meta["adam_t"], m, v)
+    opt2.load_state(state["t"], state["slots"], state["name"])
     assert opt2.t == 3
     opt.step(model.params(), random_grads(model, 9), 1e-3)             # the next step is the same in both
     opt2.step(resumed.params(), random_grads(resumed, 9), 1e-3)
@@ -186,16 +187,18 @@ def test_muon_load_state_refuses_other_state():
     model = tiny_gpt()
     opt = Muon(model.params())
     adam = AdamW(model.params())
-    with pytest.raises(ValueError, match=r"state v does not match Muon.*unexpected \['h\.0\.attn\.c_attn\.weight'"):
-        opt.load_state(adam.t, adam.m, adam.v)                         # an AdamW checkpoint: v for every param
+    with pytest.raises(ValueError, match="the optimizer state is adamw's, not muon's"):
+        opt.load_state(*adam.state(), "adamw")
+    with pytest.raises(ValueError, match=r"state momentum does not match muon.*missing \['h\.0\.attn\.c_attn\.weight'"):
+        opt.load_state(*adam.state())                                  # AdamW's slots, unnamed
     small = Muon(GPT(GPTConfig(vocab_size=13, block_size=8, n_layer=2, n_head=2, n_embd=8, bias=True,
                                tie_weights=False), np.random.default_rng(0)).params())
-    with pytest.raises(ValueError, match=r"m\[.*\] has shape"):
-        opt.load_state(small.t, small.m, small.v)
-    m = dict(opt.m)
-    del m["h.1.mlp.c_fc.weight"]
+    with pytest.raises(ValueError, match=r"momentum\[.*\] has shape"):
+        opt.load_state(*small.state())
+    slots = {k: dict(v) for k, v in opt.slots.items()}
+    del slots["momentum"]["h.1.mlp.c_fc.weight"]
     with pytest.raises(ValueError, match=r"missing \['h\.1\.mlp\.c_fc\.weight'\]"):
-        opt.load_state(0, m, opt.v)
+        opt.load_state(0, slots)
 
 
 # ----------------------------------------------------------------------------

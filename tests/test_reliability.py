@@ -127,7 +127,7 @@ def test_bad_checkpoints(tmp_path, text):
     assert_clear_error(sample_cli("--ckpt", str(tmp_path / "text.npz")), "not a readable checkpoint")
     np.savez(tmp_path / "other.npz", a=np.zeros(3))
     assert_clear_error(sample_cli("--ckpt", str(tmp_path / "other.npz")), "not a minigpt checkpoint")
-    meta, params, m, v = checkpoint.load(str(good))                      # a config that does not fit its arrays
+    meta, params, _ = checkpoint.load(str(good))                      # a config that does not fit its arrays
     meta["model_config"]["n_embd"] = 32
     arrays = {**{f"param/{k}": a for k, a in params.items()}, "meta": np.frombuffer(json.dumps(meta).encode(), np.uint8)}
     np.savez(tmp_path / "mismatch.npz", **arrays)
@@ -212,7 +212,7 @@ def test_sigkill_while_saving_leaves_previous_checkpoint_loadable(tmp_path, text
         _wait_for(tmp_seen, proc)                                    # and the next one is being written now
         proc.kill()
         proc.wait()
-        meta, params, _, _ = checkpoint.load(str(last))              # the previous one is intact
+        meta, params, _ = checkpoint.load(str(last))              # the previous one is intact
         assert all(np.isfinite(p).all() for p in params.values())
         for f in os.listdir(out):                                   # the half-written temporary is never loaded
             if f.startswith(".tmp-"):
@@ -224,5 +224,5 @@ def test_divergence_stops_with_message_and_keeps_checkpoint(tmp_path, text):
     r = train_cli("--data", str(text), "--out_dir", str(out), "--lr=1e9", "--warmup_iters=0", "--grad_clip=0",
                   "--max_iters=200", "--eval_interval=1")
     assert_clear_error(r, "non-finite", "at iter", "last finite loss", "ckpt_last.npz", "--resume", code=3)
-    meta, params, _, _ = checkpoint.load(str(out / "ckpt_last.npz"))
+    meta, params, _ = checkpoint.load(str(out / "ckpt_last.npz"))
     assert all(np.isfinite(p).all() for p in params.values())

@@ -150,13 +150,17 @@ def test_checkpoint_round_trip_restores_every_array(tmp_path):
     opt.step(model.params(), model.grads(), 1e-3)
     path = str(tmp_path / "c.npz")
     checkpoint.save(path, model, opt, {"iter": 7, "rng": model.rng.bit_generator.state})
-    meta, params, m, v = checkpoint.load(path)
-    assert meta["iter"] == 7 and meta["adam_t"] == 1 and meta["rng"] == model.rng.bit_generator.state
+    meta, params, state = checkpoint.load(path)
+    assert meta["iter"] == 7 and state["t"] == 1 and meta["rng"] == model.rng.bit_generator.state
+    assert state["name"] == "adamw" and set(state["slots"]) == {"m", "v"}
+    m, v = state["slots"]["m"], state["slots"]["v"]
     for k, p in model.params().items():
         assert params[k].dtype == p.dtype
         np.testing.assert_array_equal(params[k], p)
         np.testing.assert_array_equal(m[k], opt.m[k])
         np.testing.assert_array_equal(v[k], opt.v[k])
+    with np.load(path) as z:                                           # keys name the optimizer that wrote them
+        assert "adamw.m/wte.weight" in z.files and "adamw.v/wte.weight" in z.files
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp")]    # no temporary file left
     umask = os.umask(0)
     os.umask(umask)
@@ -384,9 +388,10 @@ def test_muon_run_resumes_exactly_and_refuses_another_optimizer(tmp_path):
     res = train(tiny_cfg(tmp_path / "b", optimizer="muon", max_iters=12, eval_interval=6, resume=True))
     losses = [[r["loss"] for r in read_log(x["log"]) if r["kind"] == "train"] for x in (straight, res)]
     assert losses[0] == losses[1] and len(losses[0]) == 12
-    meta, _, m, v = checkpoint.load(str(tmp_path / "b" / "out" / "ckpt_last.npz"))
-    assert meta["train_config"]["optimizer"] == "muon" and "h.0.mlp.c_fc.weight" in m
-    assert "h.0.mlp.c_fc.weight" not in v and "wte.weight" in v        # Muon's matrices have no second moment
+    meta, _, state = checkpoint.load(str(tmp_path / "b" / "out" / "ckpt_last.npz"))
+    slots = state["slots"]
+    assert meta["train_config"]["optimizer"] == "muon" and "h.0.mlp.c_fc.weight" in slots["momentum"]
+    assert "h.0.mlp.c_fc.weight" not in slots["v"] and "wte.weight" in slots["v"]   # Muon's matrices: no moments
     with pytest.raises(UserError, match="the run used --optimizer muon"):
         train(tiny_cfg(tmp_path / "b", optimizer="adamw", max_iters=14, resume=True))
 
@@ -421,3 +426,26 @@ def test_vocab_size_without_bpe_and_a_spent_budget_are_errors(tmp_path):
     again = parse_args(["--data", cfg.data, "--out_dir", cfg.out_dir, "--resume"])
     with pytest.raises(UserError, match="has spent its time budget.*raise --max_time"):
         train(again, given=again.given)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_checkpoints_from_before_named_optimizer_state_still_resume(tmp_path, optimizer):
+    """Before, every optimizer saved under adam_m/ and adam_v/ with meta adam_t (Muon's momentum in adam_m):
+    such a checkpoint resumes to the same run as the new format."""
+    straight = train(tiny_cfg(tmp_path / "a", optimizer=optimizer, max_iters=8, eval_interval=4))
+    train(tiny_cfg(tmp_path / "b", optimizer=optimizer, max_iters=4, eval_interval=4))
+    path = tmp_path / "b" / "out" / "ckpt_last.npz"
+    with np.load(path) as z:
+        files = {k: z[k] for k in z.files}
+    meta = json.loads(files.pop("meta").tobytes().decode())
+    meta["adam_t"] = meta.pop("opt_t")
+    del meta["optimizer"]
+    old = {"meta": np.frombuffer(json.dumps(meta).encode(), np.uint8)}
+    for k, a in files.items():
+        group, _, name = k.partition("/")
+        slot = group.partition(".")[2]
+        old[{"m": "adam_m", "momentum": "adam_m", "v": "adam_v"}.get(slot, group) + "/" + name] = a
+    np.savez(path, **old)
+    res = train(tiny_cfg(tmp_path / "b", optimizer=optimizer, max_iters=8, eval_interval=4, resume=True))
+    losses = [[r["loss"] for r in read_log(x["log"]) if r["kind"] == "train"] for x in (straight, res)]
+    assert losses[0] == losses[1] and len(losses[0]) == 8
