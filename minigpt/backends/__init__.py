@@ -1,12 +1,13 @@
 """The backend interface: the fixed set of ops a training step needs, and the one place that chooses who runs them.
 
 Every layer calls `ops.<op>(...)` (ops forwards to the selected backend) and never asks which backend it is:
-  numpy  - numpy_ops.py: the executable specification in plain NumPy; dtype-generic (float64 gradient tests)
-  numba  - numba_ops.py: a numba GEMM (numba_gemm.py) and fused numba kernels (numba_kernels.py), float32/64
-  native - native.py: every op in the C library native/ (AVX-512, AVX2+FMA or portable C), through ctypes
-The ops (Ops below) take and write caller-owned arrays (out=...), accept strided views, and allocate nothing of
-activation size on the fast backends. An explicitly requested backend that cannot run raises BackendUnavailable;
-only "auto" chooses, and it says what it chose. This module also owns every thread count (set_threads).
+  numpy  - numpy_ops.py: the executable specification in plain NumPy; float32 and float64 (gradient tests)
+  numba  - numba_ops.py: a numba GEMM (numba_gemm.py) and fused numba kernels (numba_kernels.py); float32
+  native - native.py: every op in the C library native/ (AVX-512, AVX2+FMA or portable C), through ctypes; float32
+Ops below declares every op with its shapes. The ops write caller-owned arrays (out=...), accept strided views,
+and allocate nothing of activation size per call (scratch is kept per shape). An explicitly requested backend
+that cannot run (or cannot run the model's dtype) raises BackendUnavailable; only "auto" chooses, and it says
+what it chose. This module also owns every thread count (set_threads).
 """
 import importlib
 import os
@@ -24,7 +25,7 @@ class BackendUnavailable(RuntimeError):
 
 
 # ----------------------------------------------------------------------------
-# the interface: argument checks shared by every backend, so a program that runs on one runs on all
+# the interface: every op with its shapes; argument checks shared by every backend
 
 def gemm_dims(a, b, ta, tb):
     """(M, N, K) of op(a) @ op(b) over the last two axes; ValueError if the inner dimensions differ."""
@@ -37,57 +38,148 @@ def gemm_dims(a, b, ta, tb):
 
 
 class Ops:
-    """The ops of a training step. Subclasses implement the _underscored products and the other ops; the
-    public matmul/bmm check their arguments here, once for all backends. Transposes are flags, never copies.
-
-      matmul(a, b, ta, tb, out, acc)        op(a) @ op(b) for 2-D a, b; acc=True adds into out
-      bmm(a, b, ta, tb, out, acc)           the same over leading batch dims, on any strided views
-      layernorm(x, w, b, out, mean, rstd, eps)            x (N, C) -> out; keeps mean, rstd (N,)
-      layernorm_backward(dy, x, w, mean, rstd, dx, dw, db)    dx written; dw, db (C,) +=; b/db may be None
-      gelu(x, b, out, dgelu)                out = gelu(x + b), dgelu = gelu'(x + b) (tanh form); b may be None,
-                                            out may be x
-      gelu_backward(dout, dgelu, dx, db)    dx = dout * dgelu (dx may be dout); db (H,) += its column sums
-      causal_softmax(att, scale, start)     scores (..., T, Tk) -> probabilities, in place; query i sees keys
-                                            0..start+i; masked entries become exactly 0
-      causal_softmax_backward(att, datt, scale, start)      d(probabilities) -> d(scores), in place in datt
-      cross_entropy(logits, targets, lse) -> mean loss     lse (N,) written: row log-sum-exp
-      cross_entropy_backward(logits, targets, lse, scale, dlogits)   (softmax - onehot) * scale
-      embedding_backward(dW, idx, dout)     dW[idx[n]] += dout[n], repeated ids summed (scatter-add)
-      adamw(p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2)     one in-place AdamW update
-    """
+    """The ops of a training step; numpy_ops.py is the specification of each. Every array argument may be a
+    strided view; outputs are written (or, where it says so, added into) in place and returned. A backend
+    implements every op below but matmul/bmm, which check their arguments here once for all backends and call
+    the backend's _matmul/_bmm. Transposes are flags, never copies."""
     name = "?"
+    dtypes = frozenset()         # the dtypes a model runs on this backend (select and ensure check it)
 
+    def __init__(self):
+        self._scratch = {}       # (slot, shape, dtype) -> array, see _tmp
+        self._calls = {}         # op -> its Contiguous, see _contiguous
+
+    # ---- products: op(x) is x, or its last two axes swapped when the flag is set
     def matmul(self, a, b, ta=False, tb=False, out=None, acc=False):
+        """op(a) (M, K) @ op(b) (K, N) -> out (M, N), 2-D; acc=True adds into out."""
         M, N, _ = _check_product(a, b, ta, tb, out, acc, batched=False)
         if out is None:
             out = np.empty((M, N), np.result_type(a, b))
         return self._matmul(a, b, bool(ta), bool(tb), out, acc)
 
     def bmm(self, a, b, ta=False, tb=False, out=None, acc=False):
+        """op(a) (..., M, K) @ op(b) (..., K, N) -> out (..., M, N) over equal leading dims; acc adds into out."""
         M, N, _ = _check_product(a, b, ta, tb, out, acc, batched=True)
         if out is None:
             out = np.empty((*a.shape[:-2], M, N), np.result_type(a, b))
         return self._bmm(a, b, bool(ta), bool(tb), out, acc)
 
-    def set_threads(self, n):
-        pass
+    def _matmul(self, a, b, ta, tb, out, acc):           # checked by matmul; out exists; returns out
+        raise NotImplementedError
 
-    def _contig(self, x, slot, copy=True):
-        """x itself if C-contiguous, else a scratch array kept per (slot, shape, dtype), holding x's values if copy:
-        how a backend whose kernels walk contiguous arrays takes views without allocating per call."""
-        if x.flags.c_contiguous:
-            return x
-        scratch = self.__dict__.setdefault("_scratch", {})
-        key = (slot, x.shape, x.dtype)
-        if key not in scratch:
-            scratch[key] = np.empty(x.shape, x.dtype)
-        if copy:
-            np.copyto(scratch[key], x)
-        return scratch[key]
+    def _bmm(self, a, b, ta, tb, out, acc):              # checked by bmm; out exists; returns out
+        raise NotImplementedError
+
+    # ---- the other ops
+    def layernorm(self, x, w, b, out, mean, rstd, eps=1e-5):
+        """x (N, C) -> out (N, C) = (x - mean) / sqrt(var + eps) * w + b; writes mean, rstd (N,); b may be None."""
+        raise NotImplementedError
+
+    def layernorm_backward(self, dy, x, w, mean, rstd, dx, dw, db):
+        """dy, x (N, C) -> dx (N, C) written (dx may be dy); dw, db (C,) +=; b had no bias if db is None."""
+        raise NotImplementedError
+
+    def gelu(self, x, b, out, dgelu):
+        """x (..., H), b (H,) or None -> out = gelu(x + b) (tanh form; out may be x), dgelu = gelu'(x + b)."""
+        raise NotImplementedError
+
+    def gelu_backward(self, dout, dgelu, dx, db):
+        """dout, dgelu (..., H) -> dx = dout * dgelu (dx may be dout); db (H,) += the column sums of dx, or None."""
+        raise NotImplementedError
+
+    def causal_softmax(self, att, scale, start=0):
+        """att (..., T, Tk) scores -> softmax(scale * scores) in place; query i sees keys 0..start+i, the
+        masked ones become exactly 0 (and are never read)."""
+        raise NotImplementedError
+
+    def causal_softmax_backward(self, att, datt, scale, start=0):
+        """att (..., T, Tk) probabilities; datt d(probabilities) -> d(scores) in place."""
+        raise NotImplementedError
+
+    def cross_entropy(self, logits, targets, lse):
+        """logits (N, V), targets (N,) ints -> mean loss (a float); writes lse (N,), each row's log-sum-exp."""
+        raise NotImplementedError
+
+    def cross_entropy_backward(self, logits, targets, lse, scale, dlogits):
+        """logits (N, V), targets, lse (N,) -> dlogits (N, V) = (softmax(logits) - onehot(targets)) * scale."""
+        raise NotImplementedError
+
+    def embedding_backward(self, dW, idx, dout):
+        """dW (V, C), idx (N,) ints, dout (N, C): dW[idx[n]] += dout[n], repeated ids summed (scatter-add)."""
+        raise NotImplementedError
+
+    def adamw(self, p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2):
+        """One in-place AdamW update of p, m, v (C-contiguous, same shape as g); bc1, bc2: bias corrections."""
+        raise NotImplementedError
+
+    # ---- knobs: not ops (a backend without the knob ignores it)
+    def set_threads(self, n):
+        """Threads of this backend's own pool (select and set_threads call it)."""
 
     def spin(self, us=None):
         """Let worker threads wait up to us microseconds on the CPU between back-to-back calls before they sleep
         (native only; None: the backend's default)."""
+
+    # ---- for the backends: scratch kept per shape, and contiguous arrays for kernels that need them
+    def _tmp(self, slot, shape, dtype):
+        """A scratch array kept per (slot, shape, dtype): made on first use, then reused by every call."""
+        key = (slot, shape, dtype)
+        s = self._scratch.get(key)
+        if s is None:
+            s = self._scratch[key] = np.empty(shape, dtype)
+        return s
+
+    def _contiguous(self, op):
+        """The Contiguous of op (see there), reset for a new kernel call; one per op, made once (it is cheaper)."""
+        c = self._calls.get(op)
+        if c is None:
+            c = self._calls[op] = Contiguous(self, op)
+        c.n, c.copies = 0, ()
+        return c
+
+
+class Contiguous:
+    """The arrays of one kernel call, made C-contiguous for a kernel that walks contiguous rows:
+
+        c = self._contiguous("layernorm")
+        kernel(c.inp(x), w, b, c.out(y), ...)      # inp: read; out: written; inout: read and written
+        c.back()                                    # copies each output written into scratch to its array
+
+    Each of inp/out/inout returns its argument itself if it is C-contiguous (or None), else a scratch array
+    kept per (op, argument position, shape, dtype) by the backend (Ops._tmp): a view costs a copy in (inp,
+    inout) and/or a copy back (out, inout), and no allocation after the first call. Arguments are counted in
+    call order, so two arguments of one call never share scratch, even when they are the same array."""
+    __slots__ = ("ops", "op", "n", "copies")
+
+    def __init__(self, ops, op):
+        self.ops, self.op, self.n, self.copies = ops, op, 0, ()
+
+    def inp(self, x):
+        self.n += 1
+        return x if x is None or x.flags.c_contiguous else self._scratch(x, True, False)
+
+    def out(self, x):
+        self.n += 1
+        return x if x is None or x.flags.carray else self._scratch(x, False, True)     # carray: C order, writable
+
+    def inout(self, x):
+        self.n += 1
+        return x if x is None or x.flags.carray else self._scratch(x, True, True)
+
+    def _scratch(self, x, read, write):
+        if write and not x.flags.writeable:
+            raise ValueError(f"{self.ops.name} {self.op}: an output array is read-only (a broadcast view?); "
+                             "pass a writable one")
+        s = self.ops._tmp((self.op, self.n), x.shape, x.dtype)
+        if read:
+            np.copyto(s, x)
+        if write:
+            self.copies += ((s, x),)
+        return s
+
+    def back(self):
+        for s, x in self.copies:
+            np.copyto(x, s)
 
 
 def _check_product(a, b, ta, tb, out, acc, batched):
@@ -112,7 +204,7 @@ def _check_product(a, b, ta, tb, out, acc, batched):
 
 
 def check_float32(*arrays, backend):
-    """The fast backends compute in float32 (numba's kernels also in float64); no silent casts."""
+    """float32 or TypeError: the products of the fast backends and every native op (no silent casts)."""
     for x in arrays:
         if x is not None and x.dtype != np.float32:
             raise TypeError(f"{backend} backend: float32 arrays only, got {x.dtype}. Cast with .astype(np.float32), "
@@ -123,45 +215,101 @@ def check_float32(*arrays, backend):
 # selection: the one place that chooses a backend and sets thread counts
 
 _current = None
+_auto = False             # _current was chosen by "auto": ensure() may choose again for another dtype
 _threads = 0              # 0: every CPU this process may run on
 _blas_cap = None          # threadpoolctl limiter, active while numba/native threads own the cores
+_MODULES = {"numpy": ("numpy_ops", "NumpyOps"), "numba": ("numba_ops", "NumbaOps"), "native": ("native", "NativeOps")}
+
+
+def _import(name):
+    module = _MODULES[name][0]
+    try:
+        return importlib.import_module(f".{module}", __package__)
+    except ImportError as e:
+        raise BackendUnavailable(f"{name}: cannot import minigpt.backends.{module} ({e})") from e
 
 
 def _load(name):
     if name not in BACKENDS:
         raise BackendUnavailable(f"unknown backend {name!r}; choose one of auto, {', '.join(BACKENDS)}")
-    module = {"numpy": "numpy_ops", "numba": "numba_ops", "native": "native"}[name]
+    return _import(name).backend()       # raises BackendUnavailable with the reason and the fix
+
+
+def _dtypes(name):
+    """The dtypes backend `name` runs, from its class (no kernel loads); None if its module cannot import."""
     try:
-        mod = importlib.import_module(f".{module}", __package__)
-    except ImportError as e:
-        raise BackendUnavailable(f"{name}: cannot import minigpt.backends.{module} ({e})") from e
-    return mod.backend()                 # raises BackendUnavailable with the reason and the fix
+        return getattr(_import(name), _MODULES[name][1]).dtypes
+    except BackendUnavailable:
+        return None
 
 
-def select(name="auto", threads=None, verbose=None):
+def _cannot_run(name, dtype):
+    """None if backend `name` runs dtype (or cannot tell), else why not, in a few words."""
+    dtypes = _dtypes(name)
+    if dtypes is None or dtype in dtypes:
+        return None
+    return f"{name} runs {' and '.join(sorted(map(str, dtypes)))} only, not {dtype}"
+
+
+def _dtype_fix(name, dtype):
+    others = [n for n in BACKENDS if n != name and _cannot_run(n, dtype) is None]
+    return "Fix: " + "".join(f"select {n} (--backend {n} or MINIGPT_BACKEND={n}), or " for n in others) + \
+        "cast the model to float32"
+
+
+def select(name="auto", threads=None, verbose=None, dtype=None):
     """Select the backend by name; returns the name that runs. 'auto' takes the first of AUTO_ORDER that loads
-    and says which on stderr (verbose=False silences it). threads: see set_threads (None keeps the current)."""
-    global _current
+    and runs dtype (None: any) and says which on stderr (verbose=False silences it); an explicit backend that
+    cannot run dtype raises BackendUnavailable. threads: see set_threads (None keeps the current)."""
+    global _current, _auto
     name = (name or "auto").lower()
+    dtype = None if dtype is None else np.dtype(dtype)
     if name == "auto":
-        reasons = []
+        impl, reasons = None, []
         for cand in AUTO_ORDER:
+            why = None if dtype is None else _cannot_run(cand, dtype)
             try:
-                impl = _load(cand)
-                break
+                if why is None:
+                    impl = _load(cand)
+                    break
             except BackendUnavailable as e:
-                reasons.append(str(e))
+                why = str(e)
+            reasons.append(why)
+        if impl is None:
+            raise BackendUnavailable(f"auto: no backend runs {dtype} here ({'; '.join(reasons)}). "
+                                     "Fix: cast the model to float32")
         if verbose is not False:
+            for_dtype = "" if dtype is None else f" for {dtype}"
             skipped = f" (skipped: {'; '.join(reasons)})" if reasons else ""
-            print(f"minigpt: backend auto -> {impl.name}{skipped}", file=sys.stderr)
+            print(f"minigpt: backend auto -> {impl.name}{for_dtype}{skipped}", file=sys.stderr)
     else:
+        why = None if dtype is None or name not in BACKENDS else _cannot_run(name, dtype)
+        if why:
+            raise BackendUnavailable(f"{why}. {_dtype_fix(name, dtype)}")
         impl = _load(name)
         if verbose:
             print(f"minigpt: backend {impl.name}", file=sys.stderr)
-    _current = impl
+    _current, _auto = impl, name == "auto"
     _cap_blas(impl.name != "numpy")
     set_threads(_threads if threads is None else threads)
     return impl.name
+
+
+def ensure(dtype):
+    """The model calls this at the start of each forward with its dtype. Nothing happens when the current
+    backend runs dtype (one set lookup). Else a backend "auto" chose (or the lazy default) is chosen again for
+    dtype, saying so; an explicitly selected one raises BackendUnavailable with the fix."""
+    if _current is not None and dtype in _current.dtypes:
+        return
+    dtype = np.dtype(dtype)
+    if _current is None:                 # nothing selected yet: current()'s default, for this dtype
+        from ..config import default_backend
+        select(default_backend(), dtype=dtype)
+    elif dtype not in _current.dtypes:
+        if not _auto:
+            raise BackendUnavailable(f"the model is {dtype}, but the {_current.name} backend was selected, and "
+                                     f"{_cannot_run(_current.name, dtype)}. {_dtype_fix(_current.name, dtype)}")
+        select("auto", dtype=dtype)
 
 
 def set_threads(n=0):

@@ -3,12 +3,12 @@ products (mgk.c), and LayerNorm, GELU, causal softmax, cross-entropy, the embedd
 (mgk_ops.c), float32 only. It needs neither numba nor BLAS. (AdamW and the scatter-add are memory-bound, and
 ctypes costs ~3 us a call against numba's ~0.5 us: about 0.1 ms of a config S step, the price of one backend.)
 
-The only file that uses ctypes. Loads the library once and declares every signature. Transposes are flags;
-strided views are walked in place by the C code (rows of contiguous floats, up to two batch strides), and only
-a view it cannot walk is copied into scratch. backend() raises BackendUnavailable with the reason and the fix
-if the library is missing or fails to load. The library runs on any CPU: it picks its AVX-512, AVX2+FMA or
-generic path by cpuid, and MINIGPT_ISA=avx2|generic forces a lower one. MINIGPT_NATIVE_LIB=/path/to/lib
-overrides the location.
+The only file that uses ctypes. Loads the library once and declares every signature. Transposes are flags.
+The products walk strided views in place (rows of contiguous floats, up to two batch strides); the other ops
+take C-contiguous arrays, so a view goes through per-shape scratch (Ops._contiguous), as does a view the
+products cannot walk. backend() raises BackendUnavailable with the reason and the fix if the library is missing
+or fails to load. The library runs on any CPU: it picks its AVX-512, AVX2+FMA or generic path by cpuid, and
+MINIGPT_ISA=avx2|generic forces a lower one. MINIGPT_NATIVE_LIB=/path/to/lib overrides the location.
 """
 import ctypes
 import functools
@@ -137,11 +137,14 @@ def _check(rc, what, a, b):
 
 class NativeOps(Ops):
     name = "native"
+    dtypes = frozenset({np.dtype(np.float32)})
 
     def __init__(self, lib):
+        super().__init__()
         self.lib = lib
         self.spin()
 
+    # ---- products: the C code walks strided views in place (_matrices); others go through Ops._contiguous
     def _matmul(self, a, b, ta, tb, out, acc):                     # a (M,K)|(K,M), b (K,N)|(N,K) -> (M,N)
         check_float32(a, b, out, backend="native")
         if not (a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous):
@@ -155,148 +158,123 @@ class NativeOps(Ops):
     def _bmm(self, a, b, ta, tb, out, acc):                        # a (..., M, K), b (..., K, N) -> (..., M, N)
         check_float32(a, b, out, backend="native")
         M, N, K = gemm_dims(a, b, ta, tb)
-        a, b = self._walkable(a, "a"), self._walkable(b, "b")
-        o = self._walkable(out, "out", copy=acc)
-        (L1, L2), A, B, C = _lead(a.shape[:-2]), _matrices(a), _matrices(b), _matrices(o)
+        c = self._contiguous("bmm")                                 # only for views _matrices cannot walk
+        A, B = _matrices(a) or _matrices(c.inp(a)), _matrices(b) or _matrices(c.inp(b))
+        C = _matrices(out) or _matrices(c.inout(out) if acc else c.out(out))
+        L1, L2 = _lead(a.shape[:-2])
         rc = self.lib.mgk_sgemm_batched(L1, L2, ta, tb, M, N, K, *A, *B, 1.0 if acc else 0.0, *C)
         _check(rc, "mgk_sgemm_batched", a, b)
-        if o is not out:
-            np.copyto(out, o)
+        c.back()
         return out
 
-    def _walkable(self, x, slot, copy=True):
-        """x if the C code can walk it in place (rows of contiguous floats, at most two batch dims), else a
-        contiguous scratch copy (Ops._contig)."""
-        return x if _matrices(x) is not None else self._contig(x, slot, copy)
-
-    # ---- the other ops in C (native/mgk_ops.c), float32 only. Views go through per-shape contiguous scratch
-    #      (Ops._contig) and results are copied back, as on numba; the C code trusts the shapes checked here.
-    def _in(self, x, slot):
-        return self._contig(x, slot)
-
-    def _out(self, x, slot, copy=False):
-        if not x.flags.writeable:
-            raise ValueError(f"native: the output array ({slot}) is read-only (a broadcast view?); pass a writable one")
-        return self._contig(x, slot, copy)
+    # ---- the other ops in C (native/mgk_ops.c), float32 only, on C-contiguous arrays: views go through
+    #      Ops._contiguous. The C code trusts the shapes, so they are checked here first.
+    @staticmethod
+    def _shapes(what, *groups):
+        """groups: (shape, array, array, ...); ValueError for an array (not None) of another shape."""
+        for want, *arrays in groups:
+            for a in arrays:
+                if a is not None and a.shape != want:
+                    raise ValueError(f"native {what}: an array has shape {a.shape}, expected {want}")
 
     @staticmethod
-    def _done(rc, what, *pairs):
-        """Raise for a failed C call; copy each scratch result (first) back into its caller array (second)."""
+    def _done(rc, what, c):
+        """Raise for a failed C call, else copy the results of scratch outputs back (Contiguous.back)."""
         if rc != 0:
             raise ValueError(f"native {what}: {_ERRORS.get(rc, rc)} (rc={rc}): a size below 0, or an index out "
                              "of range (targets, token ids)")
-        for got, dst in pairs:
-            if got is not dst:
-                np.copyto(dst, got)
-
-    @staticmethod
-    def _shapes(what, want, *arrays):
-        for a in arrays:
-            if a is not None and a.shape != want:
-                raise ValueError(f"native {what}: an array has shape {a.shape}, expected {want}")
+        c.back()
 
     def layernorm(self, x, w, b, out, mean, rstd, eps=1e-5):               # x (N, C) -> out (N, C)
         check_float32(x, w, b, out, mean, rstd, backend=self.name)
         N, C = x.shape
-        self._shapes("layernorm", x.shape, out)
-        self._shapes("layernorm", (C,), w, b)
-        self._shapes("layernorm", (N,), mean, rstd)
-        o, m, r = self._out(out, "y"), self._out(mean, "mean"), self._out(rstd, "rstd")
-        rc = self.lib.mgk_layernorm_fwd(N, C, self._in(x, "x"), self._in(w, "w"), None if b is None else
-                                        self._in(b, "b"), eps, o, m, r)
-        self._done(rc, "layernorm", (o, out), (m, mean), (r, rstd))
+        self._shapes("layernorm", (x.shape, out), ((C,), w, b), ((N,), mean, rstd))
+        c = self._contiguous("layernorm")
+        rc = self.lib.mgk_layernorm_fwd(N, C, c.inp(x), c.inp(w), c.inp(b), eps, c.out(out), c.out(mean),
+                                        c.out(rstd))
+        self._done(rc, "layernorm", c)
         return out
 
-    def layernorm_backward(self, dy, x, w, mean, rstd, dx, dw, db):         # dy, x (N, C) -> dx; dw, db +=
+    def layernorm_backward(self, dy, x, w, mean, rstd, dx, dw, db):         # dy, x (N, C) -> dx; dw, db (C,) +=
         check_float32(dy, x, w, mean, rstd, dx, dw, db, backend=self.name)
         N, C = x.shape
-        self._shapes("layernorm_backward", x.shape, dy, dx)
-        self._shapes("layernorm_backward", (C,), w, dw, db)
-        self._shapes("layernorm_backward", (N,), mean, rstd)
-        o, gw = self._out(dx, "dx"), self._out(dw, "dw", copy=True)
-        gb = None if db is None else self._out(db, "db", copy=True)
-        rc = self.lib.mgk_layernorm_bwd(N, C, self._in(dy, "dy"), self._in(x, "x"), self._in(w, "w"),
-                                        self._in(mean, "mean"), self._in(rstd, "rstd"), o, gw, gb)
-        self._done(rc, "layernorm_backward", (o, dx), (gw, dw), *(() if db is None else ((gb, db),)))
+        self._shapes("layernorm_backward", (x.shape, dy, dx), ((C,), w, dw, db), ((N,), mean, rstd))
+        c = self._contiguous("layernorm_backward")
+        rc = self.lib.mgk_layernorm_bwd(N, C, c.inp(dy), c.inp(x), c.inp(w), c.inp(mean), c.inp(rstd), c.out(dx),
+                                        c.inout(dw), c.inout(db))
+        self._done(rc, "layernorm_backward", c)
         return dx
 
     def gelu(self, x, b, out, dgelu):                                       # x (..., H): out = gelu(x + b)
         check_float32(x, b, out, dgelu, backend=self.name)
         H = x.shape[-1] if x.ndim else 1
-        self._shapes("gelu", x.shape, out, dgelu)
-        self._shapes("gelu", (H,), b)
-        xc = self._in(x, "x")                                               # first: out may be x itself
-        o, d = self._out(out, "y"), self._out(dgelu, "d")
-        rc = self.lib.mgk_gelu_fwd(x.size // max(H, 1), H, xc, None if b is None else self._in(b, "b"), o, d)
-        self._done(rc, "gelu", (o, out), (d, dgelu))
+        self._shapes("gelu", (x.shape, out, dgelu), ((H,), b))
+        c = self._contiguous("gelu")                                        # x first: out may be x itself
+        rc = self.lib.mgk_gelu_fwd(x.size // max(H, 1), H, c.inp(x), c.inp(b), c.out(out), c.out(dgelu))
+        self._done(rc, "gelu", c)
         return out
 
     def gelu_backward(self, dout, dgelu, dx, db):                           # dx = dout * dgelu; db (H,) +=
         check_float32(dout, dgelu, dx, db, backend=self.name)
         H = dout.shape[-1] if dout.ndim else 1
-        self._shapes("gelu_backward", dout.shape, dgelu, dx)
-        self._shapes("gelu_backward", (H,), db)
-        g, dg = self._in(dout, "dy"), self._in(dgelu, "d")                  # first: dx may be dout itself
-        o = self._out(dx, "dx")
-        gb = None if db is None else self._out(db, "db", copy=True)
-        rc = self.lib.mgk_gelu_bwd(dout.size // max(H, 1), H, g, dg, o, gb)
-        self._done(rc, "gelu_backward", (o, dx), *(() if db is None else ((gb, db),)))
+        self._shapes("gelu_backward", (dout.shape, dgelu, dx), ((H,), db))
+        c = self._contiguous("gelu_backward")                               # dout first: dx may be dout itself
+        rc = self.lib.mgk_gelu_bwd(dout.size // max(H, 1), H, c.inp(dout), c.inp(dgelu), c.out(dx), c.inout(db))
+        self._done(rc, "gelu_backward", c)
         return dx
 
     def causal_softmax(self, att, scale, start=0):                          # (..., T, Tk), in place
         check_float32(att, backend=self.name)
         T, Tk = att.shape[-2:]
-        a = self._out(att, "att", copy=True)
-        rc = self.lib.mgk_causal_softmax_fwd(att.size // max(T * Tk, 1), T, Tk, start, scale, a)
-        self._done(rc, "causal_softmax (start >= 0)", (a, att))
+        c = self._contiguous("causal_softmax")
+        rc = self.lib.mgk_causal_softmax_fwd(att.size // max(T * Tk, 1), T, Tk, start, scale, c.inout(att))
+        self._done(rc, "causal_softmax (start >= 0)", c)
         return att
 
     def causal_softmax_backward(self, att, datt, scale, start=0):           # d(probabilities) -> d(scores)
         check_float32(att, datt, backend=self.name)
         T, Tk = att.shape[-2:]
-        self._shapes("causal_softmax_backward", att.shape, datt)
-        d = self._out(datt, "datt", copy=True)
-        rc = self.lib.mgk_causal_softmax_bwd(att.size // max(T * Tk, 1), T, Tk, start, scale,
-                                             self._in(att, "att"), d)
-        self._done(rc, "causal_softmax_backward (start >= 0)", (d, datt))
+        self._shapes("causal_softmax_backward", (att.shape, datt))
+        c = self._contiguous("causal_softmax_backward")
+        rc = self.lib.mgk_causal_softmax_bwd(att.size // max(T * Tk, 1), T, Tk, start, scale, c.inp(att),
+                                             c.inout(datt))
+        self._done(rc, "causal_softmax_backward (start >= 0)", c)
         return datt
 
     def cross_entropy(self, logits, targets, lse):                          # logits (N, V) -> mean loss
         check_float32(logits, lse, backend=self.name)
         N, V = logits.shape
-        self._shapes("cross_entropy", (N,), targets, lse)
-        t, o, total = np.ascontiguousarray(targets, np.int64), self._out(lse, "lse"), ctypes.c_double()
-        rc = self.lib.mgk_xent_fwd(N, V, self._in(logits, "logits"), t, o, ctypes.byref(total))
-        self._done(rc, "cross_entropy", (o, lse))
+        self._shapes("cross_entropy", ((N,), targets, lse))
+        t, total, c = np.ascontiguousarray(targets, np.int64), ctypes.c_double(), self._contiguous("cross_entropy")
+        rc = self.lib.mgk_xent_fwd(N, V, c.inp(logits), t, c.out(lse), ctypes.byref(total))
+        self._done(rc, "cross_entropy", c)
         return total.value / max(1, N)
 
     def cross_entropy_backward(self, logits, targets, lse, scale, dlogits):  # (softmax - onehot) * scale
         check_float32(logits, lse, dlogits, backend=self.name)
         N, V = logits.shape
-        self._shapes("cross_entropy_backward", (N,), targets, lse)
-        self._shapes("cross_entropy_backward", logits.shape, dlogits)
-        lc, t = self._in(logits, "logits"), np.ascontiguousarray(targets, np.int64)
-        o = self._out(dlogits, "dlogits")
-        rc = self.lib.mgk_xent_bwd(N, V, lc, t, self._in(lse, "lse"), scale, o)
-        self._done(rc, "cross_entropy_backward", (o, dlogits))
+        self._shapes("cross_entropy_backward", ((N,), targets, lse), (logits.shape, dlogits))
+        t, c = np.ascontiguousarray(targets, np.int64), self._contiguous("cross_entropy_backward")
+        rc = self.lib.mgk_xent_bwd(N, V, c.inp(logits), t, c.inp(lse), scale, c.out(dlogits))
+        self._done(rc, "cross_entropy_backward", c)
         return dlogits
 
     def embedding_backward(self, dW, idx, dout):                            # dW[idx[n]] += dout[n]
         check_float32(dW, dout, backend=self.name)
         V, C = dW.shape
-        self._shapes("embedding_backward", (idx.size, C), dout)
-        g = self._out(dW, "dW", copy=True)
-        rc = self.lib.mgk_embedding_bwd(idx.size, V, C, g, np.ascontiguousarray(idx, np.int64).reshape(-1),
-                                        self._in(dout, "dout"))
-        self._done(rc, "embedding_backward (ids in [0, V))", (g, dW))
+        self._shapes("embedding_backward", ((idx.size, C), dout))
+        ids, c = np.ascontiguousarray(idx, np.int64).reshape(-1), self._contiguous("embedding_backward")
+        rc = self.lib.mgk_embedding_bwd(idx.size, V, C, c.inout(dW), ids, c.inp(dout))
+        self._done(rc, "embedding_backward (ids in [0, V))", c)
 
     def adamw(self, p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2):
         check_float32(p, g, m, v, backend=self.name)
-        self._shapes("adamw", p.shape, g, m, v)
+        self._shapes("adamw", (p.shape, g, m, v))
         if not (p.flags.c_contiguous and m.flags.c_contiguous and v.flags.c_contiguous):
             raise ValueError("adamw updates p, m and v in place: they must be C-contiguous arrays, not views")
-        rc = self.lib.mgk_adamw(p.size, p, self._in(g, "g"), m, v, lr, b1, b2, eps, wd, bc1, bc2)
-        self._done(rc, "adamw")
+        c = self._contiguous("adamw")
+        rc = self.lib.mgk_adamw(p.size, p, c.inp(g), m, v, lr, b1, b2, eps, wd, bc1, bc2)
+        self._done(rc, "adamw", c)
 
     def set_threads(self, n):
         self.lib.mgk_set_num_threads(max(1, int(n)))

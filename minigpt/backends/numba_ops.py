@@ -1,8 +1,9 @@
 """The numba backend: the interface's ops on numba kernels (products: numba_gemm.py; the rest: numba_kernels.py).
 
-The kernels walk C-contiguous arrays. A strided view (a head of the qkv array, say) is copied into a scratch
-array kept per shape, and an output view gets its result copied back, so this backend takes views like every
-other one and still allocates nothing per step. The GEMM is float32; the other kernels also run float64.
+The kernels walk C-contiguous arrays. A strided view (a head of the qkv array, say) goes through Ops._contiguous:
+copied into a scratch array kept per shape, and an output's result copied back, so this backend takes views
+like every other one and still allocates nothing per step. A model runs float32 here (dtypes): the GEMM is
+float32 only; the other kernels also compile for float64, which the tests use.
 """
 import math
 
@@ -23,12 +24,14 @@ SERIAL_BELOW = 16384     # elements of work: below this a kernel runs on one thr
 
 class NumbaOps(Ops):
     name = "numba"
+    dtypes = frozenset({np.dtype(np.float32)})       # the GEMM is float32 (the other kernels also compile float64)
 
     def __init__(self):
+        super().__init__()
         self.nt = 1
         self._none = {}
 
-    # ---- plumbing: thread counts (views: Ops._contig)
+    # ---- plumbing: thread counts, the absent bias (views: Ops._contiguous)
     def _threads(self, work):
         n = 1 if work < SERIAL_BELOW else self.nt
         if numba.get_num_threads() != n:
@@ -49,100 +52,91 @@ class NumbaOps(Ops):
         self._bmm(a[None], b[None], ta, tb, out[None], acc)
         return out                                                 # out itself, not a view of it
 
-    def _bmm(self, a, b, ta, tb, out, acc):
+    def _bmm(self, a, b, ta, tb, out, acc):                       # a (..., M, K), b (..., K, N) -> (..., M, N)
         check_float32(a, b, out, backend=self.name)
         M, N, K = gemm_dims(a, b, ta, tb)
         L = math.prod(a.shape[:-2])                                 # not -1: an empty stack has no size to infer it
-        a3 = self._contig(a, "a").reshape(L, *a.shape[-2:])
-        b3 = self._contig(b, "b").reshape(L, *b.shape[-2:])
-        o = self._contig(out, "out", copy=acc)
         nt = self.nt if out.size * K >= SERIAL_BELOW * 16 else 1       # tiny products (decoding): one thread
-        G.gemm(a3, b3, o.reshape(L, M, N), ta, tb, acc, nt)
-        if o is not out:
-            np.copyto(out, o)
+        c = self._contiguous("bmm")
+        a3, b3 = c.inp(a).reshape(L, *a.shape[-2:]), c.inp(b).reshape(L, *b.shape[-2:])
+        G.gemm(a3, b3, (c.inout(out) if acc else c.out(out)).reshape(L, M, N), ta, tb, acc, nt)
+        c.back()
         return out
 
     # ---- LayerNorm
-    def layernorm(self, x, w, b, out, mean, rstd, eps=1e-5):
+    def layernorm(self, x, w, b, out, mean, rstd, eps=1e-5):           # x (N, C) -> out (N, C)
         self._threads(x.size)
-        b = self._zeros(x.shape[-1], x.dtype) if b is None else b
-        o = self._contig(out, "y", copy=False)
-        NK.layernorm_fwd(self._contig(x, "x"), w, b, eps, o, mean, rstd)
-        if o is not out:
-            np.copyto(out, o)
+        c = self._contiguous("layernorm")
+        NK.layernorm_fwd(c.inp(x), w, self._zeros(x.shape[-1], x.dtype) if b is None else b, eps, c.out(out),
+                         mean, rstd)
+        c.back()
         return out
 
-    def layernorm_backward(self, dy, x, w, mean, rstd, dx, dw, db):
+    def layernorm_backward(self, dy, x, w, mean, rstd, dx, dw, db):     # dy, x (N, C) -> dx; dw, db (C,) +=
         self._threads(x.size)
-        dy, x = self._contig(dy, "dy"), self._contig(x, "x")
-        o = self._contig(dx, "dx", copy=False)
-        NK.layernorm_bwd(dy, x, w, mean, rstd, o)
+        c = self._contiguous("layernorm_backward")
+        dy, x = c.inp(dy), c.inp(x)
         NK.layernorm_bwd_params(dy, x, mean, rstd, dw, self._zeros(0, x.dtype) if db is None else db)
-        if o is not dx:
-            np.copyto(dx, o)
+        NK.layernorm_bwd(dy, x, w, mean, rstd, c.out(dx))                # second: dx may be dy itself
+        c.back()
         return dx
 
-    # ---- GELU
-    def gelu(self, x, b, out, dgelu):
+    # ---- GELU over rows of H: the kernels take (rows, H)
+    def gelu(self, x, b, out, dgelu):                                    # x (..., H) -> out, dgelu (..., H)
         self._threads(x.size)
         H = x.shape[-1]
-        b = self._zeros(H, x.dtype) if b is None else b
-        o, d = self._contig(out, "y", copy=False), self._contig(dgelu, "d", copy=False)
-        NK.gelu_fwd(self._contig(x, "x").reshape(-1, H), b, o.reshape(-1, H), d.reshape(-1, H))
-        for src, dst in ((o, out), (d, dgelu)):
-            if src is not dst:
-                np.copyto(dst, src)
+        c = self._contiguous("gelu")
+        NK.gelu_fwd(c.inp(x).reshape(-1, H), self._zeros(H, x.dtype) if b is None else b,
+                    c.out(out).reshape(-1, H), c.out(dgelu).reshape(-1, H))
+        c.back()
         return out
 
-    def gelu_backward(self, dout, dgelu, dx, db):
+    def gelu_backward(self, dout, dgelu, dx, db):                        # dx = dout * dgelu; db (H,) +=
         H = dout.shape[-1]
-        dout, dgelu = self._contig(dout, "dy"), self._contig(dgelu, "d")
-        o = self._contig(dx, "dx", copy=False)
-        NK.gelu_bwd(dout.reshape(-1, H), dgelu.reshape(-1, H), o.reshape(-1, H),
+        c = self._contiguous("gelu_backward")
+        NK.gelu_bwd(c.inp(dout).reshape(-1, H), c.inp(dgelu).reshape(-1, H), c.out(dx).reshape(-1, H),
                     self._zeros(0, dout.dtype) if db is None else db)
-        if o is not dx:
-            np.copyto(dx, o)
+        c.back()
         return dx
 
-    # ---- causal softmax, in place over (..., T, Tk)
+    # ---- causal softmax, in place over (..., T, Tk): the kernels take (L, T, Tk)
     def causal_softmax(self, att, scale, start=0):
         self._threads(att.size)
-        a = self._contig(att, "att")
-        NK.causal_softmax_fwd(a.reshape(-1, *att.shape[-2:]), scale, start)
-        if a is not att:
-            np.copyto(att, a)
+        c = self._contiguous("causal_softmax")
+        NK.causal_softmax_fwd(c.inout(att).reshape(-1, *att.shape[-2:]), scale, start)
+        c.back()
         return att
 
     def causal_softmax_backward(self, att, datt, scale, start=0):
         self._threads(att.size)
-        d = self._contig(datt, "datt")
         T, Tk = att.shape[-2:]
-        NK.causal_softmax_bwd(self._contig(att, "att").reshape(-1, T, Tk), d.reshape(-1, T, Tk), scale, start)
-        if d is not datt:
-            np.copyto(datt, d)
+        c = self._contiguous("causal_softmax_backward")
+        NK.causal_softmax_bwd(c.inp(att).reshape(-1, T, Tk), c.inout(datt).reshape(-1, T, Tk), scale, start)
+        c.back()
         return datt
 
     # ---- cross-entropy
-    def cross_entropy(self, logits, targets, lse):
-        total = NK.xent_fwd(self._contig(logits, "logits"), targets.astype(np.int64, copy=False), lse)
+    def cross_entropy(self, logits, targets, lse):                       # logits (N, V) -> mean loss
+        c = self._contiguous("cross_entropy")
+        total = NK.xent_fwd(c.inp(logits), targets.astype(np.int64, copy=False), lse)
         return float(total) / max(1, targets.size)
 
     def cross_entropy_backward(self, logits, targets, lse, scale, dlogits):
-        o = self._contig(dlogits, "dlogits", copy=False)
-        NK.xent_bwd(self._contig(logits, "logits"), targets.astype(np.int64, copy=False), lse, scale, o)
-        if o is not dlogits:
-            np.copyto(dlogits, o)
+        c = self._contiguous("cross_entropy_backward")
+        NK.xent_bwd(c.inp(logits), targets.astype(np.int64, copy=False), lse, scale, c.out(dlogits))
+        c.back()
         return dlogits
 
     # ---- embedding scatter-add and AdamW
-    def embedding_backward(self, dW, idx, dout):
-        NK.scatter_add(dW, idx.reshape(-1).astype(np.int64, copy=False), self._contig(dout, "dout"))
+    def embedding_backward(self, dW, idx, dout):                         # dW[idx[n]] += dout[n]
+        c = self._contiguous("embedding_backward")
+        NK.scatter_add(dW, idx.reshape(-1).astype(np.int64, copy=False), c.inp(dout))
 
     def adamw(self, p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2):
         if not (p.flags.c_contiguous and m.flags.c_contiguous and v.flags.c_contiguous):
             raise ValueError("adamw updates p, m and v in place: they must be C-contiguous arrays, not views")
-        NK.adamw(p.reshape(-1), self._contig(g, "g").reshape(-1), m.reshape(-1), v.reshape(-1),
-                 lr, b1, b2, eps, wd, bc1, bc2)
+        c = self._contiguous("adamw")
+        NK.adamw(p.reshape(-1), c.inp(g).reshape(-1), m.reshape(-1), v.reshape(-1), lr, b1, b2, eps, wd, bc1, bc2)
 
 
 _backend = None

@@ -2,9 +2,12 @@
 
 It is dtype-generic (the finite-difference tests run it in float64), and tests/test_ops.py compares every
 other backend with it. The products are np.matmul on OpenBLAS, which reads any strided view. The rest is
-written for reading first: each op is the formula, computed into the caller's arrays where that costs no
-clarity. Temporaries of activation size are allowed here and nowhere else.
+written for reading first: each op is its formula, one ufunc per step, computed in place in the caller's
+arrays and in scratch kept per shape (Ops._tmp). That is also what makes it fast: a fresh temporary of
+activation size costs more than the arithmetic on it here (glibc hands freed blocks back to the OS, so each
+new one is page-faulted in again). Scalars stay Python floats, so float32 is never computed in float64.
 """
+import functools
 import math
 
 import numpy as np
@@ -18,13 +21,22 @@ def _t(x, flag):
     return x.swapaxes(-1, -2) if flag else x
 
 
+@functools.lru_cache(maxsize=64)
+def _future(T, Tk, start):
+    """(T, Tk) bool, True where key j is in query i's future (j > start + i): made once per (T, Tk, start)."""
+    future = np.triu(np.ones((T, Tk), bool), k=start + 1)
+    future.flags.writeable = False
+    return future
+
+
 class NumpyOps(Ops):
     name = "numpy"
+    dtypes = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
 
     # ---- products
     def _matmul(self, a, b, ta, tb, out, acc):
-        if acc:
-            out += np.matmul(_t(a, ta), _t(b, tb))
+        if acc:                                                     # numpy has no beta = 1: a product, then +=
+            out += np.matmul(_t(a, ta), _t(b, tb), out=self._tmp("acc", out.shape, out.dtype))
             return out
         return np.matmul(_t(a, ta), _t(b, tb), out=out)
 
@@ -33,32 +45,57 @@ class NumpyOps(Ops):
     # ---- LayerNorm over the last axis: keep mean and rstd (N,), recompute xhat in backward
     def layernorm(self, x, w, b, out, mean, rstd, eps=1e-5):      # x (N, C) -> out (N, C)
         np.mean(x, axis=-1, out=mean)
-        xc = x - mean[:, None]
-        rstd[...] = 1.0 / np.sqrt((xc * xc).mean(-1) + eps)
-        np.multiply(xc * rstd[:, None], w, out=out)                 # y = xhat * w + b
+        xc = np.subtract(x, mean[:, None], out=out)                 # x - mean, in out from here
+        var = np.mean(np.square(xc, out=self._tmp("ln", x.shape, x.dtype)), axis=-1, out=rstd)
+        np.divide(1.0, np.sqrt(var + eps), out=rstd)                # rstd = 1 / sqrt(var + eps), (N,)
+        xc *= rstd[:, None]                                         # xhat
+        xc *= w                                                     # y = xhat * w + b
         if b is not None:
-            out += b
+            xc += b
         return out
 
     def layernorm_backward(self, dy, x, w, mean, rstd, dx, dw, db):   # dy (N, C) -> dx (N, C)
-        xhat = (x - mean[:, None]) * rstd[:, None]                  # recomputed, not stored
-        dw += (dy * xhat).sum(0)                                    # fwd: y = xhat * w + b
+        xhat = np.subtract(x, mean[:, None], out=self._tmp("xhat", x.shape, x.dtype))
+        xhat *= rstd[:, None]                                       # recomputed, not stored
+        prod = np.multiply(dy, xhat, out=self._tmp("prod", x.shape, x.dtype))
+        dw += prod.sum(0)                                           # fwd: y = xhat * w + b
         if db is not None:
             db += dy.sum(0)
-        dxhat = dy * w
+        dxhat = np.multiply(dy, w, out=dx)                          # dy is not read after this: dx may be dy
         # fwd: xhat = (x - mean) * rstd  ->  dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
-        dx[...] = rstd[:, None] * (dxhat - dxhat.mean(-1, keepdims=True)
-                                   - xhat * (dxhat * xhat).mean(-1, keepdims=True))
+        mean_dxhat_xhat = np.multiply(dxhat, xhat, out=prod).mean(-1, keepdims=True)     # (N, 1)
+        dxhat -= dxhat.mean(-1, keepdims=True)
+        dxhat -= np.multiply(xhat, mean_dxhat_xhat, out=xhat)
+        dxhat *= rstd[:, None]                                      # dx, in place
         return dx
 
-    # ---- GELU, tanh form as GPT-2: y = 0.5 x (1 + tanh(c (x + 0.044715 x^3))), of x + b
+    # ---- GELU, tanh form as GPT-2: y = 0.5 x (1 + tanh(u)), u = c (x + 0.044715 x^3), of x + b. Computed with
+    #      s = 0.5 (1 + tanh u) = 1 / (1 + e^{-2u}): one exp (np.tanh costs 2-3 of them), and 1 - s = e^{-2u} s
+    #      has no cancellation. -2u is clipped to the largest whole exponent with a finite e^{-2u} (88 in float32,
+    #      709 in float64), where s is already 0 or 1 (up to 1e-38 or 1e-308).
     def gelu(self, x, b, out, dgelu):                                # x (..., H), b (H,) or None
-        xb = x if b is None else x + b
-        t = np.tanh(GELU_C * (xb + GELU_A * xb * xb * xb))
-        y = 0.5 * xb * (1.0 + t)
-        # dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2): kept, so backward is one multiply
-        dgelu[...] = 0.5 * (1.0 + t) + 0.5 * xb * (1.0 - t * t) * GELU_C * (1.0 + 3 * GELU_A * xb * xb)
-        out[...] = y                                                # last: out may be x itself
+        if b is not None:
+            np.add(x, b, out=out)
+        elif out is not x:
+            np.copyto(out, x)
+        xb = out                                                    # x + b, in out (which may be x) from here
+        x2 = np.square(xb, out=self._tmp("gelu x2", x.shape, x.dtype))
+        e = np.multiply(x2, -2 * GELU_C * GELU_A, out=dgelu)       # in dgelu: e^{-2u}, 1 - s, then gelu'
+        e -= 2 * GELU_C
+        e *= xb                                                     # -2u = -2c (x + a x^3)
+        lim = math.floor(math.log(np.finfo(e.dtype).max))
+        np.clip(e, -lim, lim, out=e)
+        np.exp(e, out=e)
+        s = np.add(e, 1.0, out=self._tmp("gelu s", x.shape, x.dtype))
+        np.divide(1.0, s, out=s)                                    # s = 0.5 (1 + tanh u)
+        e *= s                                                      # 1 - s
+        xb *= s                                                     # y = x s
+        # gelu' = s + 0.5 x (1 - t^2) du/dx = s + x s (1 - s) * 2c (1 + 3a x^2), kept: backward is one multiply
+        x2 *= 6 * GELU_C * GELU_A
+        x2 += 2 * GELU_C                                            # 2 du/dx
+        e *= xb
+        e *= x2
+        e += s
         return out
 
     def gelu_backward(self, dout, dgelu, dx, db):                  # dout (..., H) -> dx (..., H)
@@ -68,42 +105,64 @@ class NumpyOps(Ops):
         return dx
 
     # ---- causal softmax over the last axis of scaled scores (..., T, Tk)
-    def causal_softmax(self, att, scale, start=0):
+    def causal_softmax(self, att, scale, start=0):                   # att (..., T, Tk), in place
         T, Tk = att.shape[-2:]
-        future = np.triu(np.ones((T, Tk), bool), k=start + 1)      # query i sees keys 0..start+i
-        s = np.where(future, -np.inf, att * scale)                  # -inf, never a finite -1e4
-        e = np.exp(s - s.max(-1, keepdims=True))                    # max-subtracted: exp never overflows
-        att[...] = e / e.sum(-1, keepdims=True)
+        # scaled scores s, worked on in att itself, or for a view (att[..., :Tk]) in contiguous scratch (faster)
+        s = att if att.flags.c_contiguous else self._tmp("softmax", att.shape, att.dtype)
+        np.multiply(att, float(scale), out=s)
+        np.copyto(s, -np.inf, where=_future(T, Tk, start))          # query i sees keys 0..start+i; -inf, never -1e4
+        s -= s.max(-1, keepdims=True)                               # max-subtracted: exp never overflows
+        np.exp(s, out=s)                                            # masked entries: exp(-inf) = exactly 0
+        np.divide(s, s.sum(-1, keepdims=True), out=att)
         return att
 
     def causal_softmax_backward(self, att, datt, scale, start=0):
         # fwd: att = softmax(scale * s) -> ds = scale * att * (datt - sum_j datt_j att_j); masked att are 0
-        datt[...] = scale * att * (datt - (datt * att).sum(-1, keepdims=True))
+        tmp = self._tmp("softmax", att.shape, att.dtype)
+        datt -= np.multiply(datt, att, out=tmp).sum(-1, keepdims=True)
+        datt *= np.multiply(att, float(scale), out=tmp)
         return datt
 
     # ---- softmax cross-entropy: loss = mean_n (lse_n - logits[n, t_n])
     def cross_entropy(self, logits, targets, lse):                  # logits (N, V), targets (N,) -> loss
-        m = logits.max(-1)
-        lse[...] = m + np.log(np.exp(logits - m[:, None]).sum(-1))  # log-sum-exp, never log(softmax)
+        m = logits.max(-1)                                          # (N,)
+        e = np.subtract(logits, m[:, None], out=self._tmp("xent", logits.shape, logits.dtype))
+        np.exp(e, out=e)
+        np.log(e.sum(-1), out=lse)
+        lse += m                                                    # log-sum-exp, never log(softmax)
         return float(np.mean(lse - logits[np.arange(targets.size), targets]))
 
     def cross_entropy_backward(self, logits, targets, lse, scale, dlogits):
-        dlogits[...] = np.exp(logits - lse[:, None]) * scale        # softmax * scale
+        np.exp(np.subtract(logits, lse[:, None], out=dlogits), out=dlogits)
+        dlogits *= float(scale)                                     # softmax * scale
         dlogits[np.arange(targets.size), targets] -= scale          # - onehot * scale
         return dlogits
 
     # ---- embedding scatter-add and AdamW
     def embedding_backward(self, dW, idx, dout):                    # dW (V, C), idx (N,), dout (N, C)
-        np.add.at(dW, idx, dout)                                    # fwd: out = W[idx]; repeated ids add up
+        # fwd: out = W[idx] -> dW[idx[n]] += dout[n]; np.add.at adds repeated ids one at a time, in order.
+        # Over flat element indices numpy takes its fast 1-D path (10x faster than over rows at config S).
+        if not dW.flags.c_contiguous:                               # a view: dW.reshape(-1) would be a copy
+            np.add.at(dW, idx, dout)
+            return
+        C = dW.shape[1]
+        flat = self._tmp("emb", dout.shape, np.intp)               # flat[n, j]: where dW[idx[n], j] is in dW.ravel()
+        np.add(idx.reshape(-1, 1).astype(np.intp) * C, np.arange(C), out=flat)
+        np.add.at(dW.reshape(-1), flat.reshape(-1), dout.reshape(-1))
 
     def adamw(self, p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2):
         """One in-place update as torch.optim.AdamW: decoupled decay, bias-corrected moments."""
+        lr, b1, b2, eps, wd, bc1, bc2 = map(float, (lr, b1, b2, eps, wd, bc1, bc2))   # an np.float64 would upcast
+        tmp, step = self._tmp("adam", g.shape, g.dtype), self._tmp("adam step", g.shape, g.dtype)
         p *= 1.0 - lr * wd                                          # p -= lr * wd * p
         m *= b1
-        m += (1.0 - b1) * g                                         # m = b1 m + (1 - b1) g
+        m += np.multiply(g, 1.0 - b1, out=tmp)                      # m = b1 m + (1 - b1) g
         v *= b2
-        v += (1.0 - b2) * (g * g)                                   # v = b2 v + (1 - b2) g^2
-        p -= (lr / bc1) * m / (np.sqrt(v) / math.sqrt(bc2) + eps)   # p -= lr m_hat / (sqrt(v_hat) + eps)
+        v += np.multiply(np.square(g, out=tmp), 1.0 - b2, out=tmp)  # v = b2 v + (1 - b2) g^2
+        np.sqrt(v, out=tmp)
+        tmp /= math.sqrt(bc2)
+        tmp += eps                                                  # sqrt(v_hat) + eps
+        p -= np.divide(np.multiply(m, lr / bc1, out=step), tmp, out=step)   # p -= lr m_hat / (sqrt(v_hat) + eps)
 
     def set_threads(self, n):
         from threadpoolctl import threadpool_limits
