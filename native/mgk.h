@@ -1,7 +1,8 @@
-/* mgk.h: the C API of minigpt's native kernels (native/mgk.c, native/mgk_pool.c), loaded by minigpt/backends/native.py.
-   Row-major float32 GEMM: C = op(A) @ op(B) + beta*C, op(X) = X or X^T by flag (ta, tb); beta == 0 never reads C.
-   Every function returns MGK_OK (0) or a negative MGK_E* code; nothing here allocates per call
-   (packing buffers are allocated once per thread, on first use). Not a BLAS: no alpha, no column-major. */
+/* mgk.h: the C API of the GEMM and its thread pool (native/mgk.c, mgk_pool.c; the other ops: mgk_ops.h), loaded
+   by minigpt/backends/native.py. Row-major float32 GEMM: C = op(A) @ op(B) + beta*C, op(X) = X or X^T by flag
+   (ta, tb); beta == 0 never reads C. Every function returns MGK_OK (0) or a negative MGK_E* code; nothing here
+   allocates per call (packing buffers are allocated once per thread, on first use). Not a BLAS: no alpha, no
+   column-major. */
 #ifndef MGK_H
 #define MGK_H
 

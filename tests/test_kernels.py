@@ -1,8 +1,8 @@
 """The backends around the ops (test_ops.py checks each op's numbers): thread counts that change speed, not
 bits; the native library's own checks (spin wait, scalar reference, the caller's FP mode); argument checks
 shared by every backend; and selection (auto skips what cannot run, an explicit unavailable backend is an
-error, a stale native build is refused, BLAS threads are capped while numba/native threads run).
-A backend that cannot run here is skipped with its reason.
+error, a stale native build is refused, BLAS threads are capped while numba/native threads run; by dtype:
+test_backends.py). A backend that cannot run here is skipped with its reason.
 """
 import itertools
 

@@ -49,8 +49,7 @@ NB = 256      # at most this many columns per task: the (4, nb) stack tile (4 KB
 if numba is not None:
     @intrinsic
     def _fma(typingctx, a, b, c):
-        """a * b + c rounded once (llvm.fma, exact IEEE; not fast-math), in c's float type. Also used by
-        _fused_numba.py."""
+        """a * b + c rounded once (llvm.fma, exact IEEE; not fast-math), in c's float type."""
         def codegen(context, builder, sig, args):
             t = context.get_value_type(sig.return_type)
             fn = builder.module.declare_intrinsic("llvm.fma", [t], ir.FunctionType(t, [t, t, t]))

@@ -1,9 +1,9 @@
-"""numba kernels for the non-matmul ops of the numba (and, for now, native) backend. numpy_ops.py holds the
-NumPy specification of each one (tests/test_ops.py compares them); numba_ops.py calls these with contiguous
-arrays. Imported after numba_gemm.py, which sets numba's environment.
+"""numba kernels for the non-matmul ops of the numba backend (native has its own, in C: native/mgk_ops.c).
+numpy_ops.py holds the NumPy specification of each one (tests/test_ops.py compares them); numba_ops.py calls
+these with contiguous arrays. Imported after numba_gemm.py, which sets numba's environment.
 
-Every kernel compiles for float32 (training) and float64, so the finite-difference tests prove these very
-kernels. numba here has no SVML: np.exp/np.tanh in @njit are scalar libm calls that also stop vectorisation,
+Every kernel compiles for float32 (training) and float64; tests/test_ops.py holds the float64 ones to the
+float64 specification (to 1e-12), the one the finite-difference tests check. numba here has no SVML: np.exp/np.tanh in @njit are scalar libm calls that also stop vectorisation,
 so float32 exp is inline (_exp32: range reduction + polynomial); float64 keeps math.exp/math.tanh, exact.
 fastmath stays off (STYLE §5), so a loop carrying a running sum never vectorises: row sums go through _sum8
 (8 interleaved lanes), and wide loops are written as axpys over a contiguous last axis.
