@@ -2,8 +2,9 @@
 <param>": Optimizer.state()), step, every RNG state, configs and the tokenizer. Checkpoints of minigpt before
 the optimizers named their state ("adam_m/", "adam_v/") still load.
 
-save() writes a temporary file in the same directory, fsyncs it, and renames it into place (then fsyncs
-the directory), so a crash at any moment leaves the previous checkpoint intact and loadable.
+save() writes a temporary file (.tmp-*.npz) in the same directory, fsyncs it, and renames it into place (then
+fsyncs the directory), so a crash at any moment leaves the previous checkpoint intact and loadable. The writer
+holds a lock on its temporary until the rename: remove_stale() deletes the ones a killed writer left behind.
 """
 import json
 import os
@@ -14,7 +15,14 @@ import numpy as np
 
 from .config import UserError
 
+try:
+    import fcntl                                               # POSIX: flock on the temporaries
+except ImportError:                                            # elsewhere: no locks, and no clean-up either
+    fcntl = None
+
 FORMAT = "minigpt-checkpoint-1"
+TMP_PREFIX, TMP_SUFFIX = ".tmp-", ".npz"                       # save()'s temporaries: mkstemp(prefix, suffix)
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")                   # an .npz is a zip archive (the second: empty)
 
 
 def save(path, model, opt, meta):
@@ -26,16 +34,16 @@ def save(path, model, opt, meta):
     meta = {**meta, "format": FORMAT, "optimizer": opt.name, "opt_t": t}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
     d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=d)
+    fd, tmp = _locked_temporary(d)
     try:
-        with os.fdopen(fd, "wb") as f:
+        with os.fdopen(fd, "wb") as f:                         # the lock is held until f closes, after the rename
             np.savez(f, **arrays)
             f.flush()
             os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)                          # mkstemp makes 0600: give the usual file mode
-        os.replace(tmp, path)                                  # atomic on POSIX
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)                      # mkstemp makes 0600: give the usual file mode
+            os.replace(tmp, path)                              # atomic on POSIX
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -47,17 +55,69 @@ def save(path, model, opt, meta):
         os.close(dfd)
 
 
+def _locked_temporary(d):
+    """-> (fd, path) of a new .tmp-*.npz in d, locked (flock) for this process. remove_stale() may take an
+    unlocked one in the instant between mkstemp and flock: then it is unlinked, and we make another."""
+    while True:
+        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=TMP_SUFFIX, dir=d)
+        if fcntl is None:
+            return fd, tmp
+        fcntl.flock(fd, fcntl.LOCK_EX)                         # waits while remove_stale holds it
+        if os.fstat(fd).st_nlink:                              # still named tmp: ours
+            return fd, tmp
+        os.close(fd)
+
+
+def remove_stale(directory):
+    """Delete the temporaries save() left in directory when its process was killed mid-write; -> [(name, bytes)].
+    Only files named .tmp-*.npz whose lock is free: a live save() holds its temporary's until the rename (the
+    kernel drops a killed process's locks). Meant for the one process that writes checkpoints there (rank 0)."""
+    removed = []
+    if fcntl is None or not os.path.isdir(directory):
+        return removed
+    for name in sorted(os.listdir(directory)):
+        if not (name.startswith(TMP_PREFIX) and name.endswith(TMP_SUFFIX)):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:                                        # renamed into place meanwhile, or not a file
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)     # fails while a live save() writes it
+            os.unlink(path)
+            removed.append((name, os.fstat(fd).st_size))
+        except OSError:                                        # locked (BlockingIOError), or already gone
+            pass
+        finally:
+            os.close(fd)
+    return removed
+
+
 def load(path):
     """-> (meta dict, params dict, optimizer state {"name", "t", "slots": {slot: {param: array}}}); a UserError
     for anything unusable."""
     if not os.path.exists(path):
         raise UserError(f"checkpoint {path!r} does not exist; check --out_dir, or start without --resume")
+    use = "pass a checkpoint that training wrote (out_dir/ckpt_best.npz or ckpt_last.npz)"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise UserError(f"cannot read checkpoint {path!r} ({e.strerror}); {use}") from None
+    if head not in _ZIP_MAGIC:                                 # before np.load, which would guess the file is a
+        kind = "it is empty" if not head else "not an .npz archive"  # pickle and advise loading it "unsafely"
+        raise UserError(f"{path!r} is not a minigpt checkpoint ({kind}); {use}")
     try:
         with np.load(path, allow_pickle=False) as z:
             files = {k: z[k] for k in z.files}
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError, TypeError) as e:   # TypeError: a bare .npy
-        raise UserError(f"{path!r} is not a readable checkpoint ({type(e).__name__}: {e}); it may be truncated "
-                        "or another kind of file. Use another checkpoint (ckpt_best.npz / ckpt_last.npz)") from None
+    except ValueError as e:                                    # a member holding Python objects: never ours
+        if "pickle" not in str(e):
+            raise UserError(f"{path!r} is not a readable checkpoint (ValueError: {e}); {use}") from None
+        raise UserError(f"{path!r} is not a minigpt checkpoint (it holds Python objects); {use}") from None
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        raise UserError(f"{path!r} is not a readable checkpoint ({type(e).__name__}: {e}); it may be truncated. "
+                        "Use another checkpoint (ckpt_best.npz / ckpt_last.npz)") from None
     try:
         meta = json.loads(files.pop("meta").tobytes().decode())
         assert meta.get("format") == FORMAT

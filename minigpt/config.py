@@ -124,9 +124,21 @@ class TrainConfig(ModelShape):
         return self.plot if os.path.dirname(self.plot) else os.path.join(self.out_dir, self.plot)
 
 
-_POSITIVE = {"batch_size", "grad_accum", "eval_interval",
-             "eval_iters", "log_interval", "lr_decay_iters"}
-_NON_NEGATIVE = {"max_iters", "max_time", "muon_lr_ratio", "warmup_iters", "sample_chars", "threads", "lr", "min_lr", "weight_decay", "grad_clip"}
+_POSITIVE = ("batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval", "lr_decay_iters")
+_NON_NEGATIVE = ("max_iters", "max_time", "muon_lr_ratio", "warmup_iters", "sample_chars", "threads", "seed", "lr",
+                 "min_lr", "weight_decay", "grad_clip")
+
+
+def check_ranges(cfg, positive=(), non_negative=()):
+    """The named settings of cfg (any config dataclass) must be positive / zero or more: the one check that
+    every command (training, sampling, the scripts) makes, so one value gets one message everywhere."""
+    for k in positive:
+        if getattr(cfg, k) <= 0:
+            raise UserError(f"--{k} must be positive, got {getattr(cfg, k)}")
+    for k in non_negative:
+        if getattr(cfg, k) < 0:
+            raise UserError(f"--{k} must be zero or more, got {getattr(cfg, k)}")
+    return cfg
 
 
 def check_model(cfg):
@@ -148,12 +160,7 @@ def check_model(cfg):
 
 def check(cfg):
     """Range checks that need no model: each failure names the setting and a valid value."""
-    for k in _POSITIVE:
-        if getattr(cfg, k) <= 0:
-            raise UserError(f"--{k} must be positive, got {getattr(cfg, k)}")
-    for k in _NON_NEGATIVE:
-        if getattr(cfg, k) < 0:
-            raise UserError(f"--{k} must be zero or more, got {getattr(cfg, k)}")
+    check_ranges(cfg, _POSITIVE, _NON_NEGATIVE)
     check_model(cfg)
     for k in ("beta1", "beta2"):
         if not 0.0 <= getattr(cfg, k) < 1.0:

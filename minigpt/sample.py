@@ -16,7 +16,7 @@ import numpy as np
 
 from . import backends, checkpoint
 from .bpe import tokenizer_from_json
-from .config import UserError, default_backend, parse_args, setting
+from .config import UserError, check_ranges, default_backend, parse_args, setting
 from .model import GPT, GPTConfig, KVCache
 
 
@@ -124,9 +124,9 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     try:
         cfg = parse_args(argv, SampleConfig)
-        if cfg.num_samples <= 0 or cfg.max_new_tokens < 0 or cfg.top_k < 0 or not 0 < cfg.top_p <= 1:
-            raise UserError("--num_samples must be positive, --max_new_tokens and --top_k zero or more, "
-                            "--top_p in (0, 1]")
+        check_ranges(cfg, positive=("num_samples",), non_negative=("max_new_tokens", "top_k", "seed", "threads"))
+        if not 0 < cfg.top_p <= 1:
+            raise UserError(f"--top_p must lie in (0, 1], got {cfg.top_p}")
         try:
             backends.select(cfg.backend, threads=cfg.threads or None)
         except backends.BackendUnavailable as e:

@@ -5,8 +5,8 @@ and the evaluation one, re-created at every eval so that curves are comparable b
 carry every state that the next step reads, so a resumed run is bit-identical to an uninterrupted one (with
 --max_time the lr follows the clock, so only the budget carries over). The last evaluation also scores the whole
 validation split (whole_split_loss), in nats per token and bits per character.
-The parts: setup (settings, backend, tokenizer, data, model, optimizer), restore (--resume), loop (with evaluate
-and step).
+The parts: setup (settings, backend, tokenizer, data, model, optimizer; it removes the temporary files a run
+killed while saving left in out_dir), restore (--resume), loop (with evaluate and step).
 Run it with scripts/train_shakespeare.py (which also downloads the text, plots the loss curve and samples) or
 `python -m minigpt.train --data PATH ...` (training only); --help lists every setting. Under `mpiexec -n N` it
 trains data-parallel (minigpt/distributed.py): each rank takes its slice of every batch, one Allreduce sums the
@@ -129,6 +129,10 @@ def _prepare(cfg, given, fetch):
         raise UserError(f"--vocab_size sets the size of a BPE vocabulary, but this run's tokenizer is "
                         f"{cfg.tokenizer}; add --tokenizer bpe (a new run) or drop --vocab_size")
     _ensure_writable(cfg.out_dir)
+    stale = checkpoint.remove_stale(cfg.out_dir)               # rank 0 only: the one process that saves there
+    if stale:
+        say(f"note: removed {len(stale)} temporary checkpoint file(s) that a run killed while saving left in "
+            f"{cfg.out_dir} ({', '.join(n for n, _ in stale)}: {sum(b for _, b in stale) / 2 ** 20:.1f} MB)")
     if fetch is not None and not os.path.exists(cfg.data):
         fetch(cfg.data)
     return ckpt, dict(vars(cfg))
@@ -171,6 +175,9 @@ def make_tokenizer(cfg, text, ckpt=None):
         t0 = time.perf_counter()
         tok = BPETokenizer.train(split_text(text)[0], cfg.vocab_size)
         say(f"BPE: {tok.vocab_size} tokens trained in {time.perf_counter() - t0:.1f} s")
+        if tok.vocab_size < cfg.vocab_size:                  # train() stops when no adjacent pair is left
+            say(f"note: --vocab_size {cfg.vocab_size} asked, but the BPE vocabulary has {tok.vocab_size} tokens: "
+                f"after {len(tok.merges)} merges the training split has no more pairs to merge")
         return tok
     return CharTokenizer.from_text(text)
 

@@ -6,27 +6,32 @@ The training loop estimates train/val loss from eval_iters random batches (a fix
 comparable). This script measures the same weights two more ways: over every non-overlapping block of each
 split (each target once, with a context of up to block_size tokens: minigpt.evaluate.whole_split_loss), and over `--draws` independent
 draws of eval_iters batches, to show how much the 20-batch figure moves with the batches alone.
+Every mistake is one line, "error: ...", and exit status 2; --help lists the options.
 """
-import argparse
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 
 from minigpt import backends, checkpoint
-from minigpt.config import UserError
+from minigpt.config import UserError, check_ranges, default_backend, parse_args, setting
 from minigpt.data import Dataset, load_text
 from minigpt.sample import load_model
 from minigpt.evaluate import whole_split_loss
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--ckpt", default="out/ckpt_last.npz")
-    ap.add_argument("--data", default="data/tinyshakespeare.txt")
-    ap.add_argument("--draws", type=int, default=10)
-    ap.add_argument("--backend", default="auto")
-    a = ap.parse_args()
+@dataclass
+class EvalConfig:
+    ckpt: str = setting("out/ckpt_last.npz", "the minigpt checkpoint to measure")
+    data: str = setting("data/tinyshakespeare.txt", "the UTF-8 text it was trained on (split as in training)")
+    draws: int = setting(10, "independent draws of eval_iters batches, for the spread of the estimate")
+    backend: str = setting(default_backend, "auto | numpy | numba | native; $MINIGPT_BACKEND sets the default")
+
+
+def main(argv):
     try:
+        a = check_ranges(parse_args(argv, EvalConfig, prog="eval_checkpoint.py", description=__doc__),
+                         positive=("draws",))
         backends.select(a.backend)
         loaded = checkpoint.load(a.ckpt)
         model, tok = load_model(a.ckpt, loaded)
@@ -50,4 +55,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -152,7 +152,16 @@ def test_export_command_and_its_errors(tmp_path):
     assert "wrote config.json, model.safetensors, minigpt_chars.json" in r.stdout and "chars.index" in r.stdout
     (tmp_path / "bad.npz").write_bytes(b"not a zip")
     r = run("--ckpt", str(tmp_path / "bad.npz"), "--out", str(tmp_path / "hf2"))
-    assert r.returncode == 2 and "not a readable checkpoint" in r.stderr
+    assert r.returncode == 2 and "not a minigpt checkpoint" in r.stderr
+    (tmp_path / "notes.txt").write_text("some notes\n")                    # NumPy would guess a pickle
+    r = run("--ckpt", str(tmp_path / "notes.txt"), "--out", str(tmp_path / "hf2"))
+    assert r.returncode == 2 and "is not a minigpt checkpoint (not an .npz archive)" in r.stderr, r.stderr
+    assert "pickle" not in r.stderr and "Traceback" not in r.stderr
+    bad = {"meta": np.frombuffer(b"{}", np.uint8), "x": np.array([{}], dtype=object)}   # an archive of objects
+    np.savez(tmp_path / "objects.npz", **bad)
+    r = run("--ckpt", str(tmp_path / "objects.npz"), "--out", str(tmp_path / "hf2"))
+    assert r.returncode == 2 and "not a minigpt checkpoint (it holds Python objects)" in r.stderr, r.stderr
+    assert "pickle" not in r.stderr
 
 
 def test_export_imports_neither_torch_nor_transformers(tmp_path):

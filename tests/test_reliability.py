@@ -41,6 +41,21 @@ def text(tmp_path):
     return path
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(text, out_dir) of one finished tiny run, shared by the tests that only read its checkpoint."""
+    d = tmp_path_factory.mktemp("trained")
+    write_text(d / "text.txt")
+    r = train_cli("--data", str(d / "text.txt"), "--out_dir", str(d / "run"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    return d / "text.txt", d / "run"
+
+
+def eval_cli(*args):
+    return subprocess.run([sys.executable, "scripts/eval_checkpoint.py", "--backend=numpy", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
 # ----------------------------------------------------------------------------
 # bad data
 
@@ -73,6 +88,73 @@ def test_data_too_short_for_block(tmp_path):
 ])
 def test_bad_settings(text, args, needle):
     assert_clear_error(train_cli("--data", str(text), *args), needle)
+
+
+def test_bpe_vocabulary_smaller_than_asked_is_said(tmp_path, text):
+    r = train_cli("--data", str(text), "--out_dir", str(tmp_path / "run"), "--tokenizer=bpe", "--vocab_size=99991")
+    assert r.returncode == 0, r.stderr[-2000:]
+    vocab = checkpoint.load(str(tmp_path / "run" / "ckpt_last.npz"))[0]["model_config"]["vocab_size"]
+    notes = [line for line in r.stdout.splitlines() if line.startswith("note: --vocab_size 99991")]
+    assert len(notes) == 1 and f"has {vocab} tokens" in notes[0] and "no more pairs to merge" in notes[0], r.stdout
+    assert vocab < 99991
+    r = train_cli("--data", str(text), "--out_dir", str(tmp_path / "fits"), "--tokenizer=bpe", "--vocab_size=260")
+    assert r.returncode == 0 and "note: --vocab_size" not in r.stdout              # filled: nothing to say
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--threads=-1"], "--threads must be zero or more, got -1"), (["--seed=-1"], "--seed must be zero or more"),
+])
+def test_sample_and_train_share_range_checks(trained, args, needle):
+    text, out = trained
+    assert_clear_error(train_cli("--data", str(text), "--out_dir", str(out.parent / "other"), *args), needle)
+    assert_clear_error(sample_cli("--ckpt", str(out / "ckpt_last.npz"), "--max_new_tokens=3", *args), needle)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--num_samples=0"], "--num_samples must be positive, got 0"), (["--top_k=-2"], "--top_k must be zero or more"),
+    (["--max_new_tokens=-1"], "--max_new_tokens must be zero or more"), (["--top_p=0"], "--top_p must lie in (0, 1]"),
+])
+def test_sample_range_checks_name_the_setting(trained, args, needle):
+    assert_clear_error(sample_cli("--ckpt", str(trained[1] / "ckpt_last.npz"), *args), needle)
+
+
+@pytest.mark.parametrize("draws", ["0", "-1"])
+def test_eval_checkpoint_bad_draws(trained, draws):
+    text, out = trained
+    assert_clear_error(eval_cli("--ckpt", str(out / "ckpt_last.npz"), "--data", str(text), "--draws", draws),
+                       f"error: --draws must be positive, got {draws}")
+
+
+def test_eval_checkpoint_errors_and_help(trained, tmp_path):
+    text, out = trained
+    assert_clear_error(eval_cli("--ckpt", str(out / "ckpt_last.npz"), "--draws=x"), "--draws expects an integer")
+    assert_clear_error(eval_cli("--ckpt", str(out / "ckpt_last.npz"), "--drwas=3"), "did you mean --draws?")
+    assert_clear_error(eval_cli("--ckpt", str(tmp_path / "none.npz")), "does not exist")
+    assert_clear_error(eval_cli("--ckpt", str(out / "ckpt_last.npz"), "--data", str(tmp_path / "none.txt")),
+                       "does not exist")
+    r = eval_cli("--help")
+    assert r.returncode == 0
+    for option in ("--ckpt", "--data", "--draws", "--backend"):                   # each with its help line
+        line = next(line for line in r.stdout.splitlines() if line.strip().startswith(option + " "))
+        assert len(line.split(None, 2)) == 3, line
+
+
+def test_a_file_that_is_not_a_checkpoint_is_named_so(trained, tmp_path):
+    """NumPy takes a text file for a pickle and advises loading it "unsafely": every command says instead that it
+    is not a minigpt checkpoint (checkpoint.load is shared)."""
+    text, out = trained
+    notes = tmp_path / "notes.txt"
+    notes.write_text("some notes\nhello\n")
+    needle = f"{str(notes)!r} is not a minigpt checkpoint (not an .npz archive)"
+    export = subprocess.run([sys.executable, "scripts/export_hf.py", "--ckpt", str(notes), "--out",
+                             str(tmp_path / "hf")], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    for r in (sample_cli("--ckpt", str(notes)), eval_cli("--ckpt", str(notes), "--data", str(text)), export):
+        assert_clear_error(r, needle)
+        assert "pickle" not in r.stderr, r.stderr
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "ckpt_last.npz").write_bytes(b"")
+    assert_clear_error(train_cli("--data", str(text), "--out_dir", str(tmp_path / "run"), "--resume"),
+                       "is not a minigpt checkpoint (it is empty)")
 
 
 def test_unwritable_out_dir(tmp_path, text):
@@ -109,6 +191,51 @@ def test_resume_errors(tmp_path, text):
     assert [r["iter"] for r in rows if r["kind"] == "train"] == list(range(6))
 
 
+def test_run_removes_the_temporaries_a_killed_save_left(trained, tmp_path):
+    """A SIGKILL during checkpoint.save leaves a .tmp-*.npz: the next run in that out_dir removes it, and only
+    it (not other files, nor a temporary a live writer holds locked)."""
+    import fcntl
+    text, done = trained
+    out = tmp_path / "run"
+    out.mkdir()
+    for name in ("ckpt_last.npz", "log.jsonl"):
+        (out / name).write_bytes((done / name).read_bytes())
+    stale = out / ".tmp-killed.npz"
+    stale.write_bytes((done / "ckpt_last.npz").read_bytes()[:5000])                # half-written
+    keep = [out / ".tmp-notes.txt", out / "tmp-x.npz", out / ".tmp-writing.npz"]
+    for f in keep:
+        f.write_bytes(b"x" * 10)
+    with open(out / ".tmp-writing.npz", "rb") as live:
+        fcntl.flock(live, fcntl.LOCK_EX)                                            # as a live save() does
+        r = train_cli("--data", str(text), "--out_dir", str(out), "--resume", "--max_iters=6")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not stale.exists() and all(f.exists() for f in keep)
+    assert f"removed 1 temporary checkpoint file(s) that a run killed while saving left in {out}" in r.stdout
+    assert ".tmp-killed.npz" in r.stdout
+    assert checkpoint.remove_stale(str(out)) == [(".tmp-writing.npz", 10)]          # unlocked: now stale too
+
+
+def test_save_retries_a_temporary_removed_before_it_was_locked(tmp_path, monkeypatch):
+    """remove_stale may unlink save()'s temporary in the instant between mkstemp and flock: save() then makes
+    another, and the checkpoint is written whole."""
+    import tempfile
+    from minigpt.model import GPT, GPTConfig
+    from minigpt.optim import AdamW
+    made, mkstemp = [], tempfile.mkstemp
+
+    def racing_mkstemp(**kw):
+        fd, path = mkstemp(**kw)
+        made.append(path)
+        if len(made) == 1:
+            assert checkpoint.remove_stale(str(tmp_path)) == [(os.path.basename(path), 0)]
+        return fd, path
+    monkeypatch.setattr(tempfile, "mkstemp", racing_mkstemp)
+    model = GPT(GPTConfig(vocab_size=11, block_size=4, n_layer=1, n_head=1, n_embd=8), np.random.default_rng(0))
+    checkpoint.save(str(tmp_path / "ckpt.npz"), model, AdamW(model.params()), {"iter": 0})
+    assert len(made) == 2 and sorted(os.listdir(tmp_path)) == ["ckpt.npz"]
+    assert checkpoint.load(str(tmp_path / "ckpt.npz"))[0]["iter"] == 0
+
+
 def test_text_without_newline_trains_and_samples(tmp_path):
     (tmp_path / "one_line.txt").write_text("to be or not to be that is the question " * 60)
     r = train_cli("--data", str(tmp_path / "one_line.txt"), "--out_dir", str(tmp_path / "run"), "--sample_chars=20")
@@ -124,7 +251,7 @@ def test_bad_checkpoints(tmp_path, text):
     (tmp_path / "trunc.npz").write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     assert_clear_error(sample_cli("--ckpt", str(tmp_path / "trunc.npz")), "not a readable checkpoint", "truncated")
     (tmp_path / "text.npz").write_text("hello")
-    assert_clear_error(sample_cli("--ckpt", str(tmp_path / "text.npz")), "not a readable checkpoint")
+    assert_clear_error(sample_cli("--ckpt", str(tmp_path / "text.npz")), "not a minigpt checkpoint")
     np.savez(tmp_path / "other.npz", a=np.zeros(3))
     assert_clear_error(sample_cli("--ckpt", str(tmp_path / "other.npz")), "not a minigpt checkpoint")
     meta, params, _ = checkpoint.load(str(good))                      # a config that does not fit its arrays
@@ -135,7 +262,7 @@ def test_bad_checkpoints(tmp_path, text):
     assert_clear_error(sample_cli("--ckpt", str(good), "--prompt", "héllo"), "'é'")
     assert_clear_error(sample_cli("--ckpt", str(good), "--temperature=0"), "--temperature must be positive")
     np.save(tmp_path / "bare.npy", np.zeros(3))                          # np.load gives an array, not an archive
-    assert_clear_error(sample_cli("--ckpt", str(tmp_path / "bare.npy")), "not a readable checkpoint")
+    assert_clear_error(sample_cli("--ckpt", str(tmp_path / "bare.npy")), "not a minigpt checkpoint")
     (tmp_path / "prompt.txt").write_bytes("caf\xe9".encode("latin-1"))
     assert_clear_error(sample_cli("--ckpt", str(good), "--prompt_file", str(tmp_path / "prompt.txt")),
                        "cannot be read as UTF-8", "--prompt")
@@ -206,17 +333,23 @@ def test_sigkill_while_saving_leaves_previous_checkpoint_loadable(tmp_path, text
             "--sample_chars=0", "--plot=", "--backend=numpy"]
     last = out / "ckpt_last.npz"
     tmp_seen = lambda: out.exists() and any(f.startswith(".tmp-") for f in os.listdir(out))
+    stale = set()
     for attempt in range(3):
         proc = _start(args + (["--resume"] if last.exists() else []))
-        _wait_for(lambda: last.exists() and not tmp_seen(), proc)    # a previous checkpoint exists
+        _wait_for(lambda: last.exists() and not stale & set(os.listdir(out)), proc)  # the resume removed the
+        _wait_for(lambda: not tmp_seen(), proc)                      # kill's temporary; a checkpoint exists
         _wait_for(tmp_seen, proc)                                    # and the next one is being written now
         proc.kill()
         proc.wait()
         meta, params, _ = checkpoint.load(str(last))              # the previous one is intact
         assert all(np.isfinite(p).all() for p in params.values())
-        for f in os.listdir(out):                                   # the half-written temporary is never loaded
-            if f.startswith(".tmp-"):
-                os.unlink(out / f)
+        stale = {f for f in os.listdir(out) if f.startswith(".tmp-")}   # never loaded; left for the next run
+    r = subprocess.run([sys.executable, "scripts/train_shakespeare.py", *args, "--resume",
+                        f"--max_iters={checkpoint.load(str(last))[0]['iter']}"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not [f for f in os.listdir(out) if f.startswith(".tmp-")]
+    assert ("temporary checkpoint file(s)" in r.stdout) == bool(stale), r.stdout
 
 
 def test_divergence_stops_with_message_and_keeps_checkpoint(tmp_path, text):
