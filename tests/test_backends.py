@@ -157,7 +157,7 @@ def test_ensure_refuses_another_dtype_on_an_explicit_backend(name):
     with pytest.raises(backends.BackendUnavailable) as e:
         backends.ensure(F64)
     msg = str(e.value)
-    assert f"the model is float64, but the {name} backend was selected" in msg and "\n" not in msg
+    assert f"the model is float64, but the selected backend, {name}, runs float32 only" in msg and "\n" not in msg
     assert "select numpy" in msg and "cast the model to float32" in msg
     assert backends.name() == name
 

@@ -39,9 +39,9 @@ def gemm_dims(a, b, ta, tb):
 
 class Ops:
     """The ops of a training step; numpy_ops.py is the specification of each. Every array argument may be a
-    strided view; outputs are written (or, where it says so, added into) in place and returned. A backend
-    implements every op below but matmul/bmm, which check their arguments here once for all backends and call
-    the backend's _matmul/_bmm. Transposes are flags, never copies."""
+    strided view (but adamw's p, m, v); outputs are written (or, where it says +=, added into) in place, and an
+    op with an output array returns it. A backend implements every op below but matmul/bmm, which check their
+    arguments here once for all backends and call the backend's _matmul/_bmm. Transposes are flags, not copies."""
     name = "?"
     dtypes = frozenset()         # the dtypes a model runs on this backend (select and ensure check it)
 
@@ -76,7 +76,7 @@ class Ops:
         raise NotImplementedError
 
     def layernorm_backward(self, dy, x, w, mean, rstd, dx, dw, db):
-        """dy, x (N, C) -> dx (N, C) written (dx may be dy); dw, db (C,) +=; b had no bias if db is None."""
+        """dy, x (N, C) -> dx (N, C) written (dx may be dy); dw, db (C,) +=; db is None without a bias."""
         raise NotImplementedError
 
     def gelu(self, x, b, out, dgelu):
@@ -248,7 +248,11 @@ def _cannot_run(name, dtype):
     dtypes = _dtypes(name)
     if dtypes is None or dtype in dtypes:
         return None
-    return f"{name} runs {' and '.join(sorted(map(str, dtypes)))} only, not {dtype}"
+    return f"{name} runs {_names(dtypes)} only, not {dtype}"
+
+
+def _names(dtypes):
+    return " and ".join(sorted(map(str, dtypes))) or "no dtype"
 
 
 def _dtype_fix(name, dtype):
@@ -307,8 +311,8 @@ def ensure(dtype):
         select(default_backend(), dtype=dtype)
     elif dtype not in _current.dtypes:
         if not _auto:
-            raise BackendUnavailable(f"the model is {dtype}, but the {_current.name} backend was selected, and "
-                                     f"{_cannot_run(_current.name, dtype)}. {_dtype_fix(_current.name, dtype)}")
+            raise BackendUnavailable(f"the model is {dtype}, but the selected backend, {_current.name}, runs "
+                                     f"{_names(_current.dtypes)} only. {_dtype_fix(_current.name, dtype)}")
         select("auto", dtype=dtype)
 
 
