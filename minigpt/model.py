@@ -247,7 +247,7 @@ class GPT:
         model's (or the cache's) table until the next forward: copy them to keep them longer."""
         idx, targets = self._check(idx, targets, cache)
         B, T = idx.shape
-        pass  # ENSURE-PENDING
+        backends.ensure(self.param_memory.dtype)                          # auto picks a backend that runs it
         a = self.tables(B, T)[0] if cache is None else cache.table(self, B, T)
         start = 0 if cache is None else cache.n
         rng = self.rng if self.training and self.config.dropout > 0 and cache is None else None

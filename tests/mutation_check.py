@@ -13,7 +13,7 @@ import tempfile
 
 L, MODEL = "minigpt/layers.py", "minigpt/model.py"
 SPEC, NK = "minigpt/backends/numpy_ops.py", "minigpt/backends/numba_kernels.py"
-GEMM, NOPS = "minigpt/backends/numba_gemm.py", "minigpt/backends/numba_ops.py"
+GEMM = "minigpt/backends/numba_gemm.py"
 TL, TM, TO = "tests/test_layers.py", "tests/test_model.py", "tests/test_ops.py"
 TRAIN, DATA, TD = "minigpt/train.py", "minigpt/data.py", "tests/test_distributed.py"
 TT, OPT, TMU = "tests/test_train.py", "minigpt/optim.py", "tests/test_muon.py"
@@ -47,13 +47,14 @@ M = [
         f"{TM}::test_gpt_grad_every_parameter"),
     (MODEL, "dx *= a.emb_mask", "pass", f"{TM}::test_gpt_grad_every_parameter"),
     # numpy_ops.py: the specification the layers run on in the finite-difference tests
-    (SPEC, "GELU_C * (1.0 + 3 * GELU_A * xb * xb)", "GELU_C * (1.0 + GELU_A * xb * xb)", f"{TL}::test_gelu_grad"),
+    (SPEC, "x2 *= 6 * GELU_C * GELU_A", "x2 *= 2 * GELU_C * GELU_A", f"{TL}::test_gelu_grad"),
     (SPEC, "db += dx.reshape(-1, dx.shape[-1]).sum(0)", "db += 0.5 * dx.reshape(-1, dx.shape[-1]).sum(0)",
         f"{TL}::test_linear_gelu_grad"),
-    (SPEC, "np.add.at(dW, idx, dout)", "dW[idx] += dout", f"{TL}::test_embedding_grad"),
-    (SPEC, "rstd[:, None] * (dxhat - dxhat.mean(-1, keepdims=True)", "rstd[:, None] * (dxhat",
+    (SPEC, "np.add.at(dW.reshape(-1), flat.reshape(-1), dout.reshape(-1))",
+        "dW.reshape(-1)[flat.reshape(-1)] += dout.reshape(-1)", f"{TL}::test_embedding_grad"),
+    (SPEC, "dxhat -= dxhat.mean(-1, keepdims=True)", "dxhat -= 0.0",
         f"{TL}::test_layernorm_grad"),
-    (SPEC, "datt[...] = scale * att * (datt", "datt[...] = att * (datt", f"{TL}::test_attention_grad"),
+    (SPEC, "datt *= np.multiply(att, float(scale), out=tmp)", "datt *= att", f"{TL}::test_attention_grad"),
     (SPEC, "np.triu(np.ones((T, Tk), bool), k=start + 1)", "np.triu(np.ones((T, Tk), bool), k=start + 2)",
         f"{TL}::test_attention_is_causal"),
     (SPEC, "dlogits[np.arange(targets.size), targets] -= scale", "dlogits[np.arange(targets.size), targets] -= 1.0",
@@ -73,8 +74,8 @@ M = [
     (NK, "p = p * r * r + r + F32(1.0)", "p = p * r * r + r", f"{TO}::test_exp32_matches_numpy_over_the_whole_range"),
     # the numba GEMM and its view handling
     (GEMM, "bk = beta if k0 == 0 else np.float32(1.0)", "bk = beta", f"{TO}::test_few_rows_match_float64"),
-    (NOPS, "        if o is not out:\n            np.copyto(out, o)\n        return out\n\n    # ---- LayerNorm",
-        "        return out\n\n    # ---- LayerNorm", f"{TO}::test_bmm_on_views_matches_float64"),
+    ("minigpt/backends/__init__.py", "            np.copyto(x, s)", "            pass",
+        f"{TO}::test_bmm_on_views_matches_float64"),
     # the whole-split evaluation and the time budget's schedule
     ("minigpt/evaluate.py", "if tail and world.root:", "if False:", f"{TT}::test_whole_split_loss_counts_every_target_once"),
     (TRAIN, "return it if not self.cfg.max_time else", "return it if True else",
