@@ -160,3 +160,43 @@ def load_params(model, params, path="checkpoint"):
             raise UserError(f"{path}: parameter {k} has shape {v.shape} but the model expects "
                             f"{live[k].shape}; use the checkpoint's own config")
         live[k][...] = v
+
+
+# ----------------------------------------------------------------------------
+# snapshots: the weights at a few points of a run, for the report (minigpt/report.py)
+
+SNAPSHOT_DIR = "snapshots"
+MAX_SNAPSHOT_PARAMS = 20_000_000                                   # 40 MB a snapshot: above, runs keep none
+
+
+def snapshot_iters(out_dir):
+    """Iterations of the snapshots in out_dir/snapshots/, sorted."""
+    d = os.path.join(out_dir, SNAPSHOT_DIR)
+    names = os.listdir(d) if os.path.isdir(d) else []
+    return sorted(int(n[5:-4]) for n in names if n.startswith("iter_") and n.endswith(".npz") and n[5:-4].isdigit())
+
+
+def save_snapshot(out_dir, model, it, elapsed):
+    """out_dir/snapshots/iter_<it>.npz: the parameters in float16 (a quarter of a checkpoint with its AdamW
+    moments) and {iter, elapsed, model_config}; written to a temporary name and renamed into place."""
+    d = os.path.join(out_dir, SNAPSHOT_DIR)
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, f"iter_{it:07d}.npz")
+    arrays = {f"param/{k}": v.astype(np.float16) for k, v in model.params().items()}
+    meta = {"iter": it, "elapsed": elapsed, "model_config": model.config.to_dict()}
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    with open(path + ".part", "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(path + ".part", path)
+    return path
+
+
+def load_snapshot(path):
+    """-> (meta, {name: float32 array}) of a snapshot file; a UserError if it is not one."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(z["meta"].tobytes().decode())
+            params = {k[6:]: z[k].astype(np.float32) for k in z.files if k.startswith("param/")}
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError, TypeError) as e:
+        raise UserError(f"{path!r} is not a readable snapshot ({type(e).__name__}: {e}); delete it") from None
+    return meta, params

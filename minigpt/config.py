@@ -75,6 +75,10 @@ class TrainConfig(ModelShape):
     out_dir: str = setting("out", "directory for log.jsonl, the checkpoints and the loss curve")
     plot: str = setting("loss_curve.png", "loss-curve PNG made at the end: a bare name goes in --out_dir, a path "
                                           "is used as is, '' for none")
+    report: bool = setting(True, "write out_dir/report.html at the end: what the model learned (python -m "
+                                 "minigpt.report; train_shakespeare.py only)")
+    snapshots: int = setting(5, "weights kept in out_dir/snapshots/ (float16) at this many points of the run, for "
+                                "the report's 'how training changed it' (0: none; skipped above 20M parameters)")
     resume: bool = setting(False, "continue from out_dir/ckpt_last.npz; settings not typed again come from it")
     preset: str = setting("", "a named set of defaults that typed settings override: "
                               + ", ".join(f"{k} ({', '.join(f'{n}={v}' for n, v in d.items())})"
@@ -125,7 +129,7 @@ class TrainConfig(ModelShape):
 
 
 _POSITIVE = ("batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval", "lr_decay_iters")
-_NON_NEGATIVE = ("max_iters", "max_time", "muon_lr_ratio", "warmup_iters", "sample_chars", "threads", "seed", "lr",
+_NON_NEGATIVE = ("snapshots", "max_iters", "max_time", "muon_lr_ratio", "warmup_iters", "sample_chars", "threads", "seed", "lr",
                  "min_lr", "weight_decay", "grad_clip")
 
 

@@ -51,8 +51,9 @@ def load_model(path, loaded=None):
 # ----------------------------------------------------------------------------
 # one sampling step and the generation loop
 
-def sample_next(logits, rng, temperature=1.0, top_k=0, top_p=1.0):
-    """logits (B, V) -> next ids (B,). top_k keeps the k largest, top_p the smallest set with mass >= p."""
+def distribution(logits, temperature=1.0, top_k=0, top_p=1.0):
+    """logits (B, V) -> the probabilities (B, V) the sampler draws from: softmax(logits / temperature), then
+    top_k keeps the k largest, top_p the smallest set with mass >= p, renormalised (float64)."""
     if temperature <= 0:
         raise UserError(f"--temperature must be positive, got {temperature}; use --top_k 1 for greedy decoding")
     z = logits.astype(np.float64) / temperature                        # (B, V)
@@ -69,6 +70,12 @@ def sample_next(logits, rng, temperature=1.0, top_k=0, top_p=1.0):
         np.put_along_axis(keep, order, keep_sorted, -1)
         probs = np.where(keep, probs, 0.0)
         probs /= probs.sum(-1, keepdims=True)
+    return probs
+
+
+def sample_next(logits, rng, temperature=1.0, top_k=0, top_p=1.0):
+    """logits (B, V) -> next ids (B,), drawn from distribution(...); top_k=1 is greedy."""
+    probs = distribution(logits, temperature, top_k, top_p)
     if top_k == 1:
         return probs.argmax(-1)                                        # greedy, no randomness used
     cdf = np.cumsum(probs, -1)                                         # (B, V)

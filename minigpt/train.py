@@ -276,7 +276,24 @@ def evaluate(run, it, log, final=False):
         run.best_val = losses["val"]
         run.save(run.best_path, it)
     run.save(run.last_path, it)
+    if run.world.root and _snapshot_due(run, it, final):
+        checkpoint.save_snapshot(run.cfg.out_dir, run.model, it, run.elapsed)
     return losses
+
+
+def _snapshot_due(run, it, final):
+    """--snapshots N spread over the run: at the first evaluation at or past each of the fractions 0, 1/(N-1),
+    ..., 1 of --max_iters (of --max_time when it is set), the final evaluation always among them."""
+    n, cfg = run.cfg.snapshots, run.cfg
+    if n == 0 or run.model.num_params() > checkpoint.MAX_SNAPSHOT_PARAMS:
+        return False
+    taken = sum(i < it for i in checkpoint.snapshot_iters(cfg.out_dir))
+    if taken >= n:
+        return False
+    if final or n == 1:
+        return final
+    progress = run.elapsed / cfg.max_time if cfg.max_time else it / max(1, cfg.max_iters)
+    return progress >= taken / (n - 1)
 
 
 def step(run, it, lr, last_loss):

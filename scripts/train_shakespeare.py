@@ -3,8 +3,9 @@
     python scripts/train_shakespeare.py                      # defaults: minigpt/config.py TrainConfig
     python scripts/train_shakespeare.py --n_layer=6 --max_iters 500 --data my.txt --out_dir out-mine
 
-Downloads the text into data/ when it is missing; writes out_dir/log.jsonl, checkpoints, the loss curve
-(out_dir/loss_curve.png; see --plot) and prints a sample at the end. --help lists every setting.
+Downloads the text into data/ when it is missing; writes out_dir/log.jsonl, checkpoints, snapshots/, the loss
+curve (out_dir/loss_curve.png; see --plot), the report (out_dir/report.html; see --report) and prints a sample
+at the end. --help lists every setting.
 Data-parallel on N processes (pip install -e ".[mpi]"; --batch_size is per process):
 
     mpiexec -n 2 python scripts/train_shakespeare.py --batch_size 6    # the same steps as one --batch_size 12
@@ -15,8 +16,9 @@ import urllib.request
 
 import numpy as np
 
-from minigpt import distributed
+from minigpt import backends, distributed
 from minigpt.config import UserError, parse_args
+from minigpt.report import ReportConfig, write_report
 from minigpt.sample import generate
 from minigpt.train import exit_code, train
 from plot_losses import plot
@@ -57,6 +59,13 @@ def main(argv):
         start = "\n" if "\n" in chars else chars[0]                     # a text without newlines: its first symbol
         ids = [int(t[0]) for t in generate(model, tok.encode(start)[None], cfg.sample_chars, rng, temperature=0.8)]
         print("---- sample ----\n" + tok.decode(ids))
+    if cfg.report:
+        try:
+            path = write_report(ReportConfig(out_dir=cfg.out_dir, data=cfg.data, seed=cfg.seed,
+                                             backend=backends.name(), threads=cfg.threads))
+            print(f"report: {path}")
+        except UserError as e:                                          # the run itself succeeded
+            print(f"note: no report ({e})", file=sys.stderr)
     print(f"done: val loss {result['final']['val']:.4f} at iter {result['iter']} "
           f"(best {result['best_val']:.4f}), {result['ms_per_iter']:.1f} ms/iter")
     return 0

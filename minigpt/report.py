@@ -1,0 +1,301 @@
+"""See inside a trained model: one self-contained HTML page of a run (out_dir/report.html).
+
+    python -m minigpt.report --out_dir out [--ckpt FILE] [--prompt TEXT] [--val_chars N]
+
+Sections: training curves (log.jsonl), the prompt's tokens, the embeddings (a PCA of the token table, the
+positions' similarities), attention (every layer and head on the prompt), the logit lens, the next-token
+distribution under the sampler's settings, where the model is wrong on validation text, how training changed
+it (the run's snapshots), and samples. Every number is the model's own (minigpt/lens.py reads the activation
+table of its forward); the page is report_page.py's. scripts/train_shakespeare.py writes it at the end of a run.
+"""
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import backends, checkpoint, lens
+from . import report_page as P
+from .config import UserError, check_ranges, default_backend, parse_args, setting
+from .data import load_text, split_text
+from .model import GPT, GPTConfig
+from .sample import generate, load_model
+
+MAX_T = 64                  # prompt tokens drawn: attention maps are T x T per head
+MAX_SNAPSHOTS = 6           # snapshots shown side by side (spread over those the run kept)
+BAR_SETTINGS = [("temperature 1", 1.0, 0, 1.0), ("temperature 0.8 (the sampler's default)", 0.8, 0, 1.0),
+                ("temperature 0.5", 0.5, 0, 1.0), ("temperature 1.5", 1.5, 0, 1.0), ("top-k 5", 1.0, 5, 1.0),
+                ("top-p 0.9", 1.0, 0, 0.9)]
+
+
+@dataclass
+class ReportConfig:
+    out_dir: str = setting("out", "directory of a training run: reads its checkpoint, log.jsonl and snapshots/, "
+                                  "writes report.html there")
+    ckpt: str = setting("", "the checkpoint to report on (default: out_dir/ckpt_best.npz, else ckpt_last.npz)")
+    prompt: str = setting("", "text the attention, logit-lens and next-token sections look at (default: the "
+                              "start of the validation text, else a newline)")
+    data: str = setting("", "the text the run trained on, for the validation sections (default: the run's --data)")
+    val_chars: int = setting(2000, "characters of validation text scored token by token")
+    samples: int = setting(3, "samples at the end of the page")
+    sample_tokens: int = setting(200, "tokens per sample")
+    seed: int = setting(1337, "seed of the samples")
+    backend: str = setting(default_backend, "auto | numpy | numba | native (default: $MINIGPT_BACKEND, else auto)")
+    threads: int = setting(0, "threads of every pool (0: all cores)")
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        cfg = parse_args(argv, ReportConfig, prog="python -m minigpt.report", description=__doc__)
+        t0 = time.perf_counter()
+        path = write_report(cfg)
+        print(f"report: {path} ({os.path.getsize(path) / 2 ** 20:.1f} MB, {time.perf_counter() - t0:.1f} s)")
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def write_report(cfg, verbose=False):
+    """Build out_dir/report.html for cfg (a ReportConfig); -> its path. Written to a temporary name, renamed."""
+    check_ranges(cfg, positive=("val_chars", "sample_tokens"), non_negative=("samples", "seed", "threads"))
+    try:
+        backends.select(cfg.backend, threads=cfg.threads or None, verbose=verbose)
+    except backends.BackendUnavailable as e:
+        raise UserError(f"--backend {cfg.backend}: {e}") from None
+    ckpt = cfg.ckpt or _default_ckpt(cfg.out_dir)
+    loaded = checkpoint.load(ckpt)
+    model, tok = load_model(ckpt, loaded)
+    meta = loaded[0]
+    notes, sections, data = [], [], {}
+    rows = _read_log(os.path.join(cfg.out_dir, "log.jsonl"), notes)
+    val_text = _validation_text(cfg, meta, notes)
+    prompt = cfg.prompt or (val_text[:MAX_T] if val_text else "\n")
+    ids = _encode(tok, prompt, "--prompt")
+    keep = min(MAX_T, model.config.block_size)
+    if len(ids) > keep:
+        notes.append(f"the prompt is cropped to its last {keep} tokens (the maps draw T x T per head)")
+        ids = ids[-keep:]
+    pieces = [tok.decode([i]) for i in ids]
+    data["labels"] = [P.shown(p) for p in pieces]
+    data["colors"] = [f"hsl({(int(i) * 47) % 360},70%,85%)" for i in ids]
+    data["next"] = [P.shown(p) for p in pieces[1:]] + [None]
+
+    sections.append(_training(rows))
+    sections.append(_tokens(ids, pieces, data))
+    sections.append(_embeddings(model, tok, val_text))
+    data["att"] = np.round(lens.attention(model, ids), 3).tolist()              # (L, nh, T, T)
+    sections.append(P.section("attention", "4. Attention", "Where each head of each layer looks from every "
+                              "position of the prompt: rows are queries, columns the keys they attend to (darker "
+                              "is more; the future is masked).", ATTENTION_BODY, drawn_by_script=True))
+    logits = lens.logit_lens(model, ids)                                        # (L, T, V)
+    probs = lens.softmax(logits)
+    data["lens"] = [[[(P.shown(tok.decode([j])), float(p[j])) for j in np.argsort(-p)[:5]] for p in layer]
+                    for layer in probs]
+    sections.append(P.section("lens", "5. Logit lens", "The next token read from the residual stream after each "
+                              "layer (the final LayerNorm and the head applied early): top guess and its probability; "
+                              "hover for the top 5, green outline where the guess is the prompt's next token.",
+                              '<div style="overflow-x:auto"><table class="lens" id="lens-table"></table></div>',
+                              drawn_by_script=True))
+    sections.append(_next_token(model, tok, ids))
+    sections.append(_wrong(model, tok, val_text, cfg.val_chars))
+    data["snaps"] = []
+    sections.append(_snapshots(cfg.out_dir, model.config, ids, tok, rows, data))
+    sections.append(_samples(model, tok, cfg, meta))
+    mc = model.config
+    subtitle = P.esc(f"{ckpt} (iteration {meta.get('iter', '?')}): {model.num_params():,} parameters, "
+                     f"{mc.n_layer} layers x {mc.n_head} heads, n_embd {mc.n_embd}, block {mc.block_size}, "
+                     f"vocabulary {mc.vocab_size} ({type(tok).__name__}); backend {backends.name()}")
+    if notes:
+        subtitle += "<br>" + "<br>".join(f'<span class="note">note: {P.esc(n)}</span>' for n in notes)
+    text = P.page("What this model learned", subtitle, sections, data)
+    out = os.path.join(cfg.out_dir, "report.html")
+    with open(out + ".part", "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(out + ".part", out)
+    return out
+
+
+ATTENTION_BODY = """<p>Click a token to pick a query; click a small map to open its layer.</p>
+<div id="attn-tokens"></div><div id="attn-layers"></div>
+<div class="maps" id="attn-heads"></div>
+<pre id="attn-looks"></pre>
+<h3>Every layer and head</h3><div class="maps" id="attn-grid"></div>"""
+
+
+# ----------------------------------------------------------------------------
+# inputs
+
+def _default_ckpt(out_dir):
+    for name in ("ckpt_best.npz", "ckpt_last.npz"):
+        if os.path.exists(os.path.join(out_dir, name)):
+            return os.path.join(out_dir, name)
+    raise UserError(f"no checkpoint in --out_dir {out_dir!r} (ckpt_best.npz or ckpt_last.npz); train there first, "
+                    "or pass --ckpt FILE")
+
+
+def _read_log(path, notes):
+    if not os.path.exists(path):
+        notes.append(f"{path} is missing: no training curves")
+        return []
+    rows = []
+    with open(path) as f:
+        for line in f:
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                pass                                                    # a line torn by a kill mid-write
+    return rows
+
+
+def _validation_text(cfg, meta, notes):
+    path = cfg.data or meta.get("train_config", {}).get("data", "")
+    if not path or not os.path.exists(path):
+        notes.append(f"the training text {path!r} is not here: no validation sections (pass --data PATH)")
+        return ""
+    return split_text(load_text(path))[1]
+
+
+def _encode(tok, text, what):
+    try:
+        ids = np.asarray(tok.encode(text), np.int64)
+    except (KeyError, ValueError) as e:
+        raise UserError(f"{what}: the model's tokenizer cannot encode it ({e}); use characters of the training "
+                        "text") from None
+    if not len(ids):
+        raise UserError(f"{what} is empty; pass at least one character")
+    return ids
+
+
+# ----------------------------------------------------------------------------
+# the sections
+
+def _training(rows):
+    steps = [r for r in rows if r.get("kind") == "train"]
+    evals = [r for r in rows if r.get("kind") == "eval"]
+    if not steps and not evals:
+        body = '<p class="note">No log.jsonl rows: nothing to draw.</p>'
+    else:
+        body = P.img(P.training_figure(steps, evals), "training curves")
+        last = evals[-1] if evals else None
+        if last:
+            full = f", whole validation split {last['val_loss_full']:.4f}" if "val_loss_full" in last else ""
+            body += f"<p>Last evaluation at iteration {last['iter']}: train {last['train_loss']:.4f}, " \
+                    f"val {last['val_loss']:.4f}{full} (nats per token).</p>"
+    return P.section("training", "1. Training", "How the loss fell as the run went on, against iterations and "
+                     "against seconds, with the learning rate, the gradient norm and the speed.", body)
+
+
+def _tokens(ids, pieces, data):
+    spans = "".join(f'<span class="tok" style="background:{c}" title="id {i}">{P.esc(P.shown(p))}'
+                    f'<small>{i}</small></span>' for i, p, c in zip(ids, pieces, data["colors"]))
+    return P.section("tokens", "2. Tokens", "The prompt as the model sees it: each token with its id, one colour "
+                     "per id.", f"<div>{spans}</div><p>{len(ids)} tokens.</p>")
+
+
+def _embeddings(model, tok, val_text):
+    p = model.params()
+    xy, share = lens.pca_2d(p["wte.weight"])
+    V = model.config.vocab_size
+    order = np.arange(V)
+    if val_text:                                                        # label the most frequent tokens first
+        counts = np.bincount(_encode(tok, val_text[:20000], "validation text"), minlength=V)
+        order = np.argsort(-counts, kind="stable")
+    labels = [P.shown(tok.decode([int(i)])) for i in order]
+    body = P.img(P.scatter_figure(xy[order], labels, f"token embeddings, PCA: axes hold {share[0]:.0%} and "
+                                  f"{share[1]:.0%} of the variance"), "token embeddings PCA")
+    if V > 300:
+        body += f'<p class="note">{V} tokens: the 300 most frequent in the validation text are labelled.</p>'
+    sim = lens.cosine_similarity(p["wpe.weight"])
+    body += P.img(P.matrix_figure(sim, "learned positions: cosine similarity", "position", "position"),
+                  "positional similarity")
+    return P.section("embeddings", "3. Embeddings", "Each token's learned vector projected to two dimensions "
+                     "(similar tokens land close), and how alike the learned positions are.", body)
+
+
+def _next_token(model, tok, ids):
+    dists, _ = lens.next_token(model, ids, BAR_SETTINGS)
+    tables = []
+    for label, probs in dists.items():
+        top = [j for j in np.argsort(-probs, kind="stable")[:10] if probs[j] > 0]
+        rows = "".join(f"<tr><td>{P.esc(P.shown(tok.decode([int(j)])))}</td><td>{probs[j]:.3f}</td>"
+                       f'<td><span class="bar" style="width:{200 * probs[j]:.0f}px"></span></td></tr>' for j in top)
+        tables.append(f"<div><b>{P.esc(label)}</b><table>{rows}</table></div>")
+    return P.section("next", "6. Next token", "The probabilities of the token after the prompt, and how the "
+                     "sampler's temperature, top-k and top-p reshape them (its own function).",
+                     f'<div class="bars">{"".join(tables)}</div>')
+
+
+def _wrong(model, tok, val_text, n_chars):
+    if not val_text:
+        return P.section("wrong", "7. Where the model is wrong", "Validation text coloured by each token's loss.",
+                         '<p class="note">No validation text (see the note at the top).</p>')
+    ids = _encode(tok, val_text[:n_chars], "validation text")
+    if len(ids) < 2:
+        return P.section("wrong", "7. Where the model is wrong", "Validation text coloured by each token's loss.",
+                         '<p class="note">The validation text is too short to score.</p>')
+    losses = lens.token_losses(model, ids, model.config.block_size)   # (N-1,), targets ids[1:]
+    pieces = [tok.decode([int(i)]) for i in ids]
+    spans = [P.esc(pieces[0])]
+    for p, l in zip(pieces[1:], losses):
+        a = min(1.0, l / 5.0)
+        spans.append(f'<span style="background:rgba(220,40,40,{a:.2f})" title="loss {l:.2f}">{P.esc(p)}</span>')
+    worst = np.argsort(-losses, kind="stable")[:20]
+    items = "".join(f"<li><code>{P.esc(P.shown(''.join(pieces[max(0, k - 15):k + 1])))}</code> \u2192 "
+                    f"<b>{P.esc(P.shown(pieces[k + 1]))}</b>: {losses[k]:.2f} nats</li>" for k in worst)
+    body = (f"<p>{len(losses)} tokens, mean loss {losses.mean():.4f} nats per token (the evaluator's whole-split "
+            f'loss on this stretch).</p><div class="loss"><span>{"".join(spans)}</span></div>'
+            f"<h3>The 20 worst tokens (after their context)</h3><ol>{items}</ol>")
+    return P.section("wrong", "7. Where the model is wrong", "Validation text coloured by each token's loss "
+                     "(redder is more surprising to the model), and the tokens it got most wrong.", body)
+
+
+def _snapshots(out_dir, config, ids, tok, rows, data):
+    iters = checkpoint.snapshot_iters(out_dir)
+    what = "The embedding projection and the attention on the prompt (each layer, mean of its heads) at several " \
+           "points of the run."
+    if not iters:
+        return P.section("snapshots", "8. How training changed it", what, '<p class="note">No snapshots in '
+                         f'{P.esc(os.path.join(out_dir, checkpoint.SNAPSHOT_DIR))} (train with --snapshots N).</p>',
+                         drawn_by_script=True)
+    if len(iters) > MAX_SNAPSHOTS:
+        iters = [iters[int(k)] for k in np.linspace(0, len(iters) - 1, MAX_SNAPSHOTS).round()]
+    val = {r["iter"]: r["val_loss"] for r in rows if r.get("kind") == "eval"}
+    model = GPT(GPTConfig(**config.to_dict()), np.random.default_rng(0))
+    final = None
+    figures = []
+    for k, it in enumerate(reversed(iters)):                         # the last first: the others align to it
+        meta, params = checkpoint.load_snapshot(os.path.join(out_dir, checkpoint.SNAPSHOT_DIR, f"iter_{it:07d}.npz"))
+        checkpoint.load_params(model, params, f"snapshot {it}")
+        xy, _ = lens.pca_2d(model.params()["wte.weight"])
+        final = xy if final is None else final
+        xy = xy * np.sign(np.sum(xy * final, axis=0) + 1e-30)          # PCA axes have no sign: match the last's
+        att = lens.attention(model, ids).mean(axis=1)                   # (L, T, T), mean of the heads
+        data["snaps"].insert(0, {"iter": it, "att": np.round(att, 3).tolist()})
+        loss = f", val loss {val[it]:.3f}" if it in val else ""
+        figures.insert(0, (it, loss, P.scatter_figure(xy, [P.shown(tok.decode([i])) for i in range(len(xy))],
+                                                      f"iteration {it}", size=(3.6, 3.2), max_labels=40)))
+    body = '<div class="snaps">' + "".join(
+        f'<figure><figcaption>iteration {it}{loss}</figcaption>{P.img(uri, f"embeddings at {it}")}'
+        f'<div id="snap-maps-{k}"></div></figure>' for k, (it, loss, uri) in enumerate(figures)) + "</div>"
+    return P.section("snapshots", "8. How training changed it", what, body, drawn_by_script=True)
+
+
+def _samples(model, tok, cfg, meta):
+    if not cfg.samples:
+        return P.section("samples", "9. Samples", "Text the model writes.", "<p>--samples 0: none.</p>")
+    start = _encode(tok, "\n" if "\n" in getattr(tok, "chars", "\n") else tok.decode([0]), "sample prompt")
+    rng = np.random.default_rng(cfg.seed)
+    out = [nxt for nxt in generate(model.eval(), np.tile(start, (cfg.samples, 1)), cfg.sample_tokens, rng,
+                                   temperature=0.8)]
+    rows = np.stack(out, axis=1) if out else np.zeros((cfg.samples, 0), int)
+    body = "".join(f'<pre class="sample">{P.esc(tok.decode(r))}</pre>' for r in rows)
+    return P.section("samples", "9. Samples", f"{cfg.samples} samples of {cfg.sample_tokens} tokens at temperature "
+                     "0.8 (the sampler's default), from a newline.", body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""The run report (minigpt/report.py, lens.py): its numbers are the model's own, the page is self-contained and
+renders in a real headless browser without errors, and bad input gets a clear message."""
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from helpers import tiny_cfg
+from minigpt import checkpoint, lens
+from minigpt.evaluate import whole_split_loss
+from minigpt.model import GPT, GPTConfig
+from minigpt.report import ReportConfig, write_report
+from minigpt.sample import distribution, sample_next
+from minigpt.train import train
+
+CFG = GPTConfig(vocab_size=13, block_size=12, n_layer=2, n_head=2, n_embd=16, bias=True)
+
+
+def model_and_ids(seed=0, T=9):
+    m = GPT(CFG, np.random.default_rng(seed), dtype=np.float64)
+    r = np.random.default_rng(seed + 1)
+    for p in m.params().values():                                       # sharper attention than at init
+        p += 0.3 * r.standard_normal(p.shape)
+    return m, r.integers(0, 13, T)
+
+
+# ----------------------------------------------------------------------------
+# the numbers are the model's
+
+def test_attention_rows_are_the_forwards_probabilities():
+    """Every row sums to 1, is 0 in the future, and equals softmax(q k^T / sqrt(hs)) computed here from the
+    forward's own q and k (the qkv in its activation table)."""
+    m, ids = model_and_ids()
+    att = lens.attention(m, ids)                                        # (L, nh, T, T)
+    T, nh, hs = len(ids), CFG.n_head, CFG.n_embd // CFG.n_head
+    np.testing.assert_allclose(att.sum(-1), 1.0, rtol=1e-12)
+    assert not np.triu(att, 1).any()
+    for l in range(CFG.n_layer):
+        qkv = m.acts.qkv[l, 0].reshape(T, 3, nh, hs)                   # (T, 3, nh, hs)
+        for h in range(nh):
+            s = qkv[:, 0, h] @ qkv[:, 1, h].T / math.sqrt(hs)
+            s[np.triu_indices(T, 1)] = -np.inf
+            want = np.exp(s - s.max(-1, keepdims=True))
+            np.testing.assert_allclose(att[l, h], want / want.sum(-1, keepdims=True), rtol=1e-10, atol=1e-14)
+
+
+def test_logit_lens_last_layer_is_the_models_logits():
+    m, ids = model_and_ids()
+    got = lens.logit_lens(m, ids)
+    assert got.shape == (CFG.n_layer, len(ids), CFG.vocab_size)
+    np.testing.assert_allclose(got[-1], m.forward(ids[None])[0][0], rtol=1e-12, atol=1e-12)
+    assert not np.allclose(got[0], got[-1])                             # the earlier layers read something else
+
+
+def test_next_token_bars_are_the_samplers_distribution():
+    m, ids = model_and_ids()
+    settings = [("t", 0.7, 0, 1.0), ("k", 1.0, 4, 1.0), ("p", 1.0, 0, 0.8)]
+    dists, logits = lens.next_token(m, ids, settings)
+    np.testing.assert_allclose(logits, m.forward(ids[None])[0][0, -1])
+    rng = np.random.default_rng(0)
+    for label, t, k, p in settings:
+        np.testing.assert_array_equal(dists[label], distribution(logits[None], t, k, p)[0])
+        draws = sample_next(np.tile(logits, (20000, 1)), rng, t, k, p)       # what the sampler really draws
+        freq = np.bincount(draws, minlength=CFG.vocab_size) / draws.size
+        np.testing.assert_allclose(freq, dists[label], atol=0.015, err_msg=label)
+
+
+def test_token_losses_average_to_the_evaluators_loss():
+    m, _ = model_and_ids()
+    ids = np.random.default_rng(5).integers(0, 13, 40)                  # 39 targets: 3 blocks of 12 and a tail
+    losses = lens.token_losses(m, ids, CFG.block_size)
+    assert losses.shape == (39,) and (losses > 0).all()
+    np.testing.assert_allclose(losses.mean(), whole_split_loss(m, ids, CFG.block_size, 2), rtol=1e-12)
+
+
+def test_pca_and_position_similarity():
+    E = np.random.default_rng(0).standard_normal((30, 8)) * np.array([5, 3, 1, 1, 1, 1, 1, 1])
+    xy, share = lens.pca_2d(E)
+    assert xy.shape == (30, 2) and share[0] > share[1] > 0 and share.sum() < 1
+    np.testing.assert_allclose(np.var(xy, axis=0).sum() / np.var(E - E.mean(0), axis=0).sum(), share.sum())
+    S = lens.cosine_similarity(E)
+    np.testing.assert_allclose(np.diag(S), 1.0)
+    np.testing.assert_allclose(S, S.T)
+
+
+# ----------------------------------------------------------------------------
+# a real run's report
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("report")
+    res = train(tiny_cfg(tmp, snapshots=3, max_iters=12, eval_interval=4))
+    return tmp / "out", res
+
+
+def test_training_keeps_the_snapshots_it_was_asked_for(run_dir):
+    out, _ = run_dir
+    assert checkpoint.snapshot_iters(str(out)) == [0, 8, 12]             # fractions 0, 1/2 (first eval past), end
+    meta, params = checkpoint.load_snapshot(str(out / "snapshots" / "iter_0000012.npz"))
+    assert meta["iter"] == 12 and params["wte.weight"].dtype == np.float32
+
+
+def test_report_is_one_self_contained_file(run_dir):
+    out, _ = run_dir
+    path = write_report(ReportConfig(out_dir=str(out), backend="numpy"))
+    text = open(path, encoding="utf-8").read()
+    assert path == str(out / "report.html") and len(text) < 5 * 2 ** 20
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", text)          # nothing from the network
+    assert "<link" not in text and "<script src" not in text
+    for key in ("training", "tokens", "embeddings", "attention", "lens", "next", "wrong", "snapshots", "samples"):
+        assert f'id="sec-{key}"' in text, key
+    assert text.count("data:image/png;base64,") >= 3 + 3                # curves, PCA, positions; one per snapshot
+
+
+def _chromium():
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+@pytest.mark.skipif(_chromium() is None, reason="no Chromium here (Debian: apt-get install chromium; .ci/run "
+                                                "installs it)")
+def test_report_renders_in_headless_chromium(run_dir, tmp_path):
+    """The page as a browser runs it: every section drawn, no script error, no console error, and a screenshot
+    that is not blank."""
+    out, _ = run_dir
+    path = write_report(ReportConfig(out_dir=str(out), backend="numpy", prompt="To be or not"))
+    flags = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",
+             "--virtual-time-budget=5000"]
+    r = subprocess.run(flags + ["--dump-dom", f"file://{path}"], capture_output=True, text=True, timeout=120)
+    dom = r.stdout
+    assert r.returncode == 0 and "<body" in dom, r.stderr[-2000:]
+    console = [ln for ln in r.stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln]
+    assert not console, console
+    body = re.search(r"<body[^>]*>", dom).group(0)
+    assert 'data-rendered="1"' in body and 'data-errors="0"' in body, body
+    for key in ("training", "tokens", "embeddings", "attention", "lens", "next", "wrong", "snapshots", "samples"):
+        tag = re.search(rf'<section id="sec-{key}"[^>]*>', dom)
+        assert tag and 'data-rendered="1"' in tag.group(0), key
+    assert dom.count("<canvas") >= 2 * 2 * 2 and "<td" in dom           # the maps and the lens table were drawn
+    shot = tmp_path / "shot.png"
+    r = subprocess.run(flags + [f"--screenshot={shot}", "--window-size=1200,3000", f"file://{path}"],
+                       capture_output=True, text=True, timeout=120)
+    assert shot.exists(), r.stderr[-2000:]
+    import matplotlib.image as mpimg
+    pixels = mpimg.imread(str(shot))[..., :3].reshape(-1, 3)
+    assert len(np.unique((pixels * 255).astype(np.uint8), axis=0)) > 50   # drawn, not a blank page
+
+
+# ----------------------------------------------------------------------------
+# the command
+
+def report_cli(*args):
+    return subprocess.run([sys.executable, "-m", "minigpt.report", *args], capture_output=True, text=True,
+                          env={**os.environ, "MINIGPT_BACKEND": "numpy"})
+
+
+def test_report_command_help_and_errors(run_dir, tmp_path):
+    out, _ = run_dir
+    r = report_cli("--help")
+    assert r.returncode == 0 and "--val_chars" in r.stdout and "--prompt" in r.stdout
+    for args, msg in [(["--out_dir", str(tmp_path / "none")], "no checkpoint in --out_dir"),
+                      (["--out_dir", str(out), "--prompt", "\u00e9t\u00e9"], "not in the tokenizer's vocabulary"),
+                      (["--out_dir", str(out), "--val_chars", "0"], "--val_chars must be positive"),
+                      (["--out_dir", str(out), "--ckpt", str(out / "log.jsonl")], "not a minigpt checkpoint")]:
+        r = report_cli(*args)
+        assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+
+
+def test_report_draws_what_it_can_without_log_or_text(run_dir, tmp_path):
+    """A checkpoint alone (no log.jsonl, no training text): the page says what is missing and draws the rest."""
+    out, _ = run_dir
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(out / "ckpt_best.npz", alone / "ckpt_best.npz")
+    r = report_cli("--out_dir", str(alone), "--data", str(tmp_path / "gone.txt"))
+    assert r.returncode == 0, r.stderr
+    text = (alone / "report.html").read_text(encoding="utf-8")
+    assert "log.jsonl is missing" in text and "is not here" in text and "No snapshots" in text
