@@ -187,6 +187,15 @@ def gelu_fwd(x, b, y, dydx):                                # x, y, dydx (N, H),
             yi[j], di[j] = _gelu(xi[j] + b[j])
 
 
+@njit(parallel=True, **_JIT)
+def gelu_fwd_inplace(y, b, dydx):                           # y (N, H): x in, gelu(x + b) out; dydx (N, H)
+    N, H = y.shape                                          # its own kernel: with x and y one array, gelu_fwd's
+    for i in prange(N):                                     # loop cannot prove them apart and runs ~5x slower
+        yi, di = y[i], dydx[i]
+        for j in range(H):
+            yi[j], di[j] = _gelu(yi[j] + b[j])
+
+
 @njit(**_JIT)
 def gelu_bwd(dy, dydx, dx, db):                             # dx = dy * dydx (N, H); db (H,) += sum over rows of dx
     N, H = dy.shape                                         # serial: db is one running sum per column

@@ -85,9 +85,12 @@ class NumbaOps(Ops):
     def gelu(self, x, b, out, dgelu):                                    # x (..., H) -> out, dgelu (..., H)
         self._threads(x.size)
         H = x.shape[-1]
+        b = self._zeros(H, x.dtype) if b is None else b
         c = self._contiguous("gelu")
-        NK.gelu_fwd(c.inp(x).reshape(-1, H), self._zeros(H, x.dtype) if b is None else b,
-                    c.out(out).reshape(-1, H), c.out(dgelu).reshape(-1, H))
+        if out is x:                                                     # in place (the MLP's c_fc)
+            NK.gelu_fwd_inplace(c.inout(out).reshape(-1, H), b, c.out(dgelu).reshape(-1, H))
+        else:
+            NK.gelu_fwd(c.inp(x).reshape(-1, H), b, c.out(out).reshape(-1, H), c.out(dgelu).reshape(-1, H))
         c.back()
         return out
 
