@@ -46,7 +46,7 @@ typedef struct {
     int L2;                      /* inner batch size: item l is (l / L2, l % L2), e.g. (batch, head) */
     long long sA2, sB2, sC2;     /* strides of the inner index l % L2 */
     int pm, pn;    /* thread grid over (M, N); pm*pn == threads, or 0 when threads split the batch */
-    int small;     /* AVX-512, few rows and A not transposed with B: the unpacked path (small_block) */
+    int small;     /* AVX-512 or AVX2, few rows, A not transposed with B: the unpacked path (small_any) */
     int ksplit;    /* small, one product, op(B) = B: threads split K, each its own partial sum (see run) */
 } job_t;
 
@@ -347,7 +347,116 @@ static void peak_job(void *arg, int tid, int nt)
 #undef GV_W
 #undef GV_MR
 #undef GV_NR
+
+/* few rows on AVX2: small_nn_rows / small_nt_tile above, with ymm vectors. AVX2 has no mask registers: tails
+   use vmaskmovps (a lane moves where its int is negative), full vectors plain loads and stores, because masked
+   stores are microcoded and slow on AMD (Zen 3: the masked-everywhere form ran 3x slower) */
+static const int lane_mask[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+static inline __m256i tail8(int left) { return _mm256_loadu_si256((const __m256i *)(lane_mask + 8 - left)); }
+#define LD8(p, j, n1) ((n1) - (j) >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps((p), tail8((n1) - (j))))
+#define ST8(p, v, j, n1) do { if ((n1) - (j) >= 8) _mm256_storeu_ps((p), (v)); \
+                              else _mm256_maskstore_ps((p), tail8((n1) - (j)), (v)); } while (0)
+
+static inline __attribute__((always_inline)) void small_nn_rows_avx2(int mr, const job_t *g, const float *A,
+                                                                     const float *B, float *C, int n0, int n1)
+{
+    long sa_i = g->ta ? 1 : g->lda, sa_k = g->ta ? g->lda : 1;   /* op(A)[i,k] = A[i*sa_i + k*sa_k] */
+    __m256 vb = _mm256_set1_ps(g->beta);
+    for (int i = 0; i < mr; i++)
+        for (int j = n0; j < n1; j += 8) {
+            float *c = C + (long)i * g->ldc + j;
+            ST8(c, g->beta == 0.0f ? _mm256_setzero_ps() : _mm256_mul_ps(vb, LD8(c, j, n1)), j, n1);
+        }
+    int k = 0;
+    for (; k + 4 <= g->K; k += 4) {                       /* four rows of B per pass, as the AVX-512 path */
+        const float *b = B + (long)k * g->ldb;
+        __m256 a[4][4];
+        for (int i = 0; i < mr; i++)
+            for (int u = 0; u < 4; u++) a[i][u] = _mm256_set1_ps(A[i * sa_i + (k + u) * sa_k]);
+        for (int j = n0; j < n1; j += 8) {
+            __m256 bv[4];
+            for (int u = 0; u < 4; u++) bv[u] = LD8(b + u * g->ldb + j, j, n1);
+            for (int i = 0; i < mr; i++) {
+                float *c = C + (long)i * g->ldc + j;
+                __m256 r = LD8(c, j, n1);
+                for (int u = 0; u < 4; u++) r = _mm256_fmadd_ps(a[i][u], bv[u], r);   /* k order kept */
+                ST8(c, r, j, n1);
+            }
+        }
+    }
+    for (; k < g->K; k++) {
+        const float *b = B + (long)k * g->ldb;
+        for (int i = 0; i < mr; i++) {
+            __m256 a = _mm256_set1_ps(A[i * sa_i + k * sa_k]);
+            for (int j = n0; j < n1; j += 8) {
+                float *c = C + (long)i * g->ldc + j;
+                ST8(c, _mm256_fmadd_ps(a, LD8(b + j, j, n1), LD8(c, j, n1)), j, n1);
+            }
+        }
+    }
+}
+
+static inline float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
+
+static inline __attribute__((always_inline)) void small_nt_tile_avx2(int mr, const job_t *g, const float *A,
+                                                                     const float *B, float *c, int j)
+{
+    __m256 acc[4];
+    for (int i = 0; i < 4; i++) acc[i] = _mm256_setzero_ps();
+    const float *b = B + (long)j * g->ldb;
+    for (int k = 0; k < g->K; k += 8) {
+        __m256 bv = LD8(b + k, k, g->K);
+        for (int i = 0; i < mr; i++)
+            acc[i] = _mm256_fmadd_ps(LD8(A + (long)i * g->lda + k, k, g->K), bv, acc[i]);
+    }
+    for (int i = 0; i < mr; i++) {
+        float *ci = c + (long)i * g->ldc + j, s = hsum8(acc[i]);
+        *ci = g->beta == 0.0f ? s : s + g->beta * *ci;
+    }
+}
+
+#undef LD8
+#undef ST8
+
+static void small_block_avx2(const job_t *g, const float *A, const float *B, float *C, int n0, int n1)
+{
+    for (int i0 = 0; i0 < g->M; i0 += 4) {
+        int mr = g->M - i0 < 4 ? g->M - i0 : 4;
+        const float *a = A + (long)i0 * (g->ta ? 1 : g->lda);
+        float *c = C + (long)i0 * g->ldc;
+        if (g->tb) {
+            for (int j = n0; j < n1; j++)
+                switch (mr) {
+                case 4: small_nt_tile_avx2(4, g, a, B, c, j); break;
+                case 3: small_nt_tile_avx2(3, g, a, B, c, j); break;
+                case 2: small_nt_tile_avx2(2, g, a, B, c, j); break;
+                default: small_nt_tile_avx2(1, g, a, B, c, j);
+                }
+            continue;
+        }
+        switch (mr) {
+        case 4: small_nn_rows_avx2(4, g, a, B, c, n0, n1); break;
+        case 3: small_nn_rows_avx2(3, g, a, B, c, n0, n1); break;
+        case 2: small_nn_rows_avx2(2, g, a, B, c, n0, n1); break;
+        default: small_nn_rows_avx2(1, g, a, B, c, n0, n1);
+        }
+    }
+}
 #pragma GCC pop_options
+
+/* the few-rows path of the ISA that runs (AVX-512 or AVX2; generic has none: run() keeps packing there) */
+static void small_any(const job_t *g, const float *A, const float *B, float *C, int n0, int n1)
+{
+    if (mgk_isa() == MGK_ISA_AVX512)
+        small_block(g, A, B, C, n0, n1);
+    else
+        small_block_avx2(g, A, B, C, n0, n1);
+}
 #endif
 
 #define GV(name) name##_generic
@@ -400,7 +509,7 @@ static void run_job(void *arg, int tid, int nt)
         split(g->K, 16, nt, tid, &k0, &k1);
         h.K = k1 > k0 ? k1 - k0 : 0;
         if (tid > 0) { h.C = bufs[tid][1]; h.ldc = g->N; h.beta = 0.0f; }   /* added into C by run() */
-        small_block(&h, g->A + (long)k0 * (g->ta ? g->lda : 1), g->B + (long)k0 * g->ldb, h.C, 0, g->N);
+        small_any(&h, g->A + (long)k0 * (g->ta ? g->lda : 1), g->B + (long)k0 * g->ldb, h.C, 0, g->N);
         return;
     }
 #endif
@@ -417,7 +526,7 @@ static void run_job(void *arg, int tid, int nt)
         float *C = g->C + item(g, l, g->sC, g->sC2);
 #ifdef MGK_X86
         if (g->small) {
-            small_block(g, A, B, C, n0, n1);
+            small_any(g, A, B, C, n0, n1);
             continue;
         }
 #endif
@@ -505,7 +614,7 @@ static int run(job_t *g)
 {
     if (g->M == 0 || g->N == 0 || g->L == 0) return MGK_OK;
     g->isa = &ISA_GEMM[mgk_isa()];
-    g->small = g->small && mgk_isa() == MGK_ISA_AVX512;
+    g->small = g->small && mgk_isa() >= MGK_ISA_AVX2;
     pthread_mutex_lock(&call_mu);
     int nt = plan(g), rc = MGK_OK;
     for (int t = 0; t < nt && rc == MGK_OK; t++)
