@@ -1,0 +1,192 @@
+"""GPT-2's tokenizer, read from a Hugging Face tokenizer.json (or vocab.json + merges.txt), in minigpt's tokenizer
+interface (encode, decode, token_bytes, vocab_size, to_json): byte-level BPE with GPT-2's pre-tokenization
+pattern and merge ranks.
+
+GPT-2 splits text with `'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+`. Python's `re`
+has no \\p{...} classes, so the letter and number classes are built here from unicodedata (categories L* and N*)
+and \\s from Unicode's White_Space list, which is what the Rust regex of Hugging Face `tokenizers` matches; each
+piece's UTF-8 bytes are mapped to GPT-2's printable characters, merged by rank, and looked up in the vocabulary.
+Added tokens (<|endoftext|>) are matched literally first, as `tokenizers` does. Not here: training (bpe.py trains
+minigpt's own BPE), normalizers, byte fallback, tokenizers of other models (a clear error names what was found).
+"""
+import functools
+import json
+import os
+import re
+import sys
+import unicodedata
+
+import numpy as np
+
+from .bpe import bytes_to_unicode
+from .config import UserError
+
+# Unicode's White_Space property (PropList.txt): what Rust's \s matches (Python's \s differs at \x1c-\x1f)
+WHITE_SPACE = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+
+
+@functools.lru_cache(maxsize=1)
+def gpt2_pattern():
+    """GPT-2's pre-tokenization regex for Python's `re`, its \\p{L} and \\p{N} spelled out as code point ranges
+    (built once, about half a second)."""
+    ranges = {"L": [], "N": []}
+    for cp in range(sys.maxunicode + 1):
+        cls = unicodedata.category(chr(cp))[0]
+        if cls in ranges:
+            r = ranges[cls]
+            if r and r[-1][1] == cp - 1:
+                r[-1][1] = cp
+            else:
+                r.append([cp, cp])
+
+    def klass(r):
+        return "".join(re.escape(chr(a)) if a == b else f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in r)
+
+    L, N, S = klass(ranges["L"]), klass(ranges["N"]), WHITE_SPACE
+    return re.compile(rf"'s|'t|'re|'ve|'m|'ll|'d| ?[{L}]+| ?[{N}]+| ?[^{S}{L}{N}]+|[{S}]+(?![^{S}])|[{S}]+")
+
+
+class GPT2Tokenizer:
+    """vocab: {token string: id} over GPT-2's byte characters; merges: [(a, b), ...] in rank order; added:
+    {literal text: id} matched before pre-tokenization."""
+
+    def __init__(self, vocab, merges, added=None):
+        self.vocab = dict(vocab)
+        self.merges = [tuple(m) for m in merges]
+        self.added = dict(added or {})
+        self._rank = {m: i for i, m in enumerate(self.merges)}
+        self._byte_char = bytes_to_unicode()                                # byte -> printable character
+        self._char_byte = {c: b for b, c in self._byte_char.items()}
+        n = max([*self.vocab.values(), *self.added.values()]) + 1
+        self._strings = [None] * n
+        for s, i in {**self.vocab, **self.added}.items():
+            self._strings[i] = s
+        self._added_rx = re.compile("|".join(re.escape(t) for t in sorted(self.added, key=len, reverse=True))) \
+            if self.added else None
+        self.dtype = np.uint16 if n <= 65536 else np.int32
+        self._cache = {}
+
+    @property
+    def vocab_size(self):
+        return len(self._strings)
+
+    # ---- encoding
+    def _bpe(self, word):
+        """A pre-tokenized piece (GPT-2 characters) -> its token ids, merging the lowest-ranked pair first."""
+        if word in self._cache:
+            return self._cache[word]
+        parts = list(word)
+        while len(parts) > 1:
+            ranked = [(self._rank.get(pair, len(self._rank)), k) for k, pair in enumerate(zip(parts, parts[1:]))]
+            rank, k = min(ranked)
+            if rank == len(self._rank):
+                break                                                       # no pair left to merge
+            a, b = parts[k], parts[k + 1]
+            merged, i = [], 0
+            while i < len(parts):                                           # every occurrence of (a, b), left first
+                if i < len(parts) - 1 and parts[i] == a and parts[i + 1] == b:
+                    merged.append(a + b)
+                    i += 2
+                else:
+                    merged.append(parts[i])
+                    i += 1
+            parts = merged
+        try:
+            ids = [self.vocab[p] for p in parts]
+        except KeyError as e:
+            raise UserError(f"the tokenizer's vocabulary lacks the piece {e.args[0]!r}, which its merges make; the "
+                            "tokenizer files are inconsistent") from None
+        if len(self._cache) < 500_000:
+            self._cache[word] = ids
+        return ids
+
+    def _encode_plain(self, text, out):
+        for piece in gpt2_pattern().findall(text):
+            out.extend(self._bpe("".join(self._byte_char[b] for b in piece.encode("utf-8"))))
+
+    def encode(self, text):
+        """str -> ids (N,)."""
+        out, start = [], 0
+        if self._added_rx is not None:
+            for m in self._added_rx.finditer(text):
+                self._encode_plain(text[start:m.start()], out)
+                out.append(self.added[m.group(0)])
+                start = m.end()
+        self._encode_plain(text[start:], out)
+        return np.asarray(out, self.dtype)
+
+    # ---- decoding
+    def token_bytes(self, i):
+        s = self._strings[int(i)]
+        if s is None:
+            raise UserError(f"token id {int(i)} is not in the tokenizer's vocabulary")
+        if s in self.added:
+            return s.encode("utf-8")
+        return bytes(self._char_byte[c] for c in s)
+
+    def decode(self, ids):
+        return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
+
+    # ---- serialization: in minigpt checkpoints, and from Hugging Face files
+    def to_json(self):
+        return json.dumps({"kind": "gpt2", "version": 1, "vocab": self.vocab, "merges": [" ".join(m) for m in
+                                                                                        self.merges],
+                           "added": self.added}, ensure_ascii=False, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, s):
+        d = json.loads(s)
+        return cls(d["vocab"], [m.split(" ") for m in d["merges"]], d.get("added"))
+
+    @classmethod
+    def from_pretrained(cls, directory):
+        """GPT-2's tokenizer from a Hugging Face model directory: tokenizer.json, else vocab.json + merges.txt."""
+        tj = os.path.join(directory, "tokenizer.json")
+        if os.path.exists(tj):
+            return cls.from_hf_json(tj)
+        vj, mt = os.path.join(directory, "vocab.json"), os.path.join(directory, "merges.txt")
+        if os.path.exists(vj) and os.path.exists(mt):
+            return cls.from_vocab_merges(vj, mt)
+        raise UserError(f"{directory}: no tokenizer.json, nor vocab.json + merges.txt; point at a GPT-2 model "
+                        "directory (a Hugging Face snapshot holds them)")
+
+    @classmethod
+    def from_hf_json(cls, path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                d = json.load(f)
+            model = d["model"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise UserError(f"{path} is not a readable tokenizer.json ({type(e).__name__}: {e})") from None
+        if model.get("type") != "BPE" or not _is_gpt2_pretokenizer(d.get("pre_tokenizer")):
+            kind = (d.get("pre_tokenizer") or {}).get("type")
+            raise UserError(f"{path} is a {model.get('type')} tokenizer with pre-tokenizer {kind}, not GPT-2's "
+                            "byte-level BPE (ByteLevel with GPT-2's regex); only GPT-2-style tokenizers load here")
+        merges = [m.split(" ") if isinstance(m, str) else m for m in model.get("merges", [])]
+        added = {t["content"]: t["id"] for t in d.get("added_tokens", [])}
+        return cls(model["vocab"], merges, added)
+
+    @classmethod
+    def from_vocab_merges(cls, vocab_path, merges_path):
+        try:
+            with open(vocab_path, encoding="utf-8") as f:
+                vocab = json.load(f)
+            with open(merges_path, encoding="utf-8") as f:
+                lines = [ln.rstrip("\n") for ln in f if ln.strip() and not ln.startswith("#version")]
+        except (OSError, ValueError) as e:
+            raise UserError(f"{vocab_path} / {merges_path}: not a readable GPT-2 vocabulary and merges list "
+                            f"({type(e).__name__}: {e})") from None
+        added = {"<|endoftext|>": vocab["<|endoftext|>"]} if "<|endoftext|>" in vocab else {}
+        return cls(vocab, [ln.split(" ") for ln in lines], added)
+
+
+def _is_gpt2_pretokenizer(pre):
+    """ByteLevel with its own (GPT-2) regex, or a Sequence of GPT-2's regex Split and a regex-free ByteLevel."""
+    if not isinstance(pre, dict):
+        return False
+    if pre.get("type") == "ByteLevel":
+        return pre.get("use_regex", True) and not pre.get("add_prefix_space", False)
+    if pre.get("type") == "Sequence":
+        kinds = [p.get("type") for p in pre.get("pretokenizers", [])]
+        return kinds == ["Split", "ByteLevel"] and "\\p{L}" in json.dumps(pre["pretokenizers"][0])
+    return False

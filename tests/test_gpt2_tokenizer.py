@@ -1,0 +1,107 @@
+"""GPT-2's tokenizer (minigpt/gpt2_tokenizer.py) against Hugging Face `tokenizers`: GPT-2-style tokenizer.json
+files are built here (a ByteLevel pre-tokenizer and a BPE trained on a text; no network), and the ids must be
+identical on a torture text and on Shakespeare."""
+import os
+
+import numpy as np
+import pytest
+
+from helpers import write_text
+from minigpt.config import UserError
+from minigpt.gpt2_tokenizer import GPT2Tokenizer, gpt2_pattern
+
+tokenizers = pytest.importorskip("tokenizers", reason="Hugging Face tokenizers is not installed (pip install -e "
+                                                     "'.[test]')")
+
+TORTURE = ("I'm sure you've seen it; they'll say we'd 'quote' it's JOHN'S. Don't!  \n\n\n  x\t\ty \r\n"
+           "3.14159 and 1,000,000 or 42nd 2024-11-24 \u00bd \u00b2 \u2167 \u0663\u0664\n"
+           "caf\u00e9 na\u00efve e\u0301 \u00c5ngstr\u00f6m \u0141\u00f3d\u017a  \u0391\u03b8\u03ae\u03bd\u03b1 "
+           "\u041c\u043e\u0441\u043a\u0432\u0430 \u05e9\u05dc\u05d5\u05dd \u0645\u0631\u062d\u0628\u0627\n"
+           "\u6771\u4eac\u90fd \u3053\u3093\u306b\u3061\u306f \ud55c\uad6d\uc5b4 \U0001f600\U0001f44d\U0001f3fd "
+           "\U0001f1eb\U0001f1f7 \u2764\ufe0f\n"
+           "\x00\x01\x1c\x1f\x7f \ufeff\u200b\u200d \u00a0\u2003\u3000 end   \n\t \x0b\x0c\u2028\u2029\x85"
+           "  <|endoftext|> after<|endoftext|>x '''''  ''s 's's \n")
+
+
+def shakespeare():
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "tinyshakespeare.txt")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            return f.read()[:200_000]
+    return None
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    """A GPT-2-style tokenizer.json and vocab.json + merges.txt, trained here by `tokenizers`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    d = tmp_path_factory.mktemp("gpt2tok")
+    text = write_text(d / "train.txt", n_chars=40_000) + TORTURE * 3 + (shakespeare() or "")[:50_000]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)        # GPT-2's regex and byte map
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([text], trainer)
+    tok.save(str(d / "tokenizer.json"))
+    os.makedirs(d / "vm")
+    tok.model.save(str(d / "vm"))                                               # vocab.json, merges.txt
+    return d, tok
+
+
+def test_ids_equal_hugging_face_on_the_torture_text(hf_dir):
+    d, hf = hf_dir
+    ours = GPT2Tokenizer.from_pretrained(str(d))
+    for text in (TORTURE, TORTURE[::-1], TORTURE.upper(), " " + TORTURE, "".join(reversed(TORTURE.split(" ")))):
+        want = hf.encode(text).ids
+        got = ours.encode(text).tolist()
+        assert got == want, next((i, got[i:i + 5], want[i:i + 5]) for i in range(len(want)) if got[i] != want[i])
+        assert ours.decode(got) == text                                          # bytes round-trip exactly
+
+
+@pytest.mark.skipif(shakespeare() is None, reason="../shared/data/tinyshakespeare.txt is not beside the checkout")
+def test_ids_equal_hugging_face_on_shakespeare(hf_dir):
+    d, hf = hf_dir
+    text = shakespeare()
+    assert GPT2Tokenizer.from_pretrained(str(d)).encode(text).tolist() == hf.encode(text).ids
+
+
+def test_vocab_and_merges_files_give_the_same_ids(hf_dir):
+    d, hf = hf_dir
+    vm = GPT2Tokenizer.from_pretrained(str(d / "vm"))
+    text = TORTURE.replace("<|endoftext|>", "")                                 # vocab.json knows no added tokens
+    assert vm.encode(text).tolist() == hf.encode(text).ids
+
+
+def test_pre_tokenization_is_gpt2s(hf_dir):
+    """The split itself, against `tokenizers`' own ByteLevel pre-tokenizer, piece by piece."""
+    from tokenizers import pre_tokenizers
+    pre = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    text = TORTURE.replace("<|endoftext|>", "")
+    want = [p for p, _ in pre.pre_tokenize_str(text)]
+    byte_char = __import__("minigpt.bpe", fromlist=["bytes_to_unicode"]).bytes_to_unicode()
+    got = ["".join(byte_char[b] for b in piece.encode("utf-8")) for piece in gpt2_pattern().findall(text)]
+    assert got == want
+
+
+def test_checkpoint_json_round_trip(hf_dir):
+    d, _ = hf_dir
+    tok = GPT2Tokenizer.from_pretrained(str(d))
+    back = GPT2Tokenizer.from_json(tok.to_json())
+    np.testing.assert_array_equal(back.encode(TORTURE), tok.encode(TORTURE))
+    assert back.vocab_size == tok.vocab_size == 700
+
+
+def test_other_tokenizers_are_clear_errors(hf_dir, tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    other = Tokenizer(models.BPE())
+    other.pre_tokenizer = pre_tokenizers.Whitespace()
+    other.train_from_iterator(["to be or not to be"] * 10, trainers.BpeTrainer(vocab_size=40))
+    other.save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(UserError, match="not GPT-2's byte-level BPE"):
+        GPT2Tokenizer.from_pretrained(str(tmp_path))
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(UserError, match="not a readable tokenizer.json"):
+        GPT2Tokenizer.from_pretrained(str(tmp_path))
+    with pytest.raises(UserError, match="no tokenizer.json"):
+        GPT2Tokenizer.from_pretrained(str(tmp_path / "nothing"))
