@@ -243,7 +243,7 @@ class BPETokenizer:
 
 def tokenizer_from_json(s):
     """The tokenizer a checkpoint's "tokenizer" string describes: a JSON list is a CharTokenizer's characters, a
-    dict with "kind": "bpe" a BPETokenizer."""
+    dict with "kind": "bpe" a BPETokenizer, "kind": "gpt2" GPT-2's (gpt2_tokenizer.py)."""
     try:
         d = json.loads(s)
     except (TypeError, ValueError):
@@ -252,5 +252,8 @@ def tokenizer_from_json(s):
         return CharTokenizer.from_json(s)
     if isinstance(d, dict) and d.get("kind") == "bpe":
         return BPETokenizer.from_json(s)
+    if isinstance(d, dict) and d.get("kind") == "gpt2":
+        from .gpt2_tokenizer import GPT2Tokenizer                      # here: it imports this module
+        return GPT2Tokenizer.from_json(s)
     raise UserError("the checkpoint's tokenizer is neither a character list nor a BPE tokenizer (kind 'bpe'); "
                     "it may be damaged or from a newer minigpt")

@@ -36,6 +36,10 @@ PRESETS = {
     # scripts/speedrun.py's recipe: more of nanoGPT's wall time spent learning (reports/speedrun.md). It needs
     # --max_time (the seconds you have; check() says so); max_iters is only a cap.
     "speedrun": dict(optimizer="muon", batch_size=32, max_iters=10 ** 6),
+    # fine-tuning a pretrained GPT-2 (--init_from DIR sets it when no --preset is typed): nanoGPT's
+    # finetune_shakespeare (constant lr 3e-5, 20 iterations, eval every 5) at llm.c's CPU shapes (B=4, T=64)
+    "finetune": dict(block_size=64, batch_size=4, grad_accum=8, lr=3e-5, min_lr=3e-5, warmup_iters=0,
+                     max_iters=20, lr_decay_iters=20, eval_interval=5, eval_iters=10, sample_chars=200),
 }
 
 
@@ -83,6 +87,10 @@ class TrainConfig(ModelShape):
     preset: str = setting("", "a named set of defaults that typed settings override: "
                               + ", ".join(f"{k} ({', '.join(f'{n}={v}' for n, v in d.items())})"
                                           for k, d in PRESETS.items()))
+    init_from: str = setting("", "a transformers GPT-2 directory to fine-tune (config.json, model.safetensors, "
+                                 "tokenizer.json; a Hugging Face cache snapshot works): the model's shape and "
+                                 "tokenizer come from it, and --preset finetune's defaults apply (block 64, batch "
+                                 "4 x 8, lr 3e-5, 20 iterations: sized for a 124M model on a laptop)")
     tokenizer: str = setting("char", "char: one token per character | bpe: byte-level BPE trained on the training "
                                      "split (minigpt/bpe.py)")
     vocab_size: int = setting(512, "tokens of the BPE vocabulary (with --tokenizer bpe): 256 bytes + merges")
@@ -277,7 +285,7 @@ def parse_args(argv, cls=TrainConfig, *, prog=None, description=None, **defaults
     if extra:
         raise _unknown(extra[0], [f.name for f in fields(cls)])
     given = frozenset(vars(typed)) - set(defaults)                    # what the user set explicitly
-    preset = vars(typed).get("preset") or defaults.get("preset")
+    preset = vars(typed).get("preset") or defaults.get("preset") or ("finetune" if vars(typed).get("init_from") else "")
     if preset:                                                        # its values become defaults
         if preset not in PRESETS:
             raise UserError(f"unknown --preset {preset!r}; choose one of {', '.join(PRESETS)}")

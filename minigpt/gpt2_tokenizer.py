@@ -133,6 +133,23 @@ class GPT2Tokenizer:
                                                                                         self.merges],
                            "added": self.added}, ensure_ascii=False, separators=(",", ":"))
 
+    def to_hf_json(self):
+        """A Hugging Face tokenizer.json (as a string) that encodes as encode(): GPT-2's ByteLevel pre-tokenizer
+        (its regex), these merges and vocabulary, the added tokens."""
+        byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+        added = [{"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+                  "special": True} for s, i in self.added.items()]
+        model = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                 "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                 "vocab": self.vocab, "merges": [" ".join(m) for m in self.merges]}
+        return json.dumps({"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+                           "normalizer": None, "pre_tokenizer": byte_level, "post_processor": None,
+                           "decoder": byte_level, "model": model}, ensure_ascii=False)
+
+    def save_hf(self, path):
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.to_hf_json())
+
     @classmethod
     def from_json(cls, s):
         d = json.loads(s)

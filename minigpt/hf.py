@@ -13,6 +13,7 @@ import numpy as np
 from . import checkpoint
 from .bpe import BPETokenizer, tokenizer_from_json
 from .config import UserError
+from .gpt2_tokenizer import GPT2Tokenizer
 from .layers import LN_EPS
 
 
@@ -105,7 +106,7 @@ def export(ckpt, out, force=False):
     try:
         write_safetensors(os.path.join(out, "model.safetensors"), tensors)
         _write_json(os.path.join(out, "config.json"), gpt2_config(mc))
-        if isinstance(tok, BPETokenizer):
+        if isinstance(tok, (BPETokenizer, GPT2Tokenizer)):
             tok.save_hf(os.path.join(out, "tokenizer.json"))
             _write_json(os.path.join(out, "tokenizer_config.json"), {
                 "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": mc["block_size"],

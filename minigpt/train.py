@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from . import backends, checkpoint, distributed
+from . import backends, checkpoint, distributed, gpt2
 from .config import UserError, check, default_backend, parse_args
 from .bpe import BPETokenizer, tokenizer_from_json
 from .data import CharTokenizer, Dataset, load_text, split_text
@@ -124,6 +124,8 @@ def setup(cfg, given=None, fetch=None):
 def _prepare(cfg, given, fetch):
     """The checkpoint to resume from (its settings applied to cfg), a writable out_dir, the data file."""
     ckpt = _load_resume(cfg, _last_path(cfg), given) if cfg.resume else None   # settings first: they may change cfg
+    if cfg.init_from and not ckpt:
+        _apply_pretrained(cfg, given)
     check(cfg)
     if given is not None and "vocab_size" in given and cfg.tokenizer != "bpe":
         raise UserError(f"--vocab_size sets the size of a BPE vocabulary, but this run's tokenizer is "
@@ -138,6 +140,21 @@ def _prepare(cfg, given, fetch):
     return ckpt, dict(vars(cfg))
 
 
+def _apply_pretrained(cfg, given):
+    """--init_from: the model's shape comes from the GPT-2 directory's config.json; a typed model setting that
+    differs, or a tokenizer setting, is an error (the tokenizer is the directory's too)."""
+    config, _ = gpt2.read_config(cfg.init_from, cfg.block_size)
+    typed = given if given is not None else frozenset()
+    for k in ("n_layer", "n_head", "n_embd", "bias", "tie_weights"):
+        if k in typed and getattr(cfg, k) != getattr(config, k):
+            raise UserError(f"--{k} {getattr(cfg, k)} conflicts with {cfg.init_from}'s {k}={getattr(config, k)} "
+                            f"(config.json); drop --{k}")
+        setattr(cfg, k, getattr(config, k))
+    if typed & {"tokenizer", "vocab_size"}:
+        raise UserError("--tokenizer/--vocab_size: with --init_from the tokenizer is the directory's (GPT-2's); "
+                        "drop them")
+
+
 def _build(cfg, ckpt, world):
     threads = cfg.threads or (None if world.size == 1 else max(1, backends.cpus() // world.local_size))
     try:
@@ -145,9 +162,14 @@ def _build(cfg, ckpt, world):
     except backends.BackendUnavailable as e:
         raise UserError(f"--backend {cfg.backend}: {e}") from None
     text = load_text(cfg.data)
-    tok = make_tokenizer(cfg, text, ckpt)
+    pretrained = gpt2.load_gpt2(cfg.init_from, cfg.block_size) if cfg.init_from and not ckpt else None
+    tok = pretrained[2] if pretrained else make_tokenizer(cfg, text, ckpt)
     data = Dataset(text, tok, cfg.block_size, source=cfg.data)
-    model = GPT(cfg.model_config(tok.vocab_size), np.random.default_rng([cfg.seed, 0]))
+    vocab = pretrained[0].vocab_size if pretrained else ckpt[0]["model_config"]["vocab_size"] if ckpt else tok.vocab_size
+    model = GPT(cfg.model_config(vocab), np.random.default_rng([cfg.seed, 0]))
+    if pretrained:
+        checkpoint.load_params(model, pretrained[1], cfg.init_from)
+        say(f"init from {cfg.init_from}: GPT-2 weights and tokenizer")
     opt = make_optimizer(cfg, model)
     run = Run(cfg, tok, data, model, opt, world)
     if ckpt:
