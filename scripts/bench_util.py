@@ -7,7 +7,7 @@ import shlex
 import subprocess
 import sys
 
-SIMD = ("avx512f", "avx2", "fma")
+SIMD = ("avx512f", "avx2", "fma", "avx512_bf16", "amx_bf16")
 
 
 def cpu():
@@ -15,12 +15,17 @@ def cpu():
     model, flags = "unknown", set()
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        ids = {}
         for line in out.splitlines():
             key, _, val = line.partition(":")
             if key.strip() == "Model name" and model == "unknown":
                 model = val.strip()
             elif key.strip() == "Flags":
                 flags = set(val.split())
+            elif key.strip() in ("Vendor ID", "CPU family", "Model") and key.strip() not in ids:
+                ids[key.strip()] = val.strip()
+        if len(ids) == 3:                                   # "AMD EPYC" alone does not say Zen 3, 4 or 5
+            model += f" ({ids['Vendor ID']} family {ids['CPU family']} model {ids['Model']})"
     except (OSError, subprocess.CalledProcessError):       # no lscpu: /proc/cpuinfo has the same fields
         try:
             for line in open("/proc/cpuinfo"):
