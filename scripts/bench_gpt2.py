@@ -125,7 +125,7 @@ def main():
     lines += [f"| **sum** | **{total:,.0f}** |", "",
               f"The minigpt process: resident {mini['rss']:,.0f} MiB after its steps ({mini['rss'] / total - 1:+.0%} "
               f"of the sum), peak {mini['peak']:,.0f} MiB ({mini['peak'] / total - 1:+.0%}); the rest is Python, "
-              "NumPy, numba and the C library, and at the peak the float64 draws of the random init."]
+              "NumPy, numba and the C library."]
     if "pytorch" in med:
         p = runs["pytorch"][-1]
         lines.append(f"PyTorch's process: resident {p['rss']:,.0f} MiB, peak {p['peak']:,.0f} MiB (it also built "
