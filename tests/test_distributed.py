@@ -124,7 +124,9 @@ def test_two_ranks_take_the_steps_of_one_process_with_twice_the_batch(tmp_path, 
     assert eb[-1]["val_loss_full"] == pytest.approx(ea[-1]["val_loss_full"], abs=1e-4)   # ranks share the blocks
     assert two.stdout.count("done: val loss") == 1               # rank 0 alone prints and writes
     assert "2 ranks x 1 threads" in two.stdout
-    assert sorted(os.listdir(tmp_path / "two")) == ["ckpt_best.npz", "ckpt_last.npz", "log.jsonl"]
+    assert sorted(os.listdir(tmp_path / "two")) == ["ckpt_best.npz", "ckpt_last.npz", "log.jsonl", "report.html",
+                                                    "snapshots"]
+    assert checkpoint.snapshot_iters(str(tmp_path / "two")) == checkpoint.snapshot_iters(str(tmp_path / "one"))
     meta = checkpoint.load(str(tmp_path / "two" / "ckpt_last.npz"))[0]
     assert meta["world_size"] == 2 and len(meta["rng"]["model_ranks"]) == 2
 
