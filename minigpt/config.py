@@ -155,7 +155,7 @@ def check_ranges(cfg, positive=(), non_negative=()):
 
 def check_model(cfg):
     """The model's rules, for a GPTConfig or a TrainConfig: the one place they are checked."""
-    for f in fields(ModelShape) + ((fields(GPTConfig)[-1],) if isinstance(cfg, GPTConfig) else ()):
+    for f in fields(cfg) if isinstance(cfg, GPTConfig) else fields(ModelShape):
         v, typ = getattr(cfg, f.name), _TYPES.get(f.type, f.type)
         if typ is int and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0):
             raise UserError(f"--{f.name} must be positive (a whole number), got {v!r}")

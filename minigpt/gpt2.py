@@ -37,7 +37,7 @@ def read_safetensors(path):
         if t["dtype"] == "BF16":                                  # the top 16 bits of a float32
             arr = (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32)
         elif t["dtype"] in _DTYPES:
-            arr = np.frombuffer(raw, _DTYPES[t["dtype"]]).astype(np.float32)
+            arr = np.frombuffer(raw, _DTYPES[t["dtype"]]).astype(np.float32, copy=False)   # F32: no copy
         else:
             raise UserError(f"{path}: tensor {name} is {t['dtype']}; only float tensors load here")
         out[name] = arr.reshape(t["shape"])

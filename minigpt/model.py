@@ -231,9 +231,8 @@ class GPT:
 
     def tables(self, B, T):
         """The activation table and its gradients' for (B, T): made once, reused while the shape repeats."""
-        dropout = self.config.dropout > 0
-        if self.acts is None or self.acts.shape != (B, T) or ("emb_mask" in vars(self.acts)) != dropout:
-            dtype = self.param_memory.dtype
+        if self.acts is None or self.acts.shape != (B, T):
+            dtype, dropout = self.param_memory.dtype, self.config.dropout > 0
             self.acts = Table(activation_shapes(self.config, B, T, dropout=dropout), dtype, self.config.n_layer,
                               PER_LAYER)
             self.dacts = Table(gradient_shapes(self.config, B, T), dtype)

@@ -21,7 +21,7 @@ from . import report_page as P
 from .config import UserError, check_ranges, default_backend, parse_args, setting
 from .data import load_text, split_text
 from .model import GPT, GPTConfig
-from .sample import generate, load_model
+from .sample import generate, load_model, start_text
 
 MAX_T = 64                  # prompt tokens drawn: attention maps are T x T per head
 MAX_SNAPSHOTS = 6           # snapshots shown side by side (spread over those the run kept)
@@ -160,11 +160,7 @@ def _validation_text(cfg, meta, notes):
 
 
 def _encode(tok, text, what):
-    try:
-        ids = np.asarray(tok.encode(text), np.int64)
-    except (KeyError, ValueError) as e:
-        raise UserError(f"{what}: the model's tokenizer cannot encode it ({e}); use characters of the training "
-                        "text") from None
+    ids = np.asarray(tok.encode(text), np.int64)          # a character the vocabulary lacks: the tokenizer's UserError
     if not len(ids):
         raise UserError(f"{what} is empty; pass at least one character")
     return ids
@@ -277,17 +273,18 @@ def _snapshots(out_dir, config, ids, tok, rows, data):
         data["snaps"].insert(0, {"iter": it, "att": np.round(att, 3).tolist()})
         loss = f", val loss {val[it]:.3f}" if it in val else ""
         figures.insert(0, (it, loss, P.scatter_figure(xy, [P.shown(tok.decode([i])) for i in range(len(xy))],
-                                                      f"iteration {it}", size=(3.6, 3.2), max_labels=40)))
+                                                      "", size=(3.6, 3.2), max_labels=40)))
     body = '<div class="snaps">' + "".join(
         f'<figure><figcaption>iteration {it}{loss}</figcaption>{P.img(uri, f"embeddings at {it}")}'
-        f'<div id="snap-maps-{k}"></div></figure>' for k, (it, loss, uri) in enumerate(figures)) + "</div>"
+        f'<div id="snap-maps-{k}"></div><figcaption>attention on the prompt, layer 1 to {config.n_layer} (mean of '
+        f'the heads)</figcaption></figure>' for k, (it, loss, uri) in enumerate(figures)) + "</div>"
     return P.section("snapshots", "8. How training changed it", what, body, drawn_by_script=True)
 
 
 def _samples(model, tok, cfg, meta):
     if not cfg.samples:
         return P.section("samples", "9. Samples", "Text the model writes.", "<p>--samples 0: none.</p>")
-    start = _encode(tok, "\n" if "\n" in getattr(tok, "chars", "\n") else tok.decode([0]), "sample prompt")
+    start = _encode(tok, start_text(tok), "sample prompt")
     rng = np.random.default_rng(cfg.seed)
     out = [nxt for nxt in generate(model.eval(), np.tile(start, (cfg.samples, 1)), cfg.sample_tokens, rng,
                                    temperature=0.8)]

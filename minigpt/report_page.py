@@ -100,7 +100,7 @@ table.lens{border-collapse:collapse;font-family:monospace;font-size:12px} .lens 
 .bars{display:flex;flex-wrap:wrap;gap:22px} .bars table{font-family:monospace;font-size:12px}
 .bar{height:12px;background:#4a7bd0;display:inline-block}
 .loss{max-height:420px;overflow-y:auto;border:1px solid #ddd;padding:6px} .loss span{font-family:monospace;white-space:pre-wrap} pre.sample{background:#f7f7f7;padding:8px;white-space:pre-wrap}
-.snaps{display:flex;gap:14px;overflow-x:auto} .snaps figure{margin:0;min-width:260px}
+.snaps{display:flex;flex-wrap:wrap;gap:14px} .snaps figure{margin:0;width:330px} .snaps canvas{margin:1px}
 button{margin:2px} #tip{position:fixed;pointer-events:none;background:#222;color:#fff;font-size:12px;padding:2px 6px;
      border-radius:3px;display:none}
 """

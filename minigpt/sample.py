@@ -83,6 +83,13 @@ def sample_next(logits, rng, temperature=1.0, top_k=0, top_p=1.0):
     return np.minimum((cdf <= u).sum(-1), probs.shape[-1] - 1)         # inverse-CDF draw; skips p = 0 even at u = 0
 
 
+def start_text(tok):
+    """What an unprompted sample starts from: a newline, or the first symbol of a character vocabulary without
+    one (BPE and GPT-2 tokenizers encode any text)."""
+    chars = getattr(tok, "chars", "\n")
+    return "\n" if "\n" in chars else chars[0]
+
+
 class Decoder:
     """The logits of the next token for a growing batch of contexts, from the model's own forward: with a KV
     cache over the positions it has not seen yet, or by recomputing the cropped context.

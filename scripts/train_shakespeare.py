@@ -19,7 +19,7 @@ import numpy as np
 from minigpt import backends, distributed
 from minigpt.config import UserError, parse_args
 from minigpt.report import ReportConfig, write_report
-from minigpt.sample import generate
+from minigpt.sample import generate, start_text
 from minigpt.train import exit_code, train
 from plot_losses import plot
 
@@ -55,9 +55,8 @@ def main(argv):
     if cfg.sample_chars:
         model, tok = result["model"].eval(), result["tokenizer"]
         rng = np.random.default_rng(cfg.seed)
-        chars = getattr(tok, "chars", "\n")                             # BPE: any text encodes
-        start = "\n" if "\n" in chars else chars[0]                     # a text without newlines: its first symbol
-        ids = [int(t[0]) for t in generate(model, tok.encode(start)[None], cfg.sample_chars, rng, temperature=0.8)]
+        ids = [int(t[0]) for t in generate(model, tok.encode(start_text(tok))[None], cfg.sample_chars, rng,
+                                           temperature=0.8)]
         print("---- sample ----\n" + tok.decode(ids))
     if cfg.report:
         try:
