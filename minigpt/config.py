@@ -121,6 +121,9 @@ class TrainConfig(ModelShape):
     # execution
     backend: str = setting(default_backend, "auto | numpy | numba | native; $MINIGPT_BACKEND sets the default")
     threads: int = setting(0, "threads for the backend and BLAS (0: all CPUs)")
+    dtype: str = setting("float32", "float32 | bf16: bf16 rounds the operands of every product (the Linears, the "
+                                    "LM head, attention's two) to bfloat16 and sums in float32; weights, gradients, "
+                                    "optimizer state, LayerNorm, softmax, loss and checkpoints stay float32")
 
     def model_config(self, vocab_size):
         """The GPTConfig of this run, for a tokenizer of vocab_size tokens."""
@@ -189,7 +192,15 @@ def check(cfg):
     if cfg.backend not in ("auto", "numpy", "numba", "native"):
         raise UserError(f"--backend must be one of auto, numpy, numba, native; got {cfg.backend!r} "
                         "(from --backend, else MINIGPT_BACKEND)")
+    check_dtype(cfg.dtype)
     return cfg
+
+
+def check_dtype(dtype):
+    """--dtype of training and sampling: float32 or bf16 (products in bfloat16, the rest float32)."""
+    if dtype not in ("float32", "bf16"):
+        raise UserError(f"--dtype must be float32 or bf16, got {dtype!r}")
+    return dtype
 
 
 # ----------------------------------------------------------------------------

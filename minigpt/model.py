@@ -6,10 +6,14 @@ activation_shapes() lists every array one step computes into, the activation tab
 backward's. The model owns the tables (allocated once per batch shape) and hands each layer (layers.py: pure
 functions) its slice. Generation runs this same forward over new positions with a KVCache.
 
+In bf16 (GPT(..., bf16=True)) every product takes bfloat16 operands and sums in float32 (backends.bf16_products);
+the tables, the weights and the gradients stay float32.
+
 The LM head is tied to the token embedding by default: logits = x wte^T, and wte's gradient is the sum of the
 head's and the embedding's parts. Parameter names follow GPT-2/nanoGPT attribute paths (h.3.attn.c_attn.weight),
 so weights map to those ecosystems by a rename (and a transpose: Linear weights are (in, out)).
 """
+import functools
 import math
 from types import SimpleNamespace
 
@@ -188,9 +192,24 @@ class Block:
 # ----------------------------------------------------------------------------
 # the model
 
+def _in_model_precision(method):
+    """forward/backward run their products in the model's precision: bf16 operands when model.bf16."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with backends.bf16_products(self.bf16):
+            return method(self, *args, **kwargs)
+    return run
+
+
 class GPT:
-    def __init__(self, config, rng=None, dtype=np.float32):
+    def __init__(self, config, rng=None, dtype=np.float32, bf16=False):
+        """dtype: of every array (float32; float64 for gradient tests). bf16: every product (the Linears, the LM
+        head, attention's q k^T and att v, forward and backward) rounds its operands to bfloat16 and sums in
+        float32; all the rest, the weights and gradients included, stays float32. It can be switched later."""
+        if bf16 and np.dtype(dtype) != np.float32:
+            raise ValueError(f"bf16 products need a float32 model, not {np.dtype(dtype)}")
         cfg = self.config = config
+        self.bf16 = bf16
         self.rng = rng if rng is not None else np.random.default_rng(0)   # init, then dropout masks
         shapes = parameter_shapes(cfg)
         n = sum(math.prod(s) for s in shapes.values())
@@ -240,6 +259,7 @@ class GPT:
 
     # ------------------------------------------------------------------------
 
+    @_in_model_precision
     def forward(self, idx, targets=None, cache=None):
         """idx (B, T) ints -> logits (B, T, V), and the mean cross-entropy when targets (B, T) are given.
         With a KVCache (generation), idx continues the cache.n positions it holds. The logits live in the
@@ -264,6 +284,7 @@ class GPT:
         self.idx, self.targets, self.dropped = idx, targets, rng is not None
         return a.logits, self.loss
 
+    @_in_model_precision
     def backward(self, scale=1.0):
         """Backpropagate the last forward's loss (times scale: 1/k for k accumulation micro-batches), adding
         into grads()."""

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import backends, checkpoint
 from .bpe import tokenizer_from_json
-from .config import UserError, check_ranges, default_backend, parse_args, setting
+from .config import UserError, check_dtype, check_ranges, default_backend, parse_args, setting
 from .model import GPT, GPTConfig, KVCache
 
 
@@ -35,6 +35,8 @@ class SampleConfig:
     kv_cache: bool = setting(True, "keep the keys and values of past positions (false: recompute every step)")
     backend: str = setting(default_backend, "auto | numpy | numba | native (default: $MINIGPT_BACKEND, else auto)")
     threads: int = setting(0, "threads of every pool (0: all cores)")
+    dtype: str = setting("float32", "float32 | bf16: bf16 rounds the operands of every product to bfloat16 (as "
+                                    "training's --dtype; the checkpoint stays float32)")
 
 
 def load_model(path, loaded=None):
@@ -141,11 +143,13 @@ def main(argv=None):
         check_ranges(cfg, positive=("num_samples",), non_negative=("max_new_tokens", "top_k", "seed", "threads"))
         if not 0 < cfg.top_p <= 1:
             raise UserError(f"--top_p must lie in (0, 1], got {cfg.top_p}")
+        check_dtype(cfg.dtype)
         try:
             backends.select(cfg.backend, threads=cfg.threads or None)
         except backends.BackendUnavailable as e:
             raise UserError(f"--backend {cfg.backend}: {e}") from None
         model, tok = load_model(cfg.ckpt or os.path.join(cfg.out_dir, "ckpt_best.npz"))
+        model.bf16 = cfg.dtype == "bf16"
         prompt = cfg.prompt
         if cfg.prompt_file:
             if not os.path.isfile(cfg.prompt_file):

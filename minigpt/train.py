@@ -166,7 +166,7 @@ def _build(cfg, ckpt, world):
     tok = pretrained[2] if pretrained else make_tokenizer(cfg, text, ckpt)
     data = Dataset(text, tok, cfg.block_size, source=cfg.data)
     vocab = pretrained[0].vocab_size if pretrained else ckpt[0]["model_config"]["vocab_size"] if ckpt else tok.vocab_size
-    model = GPT(cfg.model_config(vocab), np.random.default_rng([cfg.seed, 0]))
+    model = GPT(cfg.model_config(vocab), np.random.default_rng([cfg.seed, 0]), bf16=cfg.dtype == "bf16")
     if pretrained:
         checkpoint.load_params(model, pretrained[1], cfg.init_from)
         say(f"init from {cfg.init_from}: GPT-2 weights and tokenizer")
@@ -175,7 +175,8 @@ def _build(cfg, ckpt, world):
     if ckpt:
         restore(run, ckpt)
     ranks = f", {world.size} ranks x {backends.threads()} threads" if world.size > 1 else ""
-    say(f"model: {model.num_params():,} parameters, vocab {tok.vocab_size}, backend {backends.name()}{ranks}")
+    bf16 = ", bf16 products" if model.bf16 else ""
+    say(f"model: {model.num_params():,} parameters, vocab {tok.vocab_size}, backend {backends.name()}{ranks}{bf16}")
     return run
 
 

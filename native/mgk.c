@@ -2,12 +2,17 @@
    The plain scalar loops (mgk_sgemm_ref) are the reference. The fast paths pack op(A) into MR-row panels and
    op(B) into NR-column panels (transposes happen while packing, so ta/tb cost no copies of the caller's arrays),
    then run a register-blocked micro-kernel; tails are zero-padded in the packs, so every shape takes them.
-   Three paths are compiled into the one library, each under its own target pragma (no -march flag), and
-   mgk_isa() picks one at run time from cpuid, or mgk_set_isa() a lower one:
-     AVX-512  8x32 tile of zmm FMAs with masked tails, hand-written intrinsics (below)
+   Four paths are compiled into the one library, each under its own target pragma (no -march flag), and
+   mgk_isa() picks one at run time from cpuid (and a measured rate: best_isa), or mgk_set_isa() a lower one:
+     AVX-512  8x32 tile of zmm FMAs with masked tails, hand-written intrinsics (below); avx512bf16 adds a
+              vdpbf16ps kernel for bf16 products on the same tile
      AVX2     6x16 tile of ymm FMAs, mgk_gemm_generic.inc compiled for avx2,fma
      generic  4x16 tile, mgk_gemm_generic.inc compiled for the baseline (SSE2 on x86-64; any CPU elsewhere)
-   No -ffast-math: the sums are plain (fused) multiply-adds in k order. */
+   No -ffast-math: the sums are plain (fused) multiply-adds in k order.
+   bfloat16 products (mgk_bgemm*, mgk.h): both operands are rounded to bf16 as they are packed, and the exact
+   products are summed in float32. Every path does it by rounding its fp32 packs (bf16 values are floats whose
+   low 16 bits are zero); on top of AVX-512, the avx512bf16 path turns its packs into k-pairs for vdpbf16ps. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -48,12 +53,44 @@ typedef struct {
     int pm, pn;    /* thread grid over (M, N); pm*pn == threads, or 0 when threads split the batch */
     int small;     /* AVX-512 or AVX2, few rows, A not transposed with B: the unpacked path (small_any) */
     int ksplit;    /* small, one product, op(B) = B: threads split K, each its own partial sum (see run) */
+    int bf16;      /* round both operands to bfloat16 while packing (mgk_bgemm*) */
 } job_t;
 
 /* offset of item l of the batch, in floats, for outer/inner strides s1/s2 */
 static inline long long item(const job_t *g, int l, long long s1, long long s2)
 {
     return (long long)(l / g->L2) * s1 + (long long)(l % g->L2) * s2;
+}
+
+/* ----------------------------------------------------------------------------
+   bfloat16 = the top 16 bits of a float32. bf16_bits(x): x rounded to the nearest bf16, ties to even, as
+   float32 bits whose low 16 bits are zero; a NaN stays a NaN (made quiet), a finite value past the largest bf16
+   rounds to inf. Plain C, always inlined: each ISA section below vectorizes it for its own target. */
+static inline __attribute__((always_inline)) uint32_t bf16_bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u | 0x00400000u) & 0xffff0000u;    /* NaN */
+    return (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;   /* + half an ulp of bf16, odd halves up */
+}
+
+/* p[0:n] = bf16(p[0:n]) in place: a packed panel becomes bf16 values in float32 slots */
+static inline __attribute__((always_inline)) void round_bf16(float *p, long n)
+{
+    for (long i = 0; i < n; i++) {
+        uint32_t r = bf16_bits(p[i]);
+        memcpy(p + i, &r, 4);
+    }
+}
+
+int mgk_round_bf16(long long n, const float *x, float *out)
+{
+    if (n < 0 || (n && (!x || !out))) return MGK_EBADARG;
+    for (long long i = 0; i < n; i++) {
+        uint32_t r = bf16_bits(x[i]);
+        memcpy(out + i, &r, 4);
+    }
+    return MGK_OK;
 }
 
 static int n_threads;                  /* 0 = not set yet -> number of online CPUs */
@@ -69,21 +106,42 @@ static int bad_args(int ta, int tb, int M, int N, int K, const void *A, int lda,
 }
 
 /* ----------------------------------------------------------------------------
-   scalar reference: C[i,j] = sum_k op(A)[i,k] * op(B)[k,j] (+ beta*C[i,j]); float accumulation in k order */
-int mgk_sgemm_ref(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
-                  float beta, float *C, int ldc)
+   scalar references: C[i,j] = sum_k op(A)[i,k] * op(B)[k,j] (+ beta*C[i,j]); float accumulation in k order.
+   bf16: each operand rounded first (an exact product of two bf16 values fits a float) */
+static inline float ref_operand(float x, int bf16)
+{
+    if (!bf16) return x;
+    uint32_t r = bf16_bits(x);
+    memcpy(&x, &r, 4);
+    return x;
+}
+
+static int gemm_ref(int bf16, int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B,
+                    int ldb, float beta, float *C, int ldc)
 {
     if (bad_args(ta, tb, M, N, K, A, lda, B, ldb, C, ldc)) return MGK_EBADARG;
     for (int i = 0; i < M; i++)
         for (int j = 0; j < N; j++) {
             float s = 0.0f;
             for (int k = 0; k < K; k++)
-                s += (ta ? A[(long)k * lda + i] : A[(long)i * lda + k]) *
-                     (tb ? B[(long)j * ldb + k] : B[(long)k * ldb + j]);
+                s += ref_operand(ta ? A[(long)k * lda + i] : A[(long)i * lda + k], bf16) *
+                     ref_operand(tb ? B[(long)j * ldb + k] : B[(long)k * ldb + j], bf16);
             float *c = &C[(long)i * ldc + j];
             *c = beta == 0.0f ? s : s + beta * *c;
         }
     return MGK_OK;
+}
+
+int mgk_sgemm_ref(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                  float beta, float *C, int ldc)
+{
+    return gemm_ref(0, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+}
+
+int mgk_bgemm_ref(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                  float beta, float *C, int ldc)
+{
+    return gemm_ref(1, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
 }
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(MGK_NO_SIMD)
@@ -133,6 +191,12 @@ static void pack_a(const job_t *g, const float *A, int i0, int mr, int k0, int k
             ap[k * MR + i] = i < mr ? a[(long)i * g->lda + k] : 0.0f;
 }
 
+/* floats per k of the packed op(B) columns 0..nc: panels of 32, the last one 16 wide if it fits */
+static inline long b_panels(int nc)
+{
+    return (long)nc / NR * NR + (nc % NR == 0 ? 0 : nc % NR > 16 ? NR : 16);
+}
+
 /* columns j0..j0+nc of op(B), k0..k0+kc -> panels of width 32 (the last one 16 if it fits): bp[j/32*32*kc + k*w + j%32] */
 static void pack_b(const job_t *g, const float *B, int j0, int nc, int k0, int kc, float *bp)
 {
@@ -163,6 +227,25 @@ static void pack_b(const job_t *g, const float *B, int j0, int nc, int k0, int k
 }
 
 /* ----------------------------------------------------------------------------
+   c[0:mr, 0:nr] = the MR x 16*NV sums in acc (+ beta*c): masked stores for the tails */
+static inline __attribute__((always_inline)) void store_tile(int NV, __m512 acc[MR][2], float *c, long ldc,
+                                                             int mr, int nr, float beta)
+{
+    __mmask16 m[2] = {nr >= 16 ? 0xFFFF : (__mmask16)((1u << nr) - 1),
+                      nr >= 32 ? 0xFFFF : nr > 16 ? (__mmask16)((1u << (nr - 16)) - 1) : 0};
+    __m512 vb = _mm512_set1_ps(beta);
+    for (int i = 0; i < MR; i++) {
+        if (i >= mr) break;
+        for (int v = 0; v < NV; v++) {
+            float *ci = c + i * ldc + 16 * v;
+            __m512 r = acc[i][v];
+            if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m[v], ci), r);
+            _mm512_mask_storeu_ps(ci, m[v], r);
+        }
+    }
+}
+
+/* ----------------------------------------------------------------------------
    micro-kernel: c[0:mr, 0:nr] = ap (kc x MR) ^T-panel @ bp (kc x 16*NV) + beta*c. All MR x 16*NV sums live in
    zmm registers for the whole k loop; op(A) values are broadcast, op(B) rows are vector loads. */
 static inline __attribute__((always_inline)) void kernel(int NV, int kc, const float *ap, const float *bp,
@@ -183,28 +266,91 @@ static inline __attribute__((always_inline)) void kernel(int NV, int kc, const f
             if (NV == 2) acc[i][1] = _mm512_fmadd_ps(a, b1, acc[i][1]);
         }
     }
-    __mmask16 m[2] = {nr >= 16 ? 0xFFFF : (__mmask16)((1u << nr) - 1),
-                      nr >= 32 ? 0xFFFF : nr > 16 ? (__mmask16)((1u << (nr - 16)) - 1) : 0};
-    __m512 vb = _mm512_set1_ps(beta);
-    for (int i = 0; i < MR; i++) {
-        if (i >= mr) break;
-        for (int v = 0; v < NV; v++) {
-            float *ci = c + i * ldc + 16 * v;
-            __m512 r = acc[i][v];
-            if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m[v], ci), r);
-            _mm512_mask_storeu_ps(ci, m[v], r);
-        }
-    }
+    store_tile(NV, acc, c, ldc, mr, nr, beta);
 }
 static void kernel_8x32(int kc, const float *ap, const float *bp, float *c, long ldc, int mr, int nr, float beta)
 { kernel(2, kc, ap, bp, c, ldc, mr, nr, beta); }
 static void kernel_8x16(int kc, const float *ap, const float *bp, float *c, long ldc, int mr, int nr, float beta)
 { kernel(1, kc, ap, bp, c, ldc, mr, nr, beta); }
 
+#pragma GCC pop_options
+
 /* ----------------------------------------------------------------------------
-   one thread's block C[m0:m1, n0:n1] of one product: loops jc (NC) > pc (KC) > ic (MC) > jr (32) > ir (8) */
-static void gemm_block(const job_t *g, const float *A, const float *B, float *C, int m0, int m1, int n0, int n1,
-                       float *ap, float *bp)
+   avx512bf16: the same packs, rounded to bf16 and folded into k-pairs, then vdpbf16ps, which adds
+   a[2p]*b[2p] + a[2p+1]*b[2p+1] (exact products of bf16 values) into each float32 lane: twice the multiply-adds
+   of an fp32 FMA per instruction. mgk_isa() takes this path only where it measures faster than fp32 FMAs (AMD
+   Zen 4: about 2x; Intel Xeons: half, ../shared/notes). */
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512vl,avx512bw,avx512bf16,avx2,fma")
+
+/* a packed fp32 panel [kc][w] -> [ceil(kc/2)][w] 32-bit words, in place (row p is written after rows 2p, 2p+1
+   are read): word (p, j) holds bf16(x[2p][j]) in its low half and bf16(x[2p+1][j]) (0 past kc) in its high half */
+static void pair_panel(float *panel, int kc, int w)
+{
+    for (int p = 0; p < (kc + 1) / 2; p++)
+        for (int j = 0; j < w; j++) {
+            uint32_t lo = bf16_bits(panel[2 * p * w + j]) >> 16;
+            uint32_t hi = 2 * p + 1 < kc ? bf16_bits(panel[(2 * p + 1) * w + j]) : 0u;
+            uint32_t word = hi | lo;
+            memcpy(panel + (long)p * w + j, &word, 4);
+        }
+}
+
+/* pair_panel over every op(B) panel of a pack_b block (widths as b_panels) */
+static void pair_b(float *bp, int nc, int kc)
+{
+    for (int jp = 0; jp < nc; jp += NR)
+        pair_panel(bp + (long)jp * kc, kc, nc - jp > 16 ? NR : 16);
+}
+
+/* c[0:mr, 0:nr] = the kp k-pairs of ap (MR words each) and bp (16*NV words each) + beta*c */
+static inline __attribute__((always_inline)) void kernel_dp(int NV, int kp, const float *ap, const float *bp,
+                                                            float *c, long ldc, int mr, int nr, float beta)
+{
+    __m512 acc[MR][2];
+    for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (int p = 0; p < kp; p++, ap += MR, bp += 16 * NV) {
+        __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp);
+        __m512bh b1 = NV == 2 ? (__m512bh)_mm512_loadu_si512(bp + 16) : b0;
+        for (int i = 0; i < MR; i++) {
+            uint32_t w;
+            memcpy(&w, ap + i, 4);
+            __m512bh a = (__m512bh)_mm512_set1_epi32((int)w);      /* row i's pair, in every lane */
+            acc[i][0] = _mm512_dpbf16_ps(acc[i][0], a, b0);
+            if (NV == 2) acc[i][1] = _mm512_dpbf16_ps(acc[i][1], a, b1);
+        }
+    }
+    store_tile(NV, acc, c, ldc, mr, nr, beta);
+}
+static void kernel_dp_8x32(int kp, const float *ap, const float *bp, float *c, long ldc, int mr, int nr, float beta)
+{ kernel_dp(2, kp, ap, bp, c, ldc, mr, nr, beta); }
+static void kernel_dp_8x16(int kp, const float *ap, const float *bp, float *c, long ldc, int mr, int nr, float beta)
+{ kernel_dp(1, kp, ap, bp, c, ldc, mr, nr, beta); }
+
+/* peak: 24 independent vdpbf16ps chains per thread, registers only (64 flops each), for reports and mgk_isa */
+static void peak_job_dp(void *arg, int tid, int nt)
+{
+    long long iters = *(long long *)arg;
+    __m512 acc[24];
+    __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f7f3f7f), y = (__m512bh)_mm512_set1_epi32(0x3a833a83);
+    for (int i = 0; i < 24; i++) acc[i] = _mm512_set1_ps((float)(i + tid));
+    for (long long n = 0; n < iters; n++)
+        for (int i = 0; i < 24; i++) acc[i] = _mm512_dpbf16_ps(acc[i], x, y);
+    for (int i = 1; i < 24; i++) acc[0] = _mm512_add_ps(acc[0], acc[i]);
+    volatile float sink = _mm512_reduce_add_ps(acc[0]);
+    (void)sink; (void)nt;
+}
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")
+
+/* ----------------------------------------------------------------------------
+   one thread's block C[m0:m1, n0:n1] of one product: loops jc (NC) > pc (KC) > ic (MC) > jr (32) > ir (8).
+   dp: bf16 products on vdpbf16ps (the packs folded into k-pairs); else fp32 FMAs, on rounded packs for bf16 */
+static inline __attribute__((always_inline)) void gemm_loops(int dp, const job_t *g, const float *A,
+                                                             const float *B, float *C, int m0, int m1, int n0,
+                                                             int n1, float *ap, float *bp)
 {
     for (int jc = n0; jc < n1; jc += NC) {
         int nc = n1 - jc < NC ? n1 - jc : NC;
@@ -212,22 +358,44 @@ static void gemm_block(const job_t *g, const float *A, const float *B, float *C,
             int kc = g->K - pc < KC ? g->K - pc : KC;
             float beta = pc == 0 ? g->beta : 1.0f;        /* later k blocks add to the first one's result */
             pack_b(g, B, jc, nc, pc, kc, bp);
+            if (dp) pair_b(bp, nc, kc);
+            else if (g->bf16) round_bf16(bp, b_panels(nc) * kc);
             for (int ic = m0; ic < m1; ic += MC) {
                 int mc = m1 - ic < MC ? m1 - ic : MC;
-                for (int ir = 0; ir < mc; ir += MR)
+                for (int ir = 0; ir < mc; ir += MR) {
                     pack_a(g, A, ic + ir, mc - ir < MR ? mc - ir : MR, pc, kc, ap + ir * kc);
+                    if (dp) pair_panel(ap + ir * kc, kc, MR);
+                    else if (g->bf16) round_bf16(ap + ir * kc, (long)MR * kc);
+                }
                 for (int jr = 0; jr < nc; jr += NR) {
                     int nr = nc - jr < NR ? nc - jr : NR;
                     for (int ir = 0; ir < mc; ir += MR) {
                         float *c = C + (long)(ic + ir) * g->ldc + jc + jr;
                         int mr = mc - ir < MR ? mc - ir : MR;
-                        (nr > 16 ? kernel_8x32 : kernel_8x16)(kc, ap + ir * kc, bp + jr * kc, c, g->ldc, mr, nr, beta);
+                        if (dp)
+                            (nr > 16 ? kernel_dp_8x32 : kernel_dp_8x16)((kc + 1) / 2, ap + ir * kc, bp + jr * kc, c,
+                                                                        g->ldc, mr, nr, beta);
+                        else
+                            (nr > 16 ? kernel_8x32 : kernel_8x16)(kc, ap + ir * kc, bp + jr * kc, c, g->ldc, mr, nr,
+                                                                  beta);
                     }
                 }
             }
             if (kc == 0) break;                           /* K == 0: one pass stores beta*C */
         }
     }
+}
+
+static void gemm_block(const job_t *g, const float *A, const float *B, float *C, int m0, int m1, int n0, int n1,
+                       float *ap, float *bp)
+{
+    gemm_loops(0, g, A, B, C, m0, m1, n0, n1, ap, bp);
+}
+
+static void gemm_block_dp(const job_t *g, const float *A, const float *B, float *C, int m0, int m1, int n0, int n1,
+                          float *ap, float *bp)
+{
+    gemm_loops(1, g, A, B, C, m0, m1, n0, n1, ap, bp);
 }
 
 /* ----------------------------------------------------------------------------
@@ -452,7 +620,7 @@ static void small_block_avx2(const job_t *g, const float *A, const float *B, flo
 /* the few-rows path of the ISA that runs (AVX-512 or AVX2; generic has none: run() keeps packing there) */
 static void small_any(const job_t *g, const float *A, const float *B, float *C, int n0, int n1)
 {
-    if (mgk_isa() == MGK_ISA_AVX512)
+    if (mgk_isa() >= MGK_ISA_AVX512)
         small_block(g, A, B, C, n0, n1);
     else
         small_block_avx2(g, A, B, C, n0, n1);
@@ -471,18 +639,22 @@ static void small_any(const job_t *g, const float *A, const float *B, float *C, 
 
 typedef void block_fn(const job_t *g, const float *A, const float *B, float *C, int m0, int m1, int n0, int n1,
                       float *ap, float *bp);
+typedef void peak_fn(void *arg, int tid, int nt);
 struct isa_gemm {
     const char *name;
     int mr, nr;                /* micro-tile: the unit of the thread grid */
-    block_fn *block;
-    void (*peak)(void *arg, int tid, int nt);
+    block_fn *block;           /* float32 products */
+    block_fn *bf16_block;      /* bf16 products (mgk_bgemm*) */
+    peak_fn *peak, *bf16_peak;
     int peak_flops;            /* flops of one iteration of the peak loop: 2 x chains x floats per vector */
+    int bf16_peak_flops;       /* ... of the bf16 peak loop (0: bf16 products run on the fp32 FMAs) */
 };
-static const struct isa_gemm ISA_GEMM[3] = {
-    {"generic", 4, 16, gemm_block_generic, peak_job_generic, 2 * 12 * 4},
+static const struct isa_gemm ISA_GEMM[] = {
+    {"generic", 4, 16, gemm_block_generic, gemm_block_generic, peak_job_generic, NULL, 2 * 12 * 4, 0},
 #ifdef MGK_X86
-    {"avx2", AVX2_MR, AVX2_NR, gemm_block_avx2, peak_job_avx2, 2 * 12 * 8},
-    {"avx512", MR, NR, gemm_block, peak_job, 2 * 16 * 16},
+    {"avx2", AVX2_MR, AVX2_NR, gemm_block_avx2, gemm_block_avx2, peak_job_avx2, NULL, 2 * 12 * 8, 0},
+    {"avx512", MR, NR, gemm_block, gemm_block, peak_job, NULL, 2 * 16 * 16, 0},
+    {"avx512bf16", MR, NR, gemm_block, gemm_block_dp, peak_job, peak_job_dp, 2 * 16 * 16, 2 * 24 * 32},
 #endif
 };
 
@@ -530,7 +702,7 @@ static void run_job(void *arg, int tid, int nt)
             continue;
         }
 #endif
-        g->isa->block(g, A, B, C, m0, m1, n0, n1, bufs[tid][0], bufs[tid][1]);
+        (g->bf16 ? g->isa->bf16_block : g->isa->block)(g, A, B, C, m0, m1, n0, n1, bufs[tid][0], bufs[tid][1]);
     }
 }
 
@@ -561,18 +733,47 @@ int mgk_cpu_isa(void)
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return MGK_ISA_AVX512;
+        return __builtin_cpu_supports("avx512bf16") ? MGK_ISA_AVX512BF16 : MGK_ISA_AVX512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
         return MGK_ISA_AVX2;
 #endif
     return MGK_ISA_GENERIC;
 }
 
-static int isa_now = -1;               /* -1: not chosen yet -> mgk_cpu_isa() */
+static int isa_now = -1;               /* -1: not chosen yet -> best_isa() */
+
+static double peak_once(peak_fn *fn, int flops, long long iters)   /* GFLOP/s of one peak loop on this thread */
+{
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    fn(&iters, 0, 1);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    return s > 0 ? (double)flops * (double)iters / s * 1e-9 : 0.0;
+}
+
+/* the fastest path: the highest the CPU runs, except that a bf16 path must beat fp32 FMAs on rounded operands
+   by its own measured rate (vdpbf16ps is about 2x an FMA on AMD Zen 4, 0.5x on Intel Xeons): best of 3 ~1 ms
+   register loops each */
+static int best_isa(void)
+{
+    int isa = mgk_cpu_isa();
+    if (isa == MGK_ISA_AVX512BF16) {
+        const struct isa_gemm *b = &ISA_GEMM[MGK_ISA_AVX512BF16];
+        double fp32 = 0, bf16 = 0;
+        for (int r = 0; r < 3; r++) {
+            double f = peak_once(b->peak, b->peak_flops, 200000), h = peak_once(b->bf16_peak, b->bf16_peak_flops, 100000);
+            fp32 = f > fp32 ? f : fp32;
+            bf16 = h > bf16 ? h : bf16;
+        }
+        if (bf16 < 1.2 * fp32) isa = MGK_ISA_AVX512;
+    }
+    return isa;
+}
 
 int mgk_isa(void)
 {
-    if (isa_now < 0) isa_now = mgk_cpu_isa();
+    if (isa_now < 0) isa_now = best_isa();
     return isa_now;
 }
 
@@ -648,33 +849,59 @@ int mgk_sgemm(int ta, int tb, int M, int N, int K, const float *A, int lda, cons
     return mgk_sgemm_batched(1, 1, ta, tb, M, N, K, A, lda, 0, 0, B, ldb, 0, 0, beta, C, ldc, 0, 0);
 }
 
-int mgk_sgemm_batched(int L1, int L2, int ta, int tb, int M, int N, int K,
-                      const float *A, int lda, long long sA1, long long sA2,
-                      const float *B, int ldb, long long sB1, long long sB2,
-                      float beta, float *C, int ldc, long long sC1, long long sC2)
+static int gemm_batched(int bf16, int L1, int L2, int ta, int tb, int M, int N, int K,
+                        const float *A, int lda, long long sA1, long long sA2,
+                        const float *B, int ldb, long long sB1, long long sB2,
+                        float beta, float *C, int ldc, long long sC1, long long sC2)
 {
     if (L1 < 0 || L2 < 1 || (long long)L1 * L2 > 0x7fffffff || sA1 < 0 || sB1 < 0 || sC1 < 0 || sA2 < 0 ||
         sB2 < 0 || sC2 < 0 || bad_args(ta, tb, M, N, K, A, lda, B, ldb, C, ldc))
         return MGK_EBADARG;
     job_t g = {NULL, ta != 0, tb != 0, M, N, K, lda, ldb, ldc, L1 * L2, A, B, C, beta, sA1, sB1, sC1, L2, sA2, sB2, sC2,
-               0, 1, M <= SMALL_M && !(ta && tb), 0};
+               0, 1, M <= SMALL_M && !(ta && tb) && !bf16, 0, bf16};     /* bf16 always packs: rounding is there */
     return run(&g);
 }
 
-double mgk_peak_gflops(long long iters)
+int mgk_sgemm_batched(int L1, int L2, int ta, int tb, int M, int N, int K,
+                      const float *A, int lda, long long sA1, long long sA2,
+                      const float *B, int ldb, long long sB1, long long sB2,
+                      float beta, float *C, int ldc, long long sC1, long long sC2)
+{
+    return gemm_batched(0, L1, L2, ta, tb, M, N, K, A, lda, sA1, sA2, B, ldb, sB1, sB2, beta, C, ldc, sC1, sC2);
+}
+
+int mgk_bgemm_batched(int L1, int L2, int ta, int tb, int M, int N, int K,
+                      const float *A, int lda, long long sA1, long long sA2,
+                      const float *B, int ldb, long long sB1, long long sB2,
+                      float beta, float *C, int ldc, long long sC1, long long sC2)
+{
+    return gemm_batched(1, L1, L2, ta, tb, M, N, K, A, lda, sA1, sA2, B, ldb, sB1, sB2, beta, C, ldc, sC1, sC2);
+}
+
+int mgk_bgemm(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+              float beta, float *C, int ldc)
+{
+    return mgk_bgemm_batched(1, 1, ta, tb, M, N, K, A, lda, 0, 0, B, ldb, 0, 0, beta, C, ldc, 0, 0);
+}
+
+static double peak_gflops(int bf16, long long iters)
 {
     if (iters <= 0) return 0.0;
     const struct isa_gemm *isa = &ISA_GEMM[mgk_isa()];
+    int own = bf16 && isa->bf16_peak;          /* else bf16 products run on the fp32 FMAs */
     struct timespec t0, t1;
     pthread_mutex_lock(&call_mu);
     int nt = threads_now();
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    mgk_pool_run(isa->peak, &iters, nt);
+    mgk_pool_run(own ? isa->bf16_peak : isa->peak, &iters, nt);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     pthread_mutex_unlock(&call_mu);
     double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-    return (double)isa->peak_flops * (double)iters * nt / s * 1e-9;
+    return (double)(own ? isa->bf16_peak_flops : isa->peak_flops) * (double)iters * nt / s * 1e-9;
 }
+
+double mgk_peak_gflops(long long iters) { return peak_gflops(0, iters); }
+double mgk_peak_bf16_gflops(long long iters) { return peak_gflops(1, iters); }
 
 const char *mgk_isa_name(int isa)
 {

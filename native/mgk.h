@@ -6,7 +6,7 @@
 #ifndef MGK_H
 #define MGK_H
 
-#define MGK_ABI      3   /* bumped when a signature changes; minigpt/backends/native.py refuses any other build */
+#define MGK_ABI      4   /* bumped when a signature changes; minigpt/backends/native.py refuses any other build */
 
 #define MGK_OK       0
 #define MGK_EBADARG -1   /* negative size, too small leading dimension, NULL pointer */
@@ -27,21 +27,37 @@ int mgk_sgemm_batched(int L1, int L2, int ta, int tb, int M, int N, int K,
 int mgk_sgemm_ref(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                   float beta, float *C, int ldc);
 
+/* bfloat16 products: as mgk_sgemm*, with every element of op(A) and op(B) rounded to bf16 (round to nearest,
+   ties to even; mgk_round_bf16) and the exact products summed in float32. Arrays stay float32. */
+int mgk_bgemm(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+              float beta, float *C, int ldc);
+int mgk_bgemm_batched(int L1, int L2, int ta, int tb, int M, int N, int K,
+                      const float *A, int lda, long long sA1, long long sA2,
+                      const float *B, int ldb, long long sB1, long long sB2,
+                      float beta, float *C, int ldc, long long sC1, long long sC2);
+int mgk_bgemm_ref(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                  float beta, float *C, int ldc);
+/* out[i] = x[i] rounded to bf16 (float32 with the low 16 bits zero; NaN stays NaN, overflow -> inf); out may be x */
+int mgk_round_bf16(long long n, const float *x, float *out);
+
 int mgk_abi(void);                   /* MGK_ABI of this build */
 
 /* Instruction-set paths, all compiled into one library and chosen at run time (never -march=native) */
 #define MGK_ISA_GENERIC 0            /* portable C that the compiler vectorizes for baseline x86-64 (or any CPU) */
 #define MGK_ISA_AVX2    1            /* AVX2 + FMA */
 #define MGK_ISA_AVX512  2            /* AVX-512 F/DQ/BW/VL */
-int mgk_cpu_isa(void);               /* the best path this CPU (and OS) can run, from cpuid */
-int mgk_isa(void);                   /* the path in use: mgk_cpu_isa() unless mgk_set_isa chose a lower one */
+#define MGK_ISA_AVX512BF16 3         /* AVX-512 + AVX512_BF16: bf16 products on vdpbf16ps (fp32 ones as AVX-512) */
+int mgk_cpu_isa(void);               /* the highest path this CPU (and OS) can run, from cpuid */
+int mgk_isa(void);                   /* the path in use: the fastest one (mgk_cpu_isa(), but avx512bf16 only where
+                                        vdpbf16ps measures faster than fp32 FMAs), unless mgk_set_isa chose one */
 int mgk_set_isa(int isa);            /* force a path <= mgk_cpu_isa() (tests, reports); MGK_EBADARG otherwise */
-const char *mgk_isa_name(int isa);   /* "generic", "avx2" or "avx512"; "?" for a path this CPU cannot run */
+const char *mgk_isa_name(int isa);   /* "generic", "avx2", "avx512", "avx512bf16"; "?" for one this CPU cannot run */
 int mgk_set_num_threads(int n);      /* n >= 1 threads including the caller; the only threading knob */
 int mgk_get_num_threads(void);
 int mgk_set_spin_us(int us);         /* workers (and the caller) wait up to us microseconds on the CPU for the
                                         next job before sleeping; 0 (the default) sleeps at once */
 double mgk_peak_gflops(long long iters); /* GFLOP/s of a register-only FMA loop on the current threads */
+double mgk_peak_bf16_gflops(long long iters); /* ... of bf16 products: a vdpbf16ps loop, or the FMA one */
 
 /* internal: the persistent worker pool (mgk_pool.c). fn(arg, tid, nt) runs on tids 0..nt-1, tid 0 = caller. */
 int mgk_pool_run(void (*fn)(void *arg, int tid, int nt), void *arg, int nt);

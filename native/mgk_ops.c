@@ -80,7 +80,8 @@ static void par_job(void *p, int tid, int nt)
 /* run fns[mgk_isa()] on `units` independent pieces (rows or column blocks), `ps` picoseconds of work on one thread */
 static void run(const job_fn *fns, const void *args, long long ps, long long units)
 {
-    job_fn fn = fns[mgk_isa()];
+    int isa = mgk_isa();
+    job_fn fn = fns[isa < MGK_ISA_AVX512 ? isa : MGK_ISA_AVX512];   /* avx512bf16 runs the AVX-512 ops */
     int nt = ps >= PAR_MIN_PS ? mgk_get_num_threads() : 1;
     if (nt > units) nt = (int)units;
     if (nt <= 1) { fn(args, 0, 1); return; }

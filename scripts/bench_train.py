@@ -1,6 +1,7 @@
 """Training-step speed of every backend at configs S and M, side by side with PyTorch; writes reports/benchmarks.md.
 
     python scripts/bench_train.py [--threads 2] [--steps_S 30] [--steps_M 3] [--rounds 3] [--baseline OLD_TREE]
+                                  [--dtypes float32,bf16] [--isas avx2,generic]
 
 One invocation, the same threads: rounds alternate the implementations, each in its own child process
 (`--child NAME`), medians after warm-up. A profiled pass splits a minigpt step into matmul / attention /
@@ -8,7 +9,9 @@ LayerNorm / GELU / loss / optimizer / other (exclusive times). PyTorch is option
 --baseline: a checkout of an older commit (its native library built in place: `python setup.py build_ext
 --inplace`); every round then also runs that tree's own children ("native@base", ...), so before and after are
 measured side by side, in the same invocation. The child protocol (--child/--config/--steps/--threads/--profile
-in, one JSON line {median, shares, rss} out) is the one this script has had since b972235.
+in, one JSON line {median, shares, rss} out) is the one this script has had since b972235; --dtype bf16 (new)
+is passed to bf16 children only. --dtypes float32,bf16 runs every implementation in both (PyTorch's bf16 is its
+autocast); --isas adds native rows on lower ISA paths (MINIGPT_ISA in the child).
 """
 import argparse
 import importlib.util
@@ -46,11 +49,11 @@ def model_flops(c, V=65):
 # one step of each implementation
 
 class MiniStep:
-    def __init__(self, c, backend, threads, seed=0):
+    def __init__(self, c, backend, threads, seed=0, bf16=False):
         self.backend = backends.select(backend, threads=threads, verbose=False)
         cfg = GPTConfig(vocab_size=65, block_size=c["block_size"], n_layer=c["n_layer"], n_head=c["n_head"],
                         n_embd=c["n_embd"], bias=False)
-        self.model = GPT(cfg, np.random.default_rng(seed))
+        self.model = GPT(cfg, np.random.default_rng(seed), bf16=bf16)
         self.opt = AdamW(self.model.params())
         r = np.random.default_rng(seed)
         self.x = r.integers(0, 65, (c["batch"], c["block_size"])).astype(np.int32)
@@ -67,7 +70,11 @@ class MiniStep:
 
 
 class TorchStep:
-    def __init__(self, mini, threads):
+    """The same step in PyTorch (scripts/torch_twin.py); autocast: the forward under torch.autocast("cpu",
+    bfloat16), as a nanoGPT user would write it (the backward follows the forward's dtypes)."""
+
+    def __init__(self, mini, threads, autocast=False):
+        import contextlib
         import torch
         from torch_twin import TorchGPT                  # scripts/torch_twin.py, a sibling module
         torch.set_num_threads(threads)
@@ -78,10 +85,12 @@ class TorchStep:
                                       {"params": [p for p, _ in names if p.dim() < 2], "weight_decay": 0.0}],
                                      lr=1e-4, betas=(0.9, 0.99))
         self.x, self.y = torch.from_numpy(mini.x).long(), torch.from_numpy(mini.y).long()
+        self.context = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if autocast else contextlib.nullcontext
 
     def __call__(self):
         self.opt.zero_grad(set_to_none=True)
-        _, loss = self.model(self.x, self.y)
+        with self.context():
+            _, loss = self.model(self.x, self.y)
         loss.backward()
         self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
@@ -167,9 +176,9 @@ def profile(step, n):
 
 def child(a):
     """One implementation in this process: median step time, profiled shares, peak RSS, as one JSON line."""
-    c = CONFIGS[a.config]
-    mini = MiniStep(c, a.child if a.child != "pytorch" else "numpy", a.threads)
-    step = TorchStep(mini, a.threads) if a.child == "pytorch" else mini
+    c, bf16 = CONFIGS[a.config], a.dtype == "bf16"
+    mini = MiniStep(c, a.child if a.child != "pytorch" else "numpy", a.threads, bf16=bf16 and a.child != "pytorch")
+    step = TorchStep(mini, a.threads, autocast=bf16) if a.child == "pytorch" else mini
     times = time_steps(step, a.steps, warmup=3 if a.config == "S" else 1)   # one M step warms every kernel
     shares = profile(mini, max(1, a.steps // 3)) if a.child != "pytorch" and a.profile else None
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -190,11 +199,14 @@ try:
     from minigpt import backends                       # this tree
 except ImportError:                                    # a tree from before minigpt/backends
     from minigpt import kernels as backends
-names, peak, threads = backends.available(), None, int(sys.argv[1])
+names, peak, bf16_peak, isa, threads = backends.available(), None, None, None, int(sys.argv[1])
 if threads and "native" in names:                      # asked of this tree only
     backends.select("native", threads=threads, verbose=False)
     peak = max(backends.current().peak_gflops() for _ in range(3))
-print(json.dumps({"minigpt": minigpt.__file__, "backends": names, "peak": peak}))"""
+    bf16_peak = max(backends.current().peak_gflops(bf16=True) for _ in range(3))
+    isa = backends.current().lib.mgk_isa()
+print(json.dumps({"minigpt": minigpt.__file__, "backends": names, "peak": peak, "bf16_peak": bf16_peak,
+                  "isa": isa}))"""
 
 
 def probe(tree, peak_threads=0):
@@ -210,10 +222,15 @@ def probe(tree, peak_threads=0):
     return info
 
 
-def run_child(tree, name, cfg_name, steps, threads, prof):
+def run_child(tree, impl, cfg_name, steps, threads, prof):
+    """impl: (backend or "pytorch", dtype, ISA path or None). A float32 child takes no --dtype, so a baseline
+    tree from before --dtype runs too."""
+    name, dtype, isa = impl
+    env = {**tree_env(tree), **({"MINIGPT_ISA": isa} if isa else {})}
     r = subprocess.run([sys.executable, os.path.join(tree, "scripts", "bench_train.py"), "--child", name,
                         "--config", cfg_name, "--steps", str(steps), "--threads", str(threads),
-                        "--profile", str(int(prof))], cwd=tree, env=tree_env(tree), capture_output=True, text=True)
+                        "--profile", str(int(prof))] + (["--dtype", dtype] if dtype != "float32" else []),
+                       cwd=tree, env=env, capture_output=True, text=True)
     if r.returncode:
         return {"error": (r.stderr.strip().splitlines() or ["no output"])[-1]}
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -228,11 +245,16 @@ def main():
     ap.add_argument("--configs", default="S,M")
     ap.add_argument("--backends", default="", help="comma list (default: every backend that loads, and pytorch)")
     ap.add_argument("--baseline", help="an older checkout of minigpt, native library built in place")
+    ap.add_argument("--dtypes", default="float32", help="comma list of float32, bf16: each implementation runs in "
+                    "each (minigpt bf16: bf16 products; PyTorch bf16: its forward under autocast)")
+    ap.add_argument("--isas", default="", help="comma list of native ISA paths to run as extra rows "
+                    "(\"native:avx2\", ...), set by MINIGPT_ISA in the child; the plain native row is the default path")
     ap.add_argument("--out", default="reports/benchmarks.md")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--config", default="S", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=3, help=argparse.SUPPRESS)
     ap.add_argument("--profile", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bf16"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         return child(a)
@@ -246,9 +268,15 @@ def main():
     for tag, w in where.items():
         print(f"{tag or 'this tree'}: {w['tree']} at {w['rev']}, children import {w['minigpt']}, "
               f"backends {w['backends']}", flush=True)
-    impls = a.backends.split(",") if a.backends else list(where[""]["backends"])
+    names = a.backends.split(",") if a.backends else list(where[""]["backends"])
     if not a.backends and importlib.util.find_spec("torch"):          # found, not imported: see probe()
-        impls.append("pytorch")
+        names.append("pytorch")
+    impls = {}                                     # label -> (backend, dtype, ISA path or None)
+    for dtype in a.dtypes.split(","):
+        for name in names:
+            for isa in [None] + ([i for i in a.isas.split(",") if i] if name == "native" else []):
+                label = name + (f":{isa}" if isa else "") + (" bf16" if dtype == "bf16" else "")
+                impls[label.replace("pytorch bf16", "pytorch bf16 autocast")] = (name, dtype, isa)
     peak = where[""]["peak"]
     results, failed = {}, {}
     for cfg_name in a.configs.split(","):
@@ -256,12 +284,13 @@ def main():
         n = a.steps_S if cfg_name == "S" else a.steps_M
         runs = defaultdict(list)
         for rnd in range(a.rounds):                # rounds alternate the implementations, one process each,
-            for name in impls:                     # a backend's before right after its after
+            for name, impl in impls.items():       # a backend's before right after its after
                 for tag, tree in trees.items():    # (the profiled pass, for the shares, only in the first round)
                     label = name + tag
-                    if (tag and name not in where[tag]["backends"]) or label in failed:
-                        continue                   # pytorch runs once: it is the same in both trees
-                    r = run_child(tree, name, cfg_name, n, a.threads, rnd == 0)
+                    if (tag and (impl[0] not in where[tag]["backends"] or impl[1] != "float32" or impl[0] == "pytorch")) \
+                            or label in failed:    # pytorch runs once: it is the same in both trees
+                        continue                   # and the baseline runs float32 only
+                    r = run_child(tree, impl, cfg_name, n, a.threads, rnd == 0)
                     if "error" in r:
                         failed[label] = r["error"]
                         print(f"{cfg_name} {label}: failed: {r['error']}", flush=True)
@@ -280,7 +309,7 @@ def main():
                   f"rounds {rows[name]['spread']}", flush=True)
         results[cfg_name] = rows
     parent_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    write_report(a, results, "pytorch" in impls, where, peak, failed, parent_rss)
+    write_report(a, results, "pytorch" in names, where, peak, failed, parent_rss)
 
 
 ENV = ("MINIGPT_ISA", "OPENBLAS_CORETYPE", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
@@ -300,7 +329,8 @@ def write_report(a, results, have_torch, where, peak, failed, parent_rss):
              "One invocation; each round runs every implementation in its own process, one after the other (in one "
              "process PyTorch's OpenMP threads spin and slow both sides). Each process: 3 warm-up steps (1 at M), "
              "then the median step; the table gives the median over rounds (per-round medians in brackets). A step is "
-             "forward + backward + clip + AdamW, float32, bias off, vocab 65, same initial weights and batch. "
+             "forward + backward + clip + AdamW, float32 (bf16 rows: see below), bias off, vocab 65, same initial weights "
+             "and batch. "
              "Peak RSS is that process's maximum resident set (it imports numpy and numba; PyTorch's also imports torch); "
              f"it includes the spawning parent's, {parent_rss:.0f} MiB here, so values near that say nothing."]
     if BASE in where:
@@ -318,16 +348,17 @@ def write_report(a, results, have_torch, where, peak, failed, parent_rss):
     lines.append("")
     for cfg_name, rows in results.items():
         c = CONFIGS[cfg_name]
+        ref, ref16 = (rows.get(k, {}).get("tok_s") for k in ("pytorch", "pytorch bf16 autocast"))
         lines += [f"## Config {cfg_name}: n_layer {c['n_layer']}, n_head {c['n_head']}, n_embd {c['n_embd']}, "
                   f"block {c['block_size']}, batch {c['batch']} ({model_flops(c) / 1e9:.2f} GFLOP of matmul per step)", "",
-                  "| implementation | ms/step | tokens/s | vs PyTorch | GFLOP/s | % of fp32 peak | peak RSS MiB |",
-                  "|---|---|---|---|---|---|---|"]
-        ref = rows.get("pytorch", {}).get("tok_s")
+                  "| implementation | ms/step | tokens/s | vs PyTorch | " + ("vs PyTorch bf16 autocast | " if ref16 else "")
+                  + "GFLOP/s | % of fp32 peak | peak RSS MiB |", "|---|---|---|---|---|---|---|" + ("---|" if ref16 else "")]
         for name, r in rows.items():
             ratio = f"{r['tok_s'] / ref:.2f}x" if ref else "n/a"
+            ratio16 = f" {r['tok_s'] / ref16:.2f}x |" if ref16 else ""
             pct = f"{100 * r['gflops'] / peak:.0f}%" if peak else "n/a"
-            lines.append(f"| {name} | {r['ms']:.1f} {r['spread']} | {r['tok_s']:,.0f} | {ratio} | {r['gflops']:.1f} | "
-                         f"{pct} | {r['rss']:.0f} |")
+            lines.append(f"| {name} | {r['ms']:.1f} {r['spread']} | {r['tok_s']:,.0f} | {ratio} |{ratio16} "
+                         f"{r['gflops']:.1f} | {pct} | {r['rss']:.0f} |")
         pairs = [(n, n + BASE) for n in rows if not n.endswith(BASE) and n + BASE in rows]
         if pairs:
             lines += ["", "Before (baseline) vs after (this tree), ms/step, median over rounds [per round]:", "",
@@ -347,6 +378,12 @@ def write_report(a, results, have_torch, where, peak, failed, parent_rss):
         lines.append("PyTorch is not in this run (not installed, or not in --backends), so there is no ratio.")
     lines.append(f"fp32 peak: {peak:.0f} GFLOP/s on {a.threads} threads (the native library's register-only FMA "
                  "loop, measured before the rounds)." if peak else "fp32 peak: n/a (no native backend here).")
+    bf16_peak, isa = where[""].get("bf16_peak"), where[""].get("isa")
+    if "bf16" in a.dtypes and bf16_peak:
+        on = "vdpbf16ps" if isa is not None and isa >= 3 else "the same fp32 FMAs (no bf16 instruction on this path)"
+        lines += ["", f"bf16 peak: {bf16_peak:.0f} GFLOP/s on {a.threads} threads, on {on}. A `bf16` minigpt row rounds "
+                  "the operands of every product to bfloat16 and sums in float32 (README: bf16); `pytorch bf16 "
+                  "autocast` runs the twin's forward under torch.autocast(\"cpu\", torch.bfloat16)."]
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -1,8 +1,9 @@
 """Break one line of a backward (or of a kernel the backwards use) on purpose and confirm the test that guards it
 fails (or, for the last rows, a data-parallel rule). Run from anywhere: python tests/mutation_check.py (every row must say CAUGHT; exit status 1 otherwise).
 
-It mutates a scratch copy of minigpt/ and tests/ (numba's cache files included, so only the mutated module
-recompiles), never the working tree: other processes running the tests meanwhile see the real code.
+It mutates a scratch copy of minigpt/, tests/ and native/ (numba's cache files included, so only the mutated
+module recompiles; a C row rebuilds the copy's library, before the test and after the restore), never the working
+tree: other processes running the tests meanwhile see the real code.
 """
 import os
 import pathlib
@@ -17,6 +18,7 @@ GEMM = "minigpt/backends/numba_gemm.py"
 TL, TM, TO = "tests/test_layers.py", "tests/test_model.py", "tests/test_ops.py"
 TRAIN, DATA, TD = "minigpt/train.py", "minigpt/data.py", "tests/test_distributed.py"
 TT, OPT, TMU = "tests/test_train.py", "minigpt/optim.py", "tests/test_muon.py"
+TB = "tests/test_bf16.py"
 
 # (file, exact text (must occur once), replacement, the test that must fail)
 M = [
@@ -87,6 +89,18 @@ M = [
         f"{TMU}::test_muon_step_matches_float64_reference_and_adamw"),
     (OPT, "ops.bmm(B, X, out=Y, acc=True)", "ops.bmm(B, X, out=Y, acc=False)",
         f"{TMU}::test_newton_schulz_matches_float64_reference"),
+    # bf16 products: the rounding's tie rule (numpy spec, C), each backend rounding its operands, the model's switch
+    (SPEC, "r &= 1 ", "r &= 0 ", f"{TB}::test_rounding_matches_the_definition"),
+    (SPEC, 'b = round_bf16(b, self._tmp("bf16b", b.shape, b.dtype))', "b = b",
+        f"{TB}::test_bf16_products_round_both_operands_exactly"),
+    ("minigpt/backends/numba_ops.py", 'b = round_bf16(b, self._tmp("bf16b", b.shape, b.dtype))', "b = b",
+        f"{TB}::test_bf16_products_round_both_operands_exactly"),
+    (MODEL, "with backends.bf16_products(self.bf16):", "with backends.bf16_products(False):",
+        f"{TB}::test_products_follow_the_model_that_runs_them"),
+    ("native/mgk.c", "return (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;", "return (u + 0x7fffu) & 0xffff0000u;",
+        f"{TB}::test_c_rounding_equals_numpy_bit_for_bit"),
+    ("native/mgk_gemm_generic.inc", "if (g->bf16) round_bf16(bp, (long)(nc + GV_NR - 1) / GV_NR * GV_NR * kc);",
+        "", f"{TB}::test_bf16_products_round_both_operands_exactly"),
     # data parallel (needs mpi4py): each rank's share of the loss, and its slice of the global batch
     (TRAIN, "model.backward(scale=1.0 / k)", "model.backward(scale=1.0 / cfg.grad_accum)",
         f"{TD}::test_two_ranks_take_the_steps_of_one_process_with_twice_the_batch"),
@@ -95,14 +109,23 @@ M = [
 ]
 
 
+def build(tmp, env):
+    """Rebuild the copy's native library in place (minigpt/_mgk*.so of the copy, which its tests load)."""
+    r = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace", "--force"], cwd=tmp,
+                       capture_output=True, text=True, env=env)
+    if r.returncode:
+        sys.exit(f"mutation_check: the native library of the copy does not build:\n{r.stderr[-2000:]}")
+
+
 def main():
     root = pathlib.Path(__file__).resolve().parent.parent
     missed = 0
     with tempfile.TemporaryDirectory(prefix="minigpt-mutants-") as tmp:
         tmp = pathlib.Path(tmp)
-        for d in ("minigpt", "tests", "scripts"):                  # copy2 keeps mtimes, so numba's cache stays valid
-            shutil.copytree(root / d, tmp / d, ignore=shutil.ignore_patterns("*.pyc"))
-        shutil.copy2(root / "setup.cfg", tmp / "setup.cfg")
+        for d in ("minigpt", "tests", "scripts", "native"):      # copy2 keeps mtimes, so numba's cache stays valid
+            shutil.copytree(root / d, tmp / d, ignore=shutil.ignore_patterns("*.pyc", "build"))
+        for f in ("setup.cfg", "setup.py", "pyproject.toml"):
+            shutil.copy2(root / f, tmp / f)
         env = {**os.environ, "PYTHONPATH": str(tmp)}   # the copy, ahead of the editable install
         for path, old, new, test in M:
             p = tmp / path
@@ -111,11 +134,15 @@ def main():
             stat = p.stat()
             p.write_text(src.replace(old, new))
             try:
+                if path.startswith("native/"):             # C: the copy's library is rebuilt with the mutant
+                    build(tmp, env)
                 r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", test],
                                    cwd=tmp, capture_output=True, text=True, env=env)
             finally:
                 p.write_text(src)
                 os.utime(p, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+                if path.startswith("native/"):
+                    build(tmp, env)
             why = [ln for ln in r.stdout.splitlines() if ln.startswith("E ")][:1]
             caught = r.returncode == 1 and "failed" in r.stdout.splitlines()[-1]
             missed += not caught

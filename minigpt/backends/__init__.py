@@ -5,10 +5,13 @@ Every layer calls `ops.<op>(...)` (ops forwards to the selected backend) and nev
   numba  - numba_ops.py: a numba GEMM (numba_gemm.py) and fused numba kernels (numba_kernels.py); float32
   native - native.py: every op in the C library native/ (AVX-512, AVX2+FMA or portable C), through ctypes; float32
 Ops below declares every op with its shapes. The ops write caller-owned arrays (out=...), accept strided views,
-and allocate nothing of activation size per call (scratch is kept per shape). An explicitly requested backend
+and allocate nothing of activation size per call (scratch is kept per shape). A float32 model may ask for
+bfloat16 products (bf16_products): every backend rounds the operands to bf16 and sums in float32, the numpy
+backend by the formula (numpy_ops.round_bf16), the others in their kernels. An explicitly requested backend
 that cannot run (or cannot run the model's dtype) raises BackendUnavailable; only "auto" chooses, and it says
 what it chose. This module also owns every thread count (set_threads).
 """
+import contextlib
 import importlib
 import os
 import sys
@@ -50,24 +53,27 @@ class Ops:
         self._calls = {}         # op -> its Contiguous, see _contiguous
 
     # ---- products: op(x) is x, or its last two axes swapped when the flag is set
-    def matmul(self, a, b, ta=False, tb=False, out=None, acc=False):
-        """op(a) (M, K) @ op(b) (K, N) -> out (M, N), 2-D; acc=True adds into out."""
+    def matmul(self, a, b, ta=False, tb=False, out=None, acc=False, bf16=None):
+        """op(a) (M, K) @ op(b) (K, N) -> out (M, N), 2-D; acc=True adds into out. bf16=True rounds every
+        element of a and b to bfloat16 (numpy_ops.round_bf16) and sums the exact products in float32 (float32
+        arrays only); None: as the running model asks (bf16_products)."""
         M, N, _ = _check_product(a, b, ta, tb, out, acc, batched=False)
         if out is None:
             out = np.empty((M, N), np.result_type(a, b))
-        return self._matmul(a, b, bool(ta), bool(tb), out, acc)
+        return self._matmul(a, b, bool(ta), bool(tb), out, acc, _check_bf16(bf16, a, b, out))
 
-    def bmm(self, a, b, ta=False, tb=False, out=None, acc=False):
-        """op(a) (..., M, K) @ op(b) (..., K, N) -> out (..., M, N) over equal leading dims; acc adds into out."""
+    def bmm(self, a, b, ta=False, tb=False, out=None, acc=False, bf16=None):
+        """op(a) (..., M, K) @ op(b) (..., K, N) -> out (..., M, N) over equal leading dims; acc adds into out;
+        bf16 as matmul's."""
         M, N, _ = _check_product(a, b, ta, tb, out, acc, batched=True)
         if out is None:
             out = np.empty((*a.shape[:-2], M, N), np.result_type(a, b))
-        return self._bmm(a, b, bool(ta), bool(tb), out, acc)
+        return self._bmm(a, b, bool(ta), bool(tb), out, acc, _check_bf16(bf16, a, b, out))
 
-    def _matmul(self, a, b, ta, tb, out, acc):           # checked by matmul; out exists; returns out
+    def _matmul(self, a, b, ta, tb, out, acc, bf16):     # checked by matmul; out exists; returns out
         raise NotImplementedError
 
-    def _bmm(self, a, b, ta, tb, out, acc):              # checked by bmm; out exists; returns out
+    def _bmm(self, a, b, ta, tb, out, acc, bf16):        # checked by bmm; out exists; returns out
         raise NotImplementedError
 
     # ---- the other ops
@@ -201,6 +207,29 @@ def _check_product(a, b, ta, tb, out, acc, batched):
         if np.may_share_memory(out, a) or np.may_share_memory(out, b):
             raise ValueError("matmul: out= must not overlap the inputs")
     return M, N, K
+
+
+_bf16 = False             # the running model's products are bf16 (bf16_products); matmul/bmm's bf16=None
+
+
+@contextlib.contextmanager
+def bf16_products(on=True):
+    """Within the block, matmul and bmm (bf16=None) round their operands to bf16: the model runs its forward
+    and backward in this, with its own setting; the setting before is restored after."""
+    global _bf16
+    before, _bf16 = _bf16, bool(on)
+    try:
+        yield
+    finally:
+        _bf16 = before
+
+
+def _check_bf16(bf16, *arrays):
+    bf16 = _bf16 if bf16 is None else bool(bf16)
+    if bf16 and any(x.dtype != np.float32 for x in arrays):
+        raise TypeError(f"bf16 products take float32 arrays, got {', '.join(str(x.dtype) for x in arrays)}: "
+                        "bf16 is a float32 model's precision (float64 is for gradient tests)")
+    return bf16
 
 
 def check_float32(*arrays, backend):

@@ -7,8 +7,10 @@ The only file that uses ctypes. Loads the library once and declares every signat
 The products walk strided views in place (rows of contiguous floats, up to two batch strides); the other ops
 take C-contiguous arrays, so a view goes through per-shape scratch (Ops._contiguous), as does a view the
 products cannot walk. backend() raises BackendUnavailable with the reason and the fix if the library is missing
-or fails to load. The library runs on any CPU: it picks its AVX-512, AVX2+FMA or generic path by cpuid, and
-MINIGPT_ISA=avx2|generic forces a lower one. MINIGPT_NATIVE_LIB=/path/to/lib overrides the location.
+or fails to load. The library runs on any CPU: it picks its AVX-512 (+AVX512_BF16 where vdpbf16ps measures
+faster than fp32 FMAs), AVX2+FMA or generic path by cpuid, and MINIGPT_ISA=avx512|avx2|generic forces a lower one.
+bf16 products (matmul(..., bf16=True)) run mgk_bgemm*: the operands are rounded to bf16 as they are packed.
+MINIGPT_NATIVE_LIB=/path/to/lib overrides the location.
 """
 import ctypes
 import functools
@@ -24,7 +26,7 @@ from . import BackendUnavailable, Ops, check_float32, gemm_dims
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # minigpt/
 _ERRORS = {-1: "bad argument", -2: "out of memory", -3: "could not start a worker thread"}
 _i, _ll = ctypes.c_int, ctypes.c_longlong
-_ABI = 3                                                  # MGK_ABI in native/mgk.h
+_ABI = 4                                                  # MGK_ABI in native/mgk.h
 _ndf32 = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
 
 
@@ -101,14 +103,18 @@ def _lib():
     lib.mgk_sgemm_batched.restype = _i
     lib.mgk_sgemm.argtypes = [_i] * 5 + [_f32, _i, _f32, _i, ctypes.c_float, _f32, _i]
     lib.mgk_sgemm.restype = _i
-    lib.mgk_sgemm_ref.argtypes = lib.mgk_sgemm.argtypes
-    lib.mgk_sgemm_ref.restype = _i
+    for f in ("mgk_sgemm_ref", "mgk_bgemm", "mgk_bgemm_ref"):          # bgemm: bf16 operands, the same call
+        getattr(lib, f).argtypes, getattr(lib, f).restype = lib.mgk_sgemm.argtypes, _i
+    lib.mgk_bgemm_batched.argtypes = lib.mgk_sgemm_batched.argtypes
+    lib.mgk_bgemm_batched.restype = _i
+    lib.mgk_round_bf16.argtypes, lib.mgk_round_bf16.restype = [_ll, _f32, _f32], _i
     for f in ("mgk_cpu_isa", "mgk_isa"):
         getattr(lib, f).argtypes, getattr(lib, f).restype = [], _i
     lib.mgk_set_isa.argtypes, lib.mgk_set_isa.restype = [_i], _i
     lib.mgk_set_num_threads.argtypes, lib.mgk_set_num_threads.restype = [_i], _i
     lib.mgk_set_spin_us.argtypes, lib.mgk_set_spin_us.restype = [_i], _i
-    lib.mgk_peak_gflops.argtypes, lib.mgk_peak_gflops.restype = [_ll], ctypes.c_double
+    for f in ("mgk_peak_gflops", "mgk_peak_bf16_gflops"):
+        getattr(lib, f).argtypes, getattr(lib, f).restype = [_ll], ctypes.c_double
     _f, _d = ctypes.c_float, ctypes.c_double                          # the other ops (native/mgk_ops.h)
     ops = {"layernorm_fwd": [_ll, _i, _f32, _f32, _f32n, _d, _f32, _f32, _f32],
            "layernorm_bwd": [_ll, _i, _f32, _f32, _f32, _f32, _f32, _f32, _f32, _f32n],
@@ -145,25 +151,25 @@ class NativeOps(Ops):
         self.spin()
 
     # ---- products: the C code walks strided views in place (_matrices); others go through Ops._contiguous
-    def _matmul(self, a, b, ta, tb, out, acc):                     # a (M,K)|(K,M), b (K,N)|(N,K) -> (M,N)
+    def _matmul(self, a, b, ta, tb, out, acc, bf16):               # a (M,K)|(K,M), b (K,N)|(N,K) -> (M,N)
         check_float32(a, b, out, backend="native")
         if not (a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous):
-            self._bmm(a[None], b[None], ta, tb, out[None], acc)
+            self._bmm(a[None], b[None], ta, tb, out[None], acc, bf16)
             return out                                                 # out itself, not a view of it
         M, N, K = gemm_dims(a, b, ta, tb)                          # the common case, with the cheapest call
-        rc = self.lib.mgk_sgemm(ta, tb, M, N, K, a, a.shape[1], b, b.shape[1], 1.0 if acc else 0.0, out, N)
-        _check(rc, "mgk_sgemm", a, b)
+        gemm = self.lib.mgk_bgemm if bf16 else self.lib.mgk_sgemm  # bgemm rounds the operands as it packs
+        _check(gemm(ta, tb, M, N, K, a, a.shape[1], b, b.shape[1], 1.0 if acc else 0.0, out, N), "gemm", a, b)
         return out
 
-    def _bmm(self, a, b, ta, tb, out, acc):                        # a (..., M, K), b (..., K, N) -> (..., M, N)
+    def _bmm(self, a, b, ta, tb, out, acc, bf16):                  # a (..., M, K), b (..., K, N) -> (..., M, N)
         check_float32(a, b, out, backend="native")
         M, N, K = gemm_dims(a, b, ta, tb)
         c = self._contiguous("bmm")                                 # only for views _matrices cannot walk
         A, B = _matrices(a) or _matrices(c.inp(a)), _matrices(b) or _matrices(c.inp(b))
         C = _matrices(out) or _matrices(c.inout(out) if acc else c.out(out))
         L1, L2 = _lead(a.shape[:-2])
-        rc = self.lib.mgk_sgemm_batched(L1, L2, ta, tb, M, N, K, *A, *B, 1.0 if acc else 0.0, *C)
-        _check(rc, "mgk_sgemm_batched", a, b)
+        gemm = self.lib.mgk_bgemm_batched if bf16 else self.lib.mgk_sgemm_batched
+        _check(gemm(L1, L2, ta, tb, M, N, K, *A, *B, 1.0 if acc else 0.0, *C), "batched gemm", a, b)
         c.back()
         return out
 
@@ -285,9 +291,10 @@ class NativeOps(Ops):
     def spin(self, us=None):
         self.lib.mgk_set_spin_us(self.SPIN_US if us is None else max(0, int(us)))
 
-    def peak_gflops(self, iters=20_000_000):
-        """fp32 FMA throughput of a register-only loop on the native threads (for reports)."""
-        return self.lib.mgk_peak_gflops(iters)
+    def peak_gflops(self, iters=20_000_000, bf16=False):
+        """fp32 FMA throughput of a register-only loop on the native threads (for reports); bf16: that of the
+        bf16 products' instruction (vdpbf16ps on the avx512bf16 path, else the same FMAs)."""
+        return (self.lib.mgk_peak_bf16_gflops if bf16 else self.lib.mgk_peak_gflops)(iters)
 
 
 def _lead(lead):
@@ -310,13 +317,13 @@ def _matrices(x):
     return x.ctypes.data, st[-2] if rows > 1 else cols, st[0] if nb else 0, st[1] if nb == 2 else 0
 
 
-ISAS = ("generic", "avx2", "avx512")                           # MGK_ISA_* in native/mgk.h, in order
+ISAS = ("generic", "avx2", "avx512", "avx512bf16")             # MGK_ISA_* in native/mgk.h, in order
 
 
 @functools.cache
 def backend():
-    """The native backend on the best ISA path of this CPU, or the one $MINIGPT_ISA names (a lower one: tests
-    and reports run every path a machine has; read here only)."""
+    """The native backend on the fastest ISA path of this CPU, or the one $MINIGPT_ISA names (any the CPU runs:
+    tests and reports run every path a machine has; read here only)."""
     lib = _lib()
     best, want = lib.mgk_cpu_isa(), os.environ.get("MINIGPT_ISA", "").strip().lower()
     if want:
@@ -331,5 +338,5 @@ def backend():
 
 
 def isa():
-    """The ISA path the native library runs now ("avx512", "avx2" or "generic")."""
+    """The ISA path the native library runs now (one of ISAS)."""
     return ISAS[_lib().mgk_isa()]

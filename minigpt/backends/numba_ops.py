@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from . import BackendUnavailable, Ops, check_float32, gemm_dims
+from .numpy_ops import round_bf16
 
 try:
     from . import numba_gemm as G                  # first: it sets numba's environment before importing numba
@@ -48,16 +49,19 @@ class NumbaOps(Ops):
         numba.set_num_threads(self.nt)
 
     # ---- products
-    def _matmul(self, a, b, ta, tb, out, acc):
-        self._bmm(a[None], b[None], ta, tb, out[None], acc)
+    def _matmul(self, a, b, ta, tb, out, acc, bf16):
+        self._bmm(a[None], b[None], ta, tb, out[None], acc, bf16)
         return out                                                 # out itself, not a view of it
 
-    def _bmm(self, a, b, ta, tb, out, acc):                       # a (..., M, K), b (..., K, N) -> (..., M, N)
+    def _bmm(self, a, b, ta, tb, out, acc, bf16):                 # a (..., M, K), b (..., K, N) -> (..., M, N)
         check_float32(a, b, out, backend=self.name)
         M, N, K = gemm_dims(a, b, ta, tb)
         L = math.prod(a.shape[:-2])                                 # not -1: an empty stack has no size to infer it
         nt = self.nt if out.size * K >= SERIAL_BELOW * 16 else 1       # tiny products (decoding): one thread
         c = self._contiguous("bmm")
+        if bf16:                                                    # bf16 operands, by the specification's
+            a = round_bf16(a, self._tmp("bf16a", a.shape, a.dtype))   # formula, into contiguous scratch; then
+            b = round_bf16(b, self._tmp("bf16b", b.shape, b.dtype))   # the float32 GEMM sums exact products
         a3, b3 = c.inp(a).reshape(L, *a.shape[-2:]), c.inp(b).reshape(L, *b.shape[-2:])
         G.gemm(a3, b3, (c.inout(out) if acc else c.out(out)).reshape(L, M, N), ta, tb, acc, nt)
         c.back()

@@ -1,0 +1,248 @@
+"""bf16 products: the rounding (numpy_ops.round_bf16, the C library's mgk_round_bf16) against a scalar reference
+written from the definition; every bf16 product kernel (numba; native on every ISA path this CPU runs) against
+the numpy emulation; a whole training step in bf16 against float32; --dtype on the commands."""
+import itertools
+import math
+import struct
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from minigpt import backends
+from minigpt.backends import native
+from minigpt.backends.numpy_ops import round_bf16
+from minigpt.layers import heads
+from minigpt.model import GPT, GPTConfig
+
+NATIVE = backends.why_unavailable("native")
+NUMBA = backends.why_unavailable("numba")
+PATHS = list(native.ISAS[:native._lib().mgk_cpu_isa() + 1]) if NATIVE is None else []
+# (backend, ISA path or None): every bf16 product kernel this machine has
+KERNELS = ([("numba", None)] if NUMBA is None else []) + [("native", p) for p in PATHS]
+
+
+@pytest.fixture(params=KERNELS, ids=lambda k: k[0] + (f":{k[1]}" if k[1] else ""))
+def kernel(request):
+    """Select the backend (and force the native ISA path) for the test; restored after."""
+    name, path = request.param
+    saved = native._lib().mgk_isa() if name == "native" else None
+    backends.select(name, verbose=False)
+    if path:
+        assert native._lib().mgk_set_isa(native.ISAS.index(path)) == 0
+    yield backends.current()
+    if saved is not None:
+        native._lib().mgk_set_isa(saved)
+    backends.select("numpy", verbose=False)
+
+
+# ----------------------------------------------------------------------------
+# rounding
+
+def bf16_reference(bits):
+    """float32 bits -> bf16-rounded float32 bits, from the definition: the bf16 value nearest to x (exact
+    rational arithmetic), ties to the one with an even last mantissa bit; past the largest bf16 by half an ulp
+    or more -> inf; NaN -> NaN with the quiet bit set."""
+    x = struct.unpack("<f", struct.pack("<I", bits))[0]
+    if math.isnan(x):
+        return (bits | 0x00400000) & 0xFFFF0000
+    if math.isinf(x):
+        return bits
+    lo = bits & 0xFFFF0000                                # truncation: the bf16 at or below |x|
+    hi = lo + 0x10000                                     # the next bf16 away from zero (may be inf)
+    v = lambda b: Fraction(struct.unpack("<f", struct.pack("<I", b))[0]) if (b & 0x7FFFFFFF) < 0x7F800000 \
+        else Fraction(2) ** 128 * (1 if b < 0x80000000 else -1)        # inf as 2^128: where overflow rounds
+    d_lo, d_hi = abs(Fraction(x) - v(lo)), abs(v(hi) - Fraction(x))
+    if d_lo != d_hi:
+        return lo if d_lo < d_hi else hi
+    return lo if (lo >> 16) % 2 == 0 else hi
+
+
+SPECIAL = np.array([
+    0x00000000, 0x80000000,                               # +-0
+    0x3F800000, 0x3F808000, 0x3F818000, 0x3F808001, 0x3F807FFF,   # 1, ties to even (down, up), just past/below
+    0xBF808000, 0xBF818000,                               # negative ties
+    0x00000001, 0x00008000, 0x00018000, 0x00007FFF, 0x807F8000,   # subnormals, their ties, the largest ones
+    0x007FFFFF, 0x00800000,                               # the largest subnormal, the smallest normal
+    0x7F7F7FFF, 0x7F7F8000, 0x7F7FFFFF, 0xFF7F8000,       # near the largest bf16: stays, ties to inf, overflows
+    0x7F800000, 0xFF800000,                               # +-inf
+    0x7FC00000, 0x7F800001, 0xFF800001, 0x7FFFFFFF, 0xFFC0FFFF,   # NaNs: quiet, signalling, payloads
+], dtype=np.uint32)
+
+
+def test_rounding_matches_the_definition():
+    rng = np.random.default_rng(0)
+    bits = np.concatenate([SPECIAL, rng.integers(0, 2 ** 32, 4000, dtype=np.uint32),
+                           (rng.integers(0, 2 ** 16, 1000, dtype=np.uint32) << 16) | 0x8000])   # 1000 more ties
+    got = round_bf16(bits.view(np.float32), np.empty(bits.size, np.float32)).view(np.uint32)
+    want = np.array([bf16_reference(int(b)) for b in bits], np.uint32)
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, [f"{bits[i]:08x} -> {got[i]:08x}, want {want[i]:08x}" for i in bad[:5]]
+    assert np.isnan(got[np.isnan(bits.view(np.float32))].view(np.float32)).all()
+
+
+def test_rounding_of_strided_views_writes_only_out():
+    x = np.random.default_rng(1).standard_normal((6, 10)).astype(np.float32)[:, ::3]
+    keep = x.copy()
+    out = round_bf16(x, np.empty(x.shape, np.float32))
+    assert np.array_equal(x, keep)
+    assert np.array_equal(out, round_bf16(np.ascontiguousarray(x), np.empty(x.shape, np.float32)))
+    assert not (out.view(np.uint32) & 0xFFFF).any()
+
+
+@pytest.mark.skipif(NATIVE is not None, reason=str(NATIVE))
+def test_c_rounding_equals_numpy_bit_for_bit():
+    rng = np.random.default_rng(2)
+    bits = np.concatenate([SPECIAL, rng.integers(0, 2 ** 32, 200_000, dtype=np.uint32)])
+    x = bits.view(np.float32)
+    out = np.empty_like(x)
+    assert native._lib().mgk_round_bf16(x.size, x, out) == 0
+    assert np.array_equal(out.view(np.uint32), round_bf16(x, np.empty_like(x)).view(np.uint32))
+
+
+# ----------------------------------------------------------------------------
+# the products
+
+def near_ints(rng, shape):
+    """Whole numbers in [-8, 8] plus 2^-10 (on nonzero ones): each rounds to its whole number in bf16, so a bf16
+    product of such matrices is an exact integer product, while a float32 one is not."""
+    n = rng.integers(-8, 9, shape)
+    return (n + np.where(n != 0, 2.0 ** -10, 0.0)).astype(np.float32), n
+
+
+@pytest.mark.parametrize("ta,tb", list(itertools.product((False, True), repeat=2)))
+def test_bf16_products_round_both_operands_exactly(kernel, ta, tb):
+    """Every kernel (and the numpy emulation) gives the exact integer product of the rounded operands."""
+    rng = np.random.default_rng(3)
+    for M, N, K in ((1, 7, 5), (5, 33, 17), (37, 45, 70), (70, 130, 301)):
+        a, ai = near_ints(rng, (K, M) if ta else (M, K))
+        b, bi = near_ints(rng, (N, K) if tb else (K, N))
+        want = (ai.T if ta else ai) @ (bi.T if tb else bi)
+        for ops in (kernel, backends._load("numpy")):
+            got = ops.matmul(a, b, ta, tb, bf16=True)
+            assert np.array_equal(got, want), (ops.name, M, N, K)
+            assert not np.array_equal(ops.matmul(a, b, ta, tb, bf16=False), want)   # float32 keeps the 2^-10s
+
+
+def emulated(a, b, ta=False, tb=False):
+    """The numpy emulation in float64: exact products of the rounded operands, summed exactly enough."""
+    ra = round_bf16(a, np.empty(a.shape, np.float32)).astype(np.float64)
+    rb = round_bf16(b, np.empty(b.shape, np.float32)).astype(np.float64)
+    return np.matmul(ra.swapaxes(-1, -2) if ta else ra, rb.swapaxes(-1, -2) if tb else rb), \
+        np.matmul(np.abs(ra.swapaxes(-1, -2) if ta else ra), np.abs(rb.swapaxes(-1, -2) if tb else rb))
+
+
+def close_to_emulation(got, a, b, ta=False, tb=False, base=None):
+    """Equal up to float32 summation order: |error| <= K * 2^-23 * sum |a_ik b_kj| (a bound on any order)."""
+    want, scale = emulated(a, b, ta, tb)
+    K = a.shape[-2] if ta else a.shape[-1]
+    if base is not None:
+        want, scale = want + base, scale + np.abs(base)
+    err = np.abs(got - want)
+    assert (err <= K * 2.0 ** -23 * scale + 1e-30).all(), float((err / (scale + 1e-30)).max())
+
+
+@pytest.mark.parametrize("ta,tb", list(itertools.product((False, True), repeat=2)))
+def test_bf16_matmul_matches_the_emulation_on_odd_shapes(kernel, ta, tb):
+    rng = np.random.default_rng(4)
+    for M, N, K in itertools.product((1, 3, 7, 17, 129), (1, 16, 33, 130), (1, 17, 300)):
+        a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
+        b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
+        close_to_emulation(kernel.matmul(a, b, ta, tb, bf16=True), a, b, ta, tb)
+        out = rng.standard_normal((M, N)).astype(np.float32)
+        base = out.astype(np.float64)
+        close_to_emulation(kernel.matmul(a, b, ta, tb, out=out, acc=True, bf16=True), a, b, ta, tb, base)
+
+
+def test_bf16_bmm_on_strided_head_views(kernel):
+    """Attention's products read q, k, v as strided views of the fused qkv (B, T, 3C) and write heads in place."""
+    rng = np.random.default_rng(5)
+    B, T, nh, hs = 3, 19, 4, 12
+    qkv = rng.standard_normal((B, T, 3 * nh * hs)).astype(np.float32)
+    q, k, v = heads(qkv, nh, 3)                           # (B, nh, T, hs) views
+    att = kernel.bmm(q, k, tb=True, bf16=True)            # (B, nh, T, T)
+    close_to_emulation(att, q, k, tb=True)
+    y = np.zeros((B, T, nh * hs), np.float32)
+    (yh,) = heads(y, nh)
+    kernel.bmm(att, v, out=yh, bf16=True)
+    close_to_emulation(yh, att, v)
+    dk = kernel.bmm(att[..., ::2, :], q[..., ::2, :], ta=True, bf16=True)   # every other row: a stepped view
+    close_to_emulation(dk, att[..., ::2, :], q[..., ::2, :], ta=True)
+
+
+@pytest.mark.skipif(NATIVE is not None, reason=str(NATIVE))
+def test_native_scalar_reference_matches_the_emulation():
+    lib, rng = native._lib(), np.random.default_rng(6)
+    for ta, tb in itertools.product((0, 1), repeat=2):
+        M, N, K = 13, 21, 40
+        a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
+        b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
+        out = np.empty((M, N), np.float32)
+        assert lib.mgk_bgemm_ref(ta, tb, M, N, K, a, a.shape[1], b, b.shape[1], 0.0, out, N) == 0
+        close_to_emulation(out, a, b, ta, tb)
+
+
+def test_bf16_products_refuse_float64():
+    a = np.ones((2, 3))
+    with pytest.raises(TypeError, match="bf16 products take float32"):
+        backends._load("numpy").matmul(a, a.T, bf16=True)
+    with pytest.raises(ValueError, match="bf16 products need a float32 model"):
+        GPT(GPTConfig(vocab_size=5, block_size=4, n_layer=1, n_head=1, n_embd=4), dtype=np.float64, bf16=True)
+
+
+# ----------------------------------------------------------------------------
+# a whole training step
+
+CFG = GPTConfig(vocab_size=65, block_size=32, n_layer=2, n_head=4, n_embd=64, bias=True)
+
+
+def step(backend, bf16):
+    """loss and flat gradients of one forward + backward from the same weights and batch."""
+    backends.select(backend, verbose=False)
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 65, (4, 32)), rng.integers(0, 65, (4, 32))
+    m = GPT(CFG, np.random.default_rng(1), bf16=bf16)
+    m.zero_grad()
+    _, loss = m.forward(x, y)
+    m.backward()
+    backends.select("numpy", verbose=False)
+    return loss, m.grad_memory.copy()
+
+
+def rel(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def test_bf16_step_is_float32_within_bf16_precision():
+    """bf16 keeps 8 significant bits: each operand is off by at most 2^-9 relative (0.2%), so the gradients move
+    by about that (measured: 0.33% of their norm at this size); allowing 1% catches a wrong product (tens of
+    percent) or a missing rounding (exactly 0), and 1e-4 relative on the loss (measured: 8e-6)."""
+    l32, g32 = step("numpy", False)
+    l16, g16 = step("numpy", True)
+    assert abs(l16 - l32) < 1e-4 * l32
+    assert 1e-4 < rel(g16, g32) < 1e-2
+
+
+@pytest.mark.parametrize("backend", [b for b, r in (("numba", NUMBA), ("native", NATIVE)) if r is None])
+def test_bf16_step_of_fast_backends_matches_the_emulation(backend):
+    """Summation order differs from numpy's, and a last-bit difference in an activation can flip its bf16
+    rounding in the next product (one bf16 ulp, 2^-8 relative, on that element): measured 1.5e-4 of the
+    gradients' norm; the bound, 1e-3, still sits well under the 3e-3 that separates bf16 from float32."""
+    l_ref, g_ref = step("numpy", True)
+    l, g = step(backend, True)
+    assert abs(l - l_ref) < 1e-6 * l_ref
+    assert rel(g, g_ref) < 1e-3
+
+
+def test_products_follow_the_model_that_runs_them():
+    """A bf16 model's products are bf16 inside its forward only: a float32 model and direct calls after it are not."""
+    m16, m32 = GPT(CFG, np.random.default_rng(1), bf16=True), GPT(CFG, np.random.default_rng(1))
+    x = np.random.default_rng(0).integers(0, 65, (2, 8))
+    backends.select("numpy", verbose=False)
+    l16 = m16.forward(x)[0].copy()
+    l32 = m32.forward(x)[0].copy()
+    assert not np.array_equal(l16, l32)
+    m32.bf16 = True                                       # switched later (sampling with --dtype bf16)
+    assert np.array_equal(m32.forward(x)[0], l16)
+    a = np.full((2, 2), 1 + 2 ** -10, np.float32)
+    assert backends.current().matmul(a, a)[0, 0] != 2.0   # outside a forward: float32 products
