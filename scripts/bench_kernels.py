@@ -15,6 +15,7 @@ import numpy as np
 from bench_util import cpu_line
 from minigpt import backends
 from minigpt.backends import ops
+from minigpt.backends.native import isa as native_isa
 
 
 # ----------------------------------------------------------------------------
@@ -37,9 +38,10 @@ def step_shapes(batch, block, n_embd, n_head, vocab, n_layer):
                   ("lm_head dW dl^T@x", 1, vocab, C, R, True, False, 1)]
 
 
-def time_product(L, M, N, K, ta, tb, min_time=0.2, warmup=2, min_calls=5, rng=None):
+def time_product(L, M, N, K, ta, tb, min_time=0.2, warmup=2, min_calls=5, rng=None, bf16=False):
     """Seconds of each timed call of op(a) @ op(b) on the selected backend (after warm-up), into a preallocated
-    out: ops.matmul for L = 1, ops.bmm over a (L, M, N) batch otherwise (contiguous operands)."""
+    out: ops.matmul for L = 1, ops.bmm over a (L, M, N) batch otherwise (contiguous operands); bf16 products
+    with bf16=True."""
     rng = rng or np.random.default_rng(0)
     lead = (L,) if L > 1 else ()
     a = rng.standard_normal((*lead, K, M) if ta else (*lead, M, K), dtype=np.float32)
@@ -47,11 +49,11 @@ def time_product(L, M, N, K, ta, tb, min_time=0.2, warmup=2, min_calls=5, rng=No
     out = np.empty((*lead, M, N), np.float32)
     f = ops.bmm if lead else ops.matmul
     for _ in range(warmup):
-        f(a, b, ta, tb, out)
+        f(a, b, ta, tb, out, bf16=bf16)
     times, t_end = [], time.perf_counter() + min_time
     while len(times) < min_calls or (time.perf_counter() < t_end and len(times) < 200):
         t0 = time.perf_counter()
-        f(a, b, ta, tb, out)
+        f(a, b, ta, tb, out, bf16=bf16)
         times.append(time.perf_counter() - t0)
     return np.array(times)
 
@@ -60,14 +62,15 @@ def time_product(L, M, N, K, ta, tb, min_time=0.2, warmup=2, min_calls=5, rng=No
 
 CONFIGS = {"S": dict(batch=12, block=64, n_embd=128, n_head=4, vocab=65, n_layer=4),
            "M": dict(batch=64, block=256, n_embd=384, n_head=6, vocab=65, n_layer=6)}
+BF16_ON = {True: "vdpbf16ps", False: "the fp32 FMAs on bf16-rounded operands: no bf16 instruction on this path"}
 NOTES = "<!-- notes: hand-written text below this line is kept when the script rewrites the report -->"
 
 
-def peak(names, threads):  # fp32 FMA peak of the threads now (register-only loop): low values flag a busy machine
-    if "native" not in names:
-        return "n/a"
+def peak(names, threads, bf16=False):  # fp32 FMA peak of the threads now (register-only loop): low values flag a
+    if "native" not in names:           # busy machine. bf16: the bf16 products' instruction (vdpbf16ps, or the FMA)
+        return None
     backends.select("native", threads=threads, verbose=False)
-    return f"{max(backends.current().peak_gflops() for _ in range(3)):.0f}"
+    return max(backends.current().peak_gflops(bf16=bf16) for _ in range(3))
 
 
 def main():
@@ -77,17 +80,23 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--min_time", type=float, default=0.25, help="seconds of timed calls per backend, shape and round")
     p.add_argument("--out", default="reports/kernels.md")
+    p.add_argument("--bf16", type=int, default=1, help="1: also time native's bf16 products (column 'native bf16')")
     args = p.parse_args()
 
     names = sorted(backends.available(), key=lambda b: b == "numpy")  # numpy (OpenBLAS via np.matmul) last in a round
-    peak_before = peak(names, args.threads)
+    peak_before, bf16_peak = peak(names, args.threads), peak(names, args.threads, bf16=True)
+    if "native" in names and args.bf16:
+        names.insert(names.index("native") + 1, "native bf16")        # bf16 products on the native path in use
     lines = ["# Kernel benchmark: GFLOP/s per matmul shape of one training step", "",
              f"`flock /tmp/minigpt-bench.lock python scripts/bench_kernels.py --threads {args.threads} "
              f"--configs {args.configs} --rounds {args.rounds} --min_time {args.min_time}` on {cpu_line()}, "
              f"{time.strftime('%Y-%m-%d %H:%M')}. Threads: {args.threads} for every backend. "
-             "fp32 FMA peak (register-only loop on the same threads), GFLOP/s: {PEAK}.",
+             "fp32 FMA peak (register-only loop on the same threads), GFLOP/s: {PEAK}."
+             + (f" bf16 peak: {bf16_peak:.0f} GFLOP/s on native's {native_isa()} path ({BF16_ON[native_isa() == 'avx512bf16']})."
+                if "native bf16" in names else ""),
              "Each entry: median over rounds of the median call time (after warm-up calls; at least 5 calls, 3 for "
              "products over 1 GFLOP); GFLOP/s = 2·L·M·N·K / t. 'best calls': the fastest call of each, less hit by noise.", ""]
+    step_rate = {}
     for cfg in args.configs.split(","):
         shapes = step_shapes(**CONFIGS[cfg])
         t, tmin = {b: [] for b in names}, {b: [] for b in names}
@@ -95,9 +104,10 @@ def main():
             runs = {b: [] for b in names}
             for _ in range(args.rounds):
                 for b in names:
-                    backends.select(b, threads=args.threads, verbose=False)
+                    backends.select(b.split()[0], threads=args.threads, verbose=False)
                     big = L * M * N * Kd > 5e8                         # config M: a few calls of ~0.1 s each suffice
-                    runs[b].append(time_product(L, M, N, Kd, ta, tb, args.min_time, 1 if big else 2, 3 if big else 5))
+                    runs[b].append(time_product(L, M, N, Kd, ta, tb, args.min_time, 1 if big else 2, 3 if big else 5,
+                                                bf16=b.endswith("bf16")))
                     if b == "numpy":
                         time.sleep(0.3)        # OpenBLAS workers spin ~0.1 s after a call: let them sleep first
             for b in names:
@@ -116,13 +126,21 @@ def main():
         geo = {b: float(np.exp(np.log(gf[b]).mean())) for b in names}
         best = {b: float(np.exp(np.log(flops / np.array(tmin[b]) / 1e9).mean())) for b in names}
         step = {b: float((counts * np.array(t[b])).sum() * 1e3) for b in names}
+        if "native bf16" in names:
+            step_rate[cfg] = float((counts * flops).sum() / (step["native bf16"] * 1e-3) / 1e9)
         lines += ["| **geometric mean** | | " + " | ".join(f"**{geo[b]:.1f}**" for b in names) + " | " +
                   " | ".join(f"**{geo[b] / geo['numpy']:.2f}**" for b in names if b != "numpy") + " |",
                   "| geometric mean of best calls | | " + " | ".join(f"{best[b]:.1f}" for b in names) + " | " +
                   " | ".join(f"{best[b] / best['numpy']:.2f}" for b in names if b != "numpy") + " |",
                   "| one step's matmuls (ms, x count) | | " + " | ".join(f"{step[b]:.1f}" for b in names) + " | " +
                   " | ".join(f"{step['numpy'] / step[b]:.2f}x faster" for b in names if b != "numpy") + " |", ""]
-    lines[2] = lines[2].replace("{PEAK}", f"{peak_before} before, {peak(names, args.threads)} after the run")
+    if "native bf16" in names:
+        lines += ["native bf16 against the peaks (one step's matmul-weighted GFLOP/s: all its products' flops over "
+                  "their summed median times):", "", "| config | native bf16 GFLOP/s | % of fp32 peak | % of bf16 peak |",
+                  "|---|---:|---:|---:|"] + [f"| {c} | {g:.1f} | {100 * g / peak_before:.0f}% | {100 * g / bf16_peak:.0f}% |"
+                                             for c, g in step_rate.items()] + [""]
+    after = peak(names, args.threads)
+    lines[2] = lines[2].replace("{PEAK}", f"{peak_before:.0f} before, {after:.0f} after the run" if after else "n/a")
     old = open(args.out).read() if os.path.exists(args.out) else ""
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:

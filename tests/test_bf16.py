@@ -246,3 +246,34 @@ def test_products_follow_the_model_that_runs_them():
     assert np.array_equal(m32.forward(x)[0], l16)
     a = np.full((2, 2), 1 + 2 ** -10, np.float32)
     assert backends.current().matmul(a, a)[0, 0] != 2.0   # outside a forward: float32 products
+
+
+# ----------------------------------------------------------------------------
+# the commands
+
+def test_a_bf16_run_learns_writes_float32_checkpoints_and_samples(tmp_path):
+    """Training with --dtype bf16 runs bf16 products (its loss differs from float32's from the first step) and
+    learns; the checkpoint is float32, resumes, and samples with and without --dtype bf16."""
+    import subprocess
+    import sys
+    from helpers import tiny_cfg
+    from test_train import read_log
+    from minigpt import checkpoint
+    from minigpt.train import train
+    kw = dict(max_iters=40, eval_interval=20, lr_decay_iters=40, lr=1e-2, min_lr=1e-3)
+    runs = {d: read_log(train(tiny_cfg(tmp_path / d, dtype=d, **kw))["log"]) for d in ("float32", "bf16")}
+    first = {d: next(r["loss"] for r in rows if r["kind"] == "train") for d, rows in runs.items()}
+    assert first["bf16"] != first["float32"] and abs(first["bf16"] - first["float32"]) < 1e-2
+    evals = [r["val_loss"] for r in runs["bf16"] if r["kind"] == "eval"]
+    assert evals[-1] < evals[0] - 0.5
+    ckpt = tmp_path / "bf16" / "out" / "ckpt_last.npz"
+    meta, params, _ = checkpoint.load(str(ckpt))
+    assert meta["train_config"]["dtype"] == "bf16" and all(p.dtype == np.float32 for p in params.values())
+    resumed = train(tiny_cfg(tmp_path / "bf16", dtype="bf16", resume=True, **{**kw, "max_iters": 44}))
+    assert read_log(resumed["log"])[-1]["iter"] == 44
+    cmd = [sys.executable, "-m", "minigpt.sample", "--ckpt", str(ckpt), "--prompt", "The", "--max_new_tokens", "20",
+           "--seed", "3", "--backend", "numpy"]
+    out = {d: subprocess.run(cmd + ["--dtype", d], capture_output=True, text=True, timeout=60) for d in ("float32", "bf16")}
+    assert all(r.returncode == 0 and r.stdout.startswith("The") for r in out.values()), out["bf16"].stderr
+    bad = subprocess.run(cmd + ["--dtype", "fp16"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--dtype must be float32 or bf16" in bad.stderr and "Traceback" not in bad.stderr
