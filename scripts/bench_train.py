@@ -254,10 +254,13 @@ def main():
     ap.add_argument("--config", default="S", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=3, help=argparse.SUPPRESS)
     ap.add_argument("--profile", type=int, default=1, help=argparse.SUPPRESS)
-    ap.add_argument("--dtype", default="float32", choices=("float32", "bf16"), help=argparse.SUPPRESS)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bf16"),
+                    help="a child's dtype (--child NAME --dtype bf16); given to the parent, the same as --dtypes DTYPE")
     a = ap.parse_args()
     if a.child:
         return child(a)
+    if a.dtype != "float32" and a.dtypes == "float32":
+        a.dtypes = a.dtype
     trees = {"": ROOT}
     if a.baseline:
         trees[BASE] = os.path.abspath(a.baseline)
@@ -287,9 +290,10 @@ def main():
             for name, impl in impls.items():       # a backend's before right after its after
                 for tag, tree in trees.items():    # (the profiled pass, for the shares, only in the first round)
                     label = name + tag
-                    if (tag and (impl[0] not in where[tag]["backends"] or impl[1] != "float32" or impl[0] == "pytorch")) \
-                            or label in failed:    # pytorch runs once: it is the same in both trees
-                        continue                   # and the baseline runs float32 only
+                    if (tag and (impl[0] not in where[tag]["backends"] or impl != (impl[0], "float32", None)
+                                 or impl[0] == "pytorch")) or label in failed:
+                        continue                   # pytorch runs once (it is the same in both trees); the
+                                                   # baseline, float32 on the default path only
                     r = run_child(tree, impl, cfg_name, n, a.threads, rnd == 0)
                     if "error" in r:
                         failed[label] = r["error"]
@@ -312,6 +316,7 @@ def main():
     write_report(a, results, "pytorch" in names, where, peak, failed, parent_rss)
 
 
+NOTES = "<!-- notes: text below this line (other benchmarks' sections) is kept when the script rewrites the report -->"
 ENV = ("MINIGPT_ISA", "OPENBLAS_CORETYPE", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
 
 
@@ -384,9 +389,10 @@ def write_report(a, results, have_torch, where, peak, failed, parent_rss):
         lines += ["", f"bf16 peak: {bf16_peak:.0f} GFLOP/s on {a.threads} threads, on {on}. A `bf16` minigpt row rounds "
                   "the operands of every product to bfloat16 and sums in float32 (README: bf16); `pytorch bf16 "
                   "autocast` runs the twin's forward under torch.autocast(\"cpu\", torch.bfloat16)."]
+    old = open(a.out).read() if os.path.exists(a.out) else ""
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
-        f.write("\n".join(lines) + "\n")
+        f.write("\n".join(lines) + "\n\n" + NOTES + (old.split(NOTES, 1)[1] if NOTES in old else "\n"))
     print(f"wrote {a.out}")
 
 
