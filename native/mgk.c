@@ -2,10 +2,11 @@
    The plain scalar loops (mgk_sgemm_ref) are the reference. The fast paths pack op(A) into MR-row panels and
    op(B) into NR-column panels (transposes happen while packing, so ta/tb cost no copies of the caller's arrays),
    then run a register-blocked micro-kernel; tails are zero-padded in the packs, so every shape takes them.
-   Four paths are compiled into the one library, each under its own target pragma (no -march flag), and
+   Five paths are compiled into the one library, each under its own target pragma (no -march flag), and
    mgk_isa() picks one at run time from cpuid (and a measured rate: best_isa), or mgk_set_isa() a lower one:
      AVX-512  8x32 tile of zmm FMAs with masked tails, hand-written intrinsics (below); avx512bf16 adds a
-              vdpbf16ps kernel for bf16 products on the same tile
+              vdpbf16ps kernel for bf16 products on the same tile, and amx runs bf16 products on AMX tiles
+              (mgk_amx.inc)
      AVX2     6x16 tile of ymm FMAs, mgk_gemm_generic.inc compiled for avx2,fma
      generic  4x16 tile, mgk_gemm_generic.inc compiled for the baseline (SSE2 on x86-64; any CPU elsewhere)
    No -ffast-math: the sums are plain (fused) multiply-adds in k order.
@@ -18,6 +19,9 @@
 #include <time.h>
 #include <pthread.h>
 #include <unistd.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#endif
 #include "mgk.h"
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(MGK_NO_SIMD)
 #include <immintrin.h>     /* each intrinsic carries its own target attribute; used only under the pragma below */
@@ -617,6 +621,61 @@ static void small_block_avx2(const job_t *g, const float *A, const float *B, flo
 }
 #pragma GCC pop_options
 
+/* ----------------------------------------------------------------------------
+   amx: bf16 products on AMX tiles (mgk_amx.inc; fp32 products run the AVX-512 path). Linux hands a process the
+   tile state only after arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): mgk_cpu_isa() asks once, before
+   any worker thread starts, and a refusal means no amx path. */
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512vl,avx512bw,avx512bf16,amx-tile,amx-bf16,avx2,fma")
+typedef struct {                   /* the 64-byte tile configuration of ldtilecfg, palette 1 */
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];            /* bytes per row of tile t */
+    uint8_t rows[16];
+} tilecfg_t;
+
+static void amx_config(void)       /* tiles 0-3: C (16 x 16 floats), 4-5: A, 6-7: B (16 rows x 64 bytes each) */
+{
+    tilecfg_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
+    _tile_loadconfig(&cfg);
+}
+#define GA(name) name##_amx
+#define TILE_CONFIG() amx_config()
+#define TILE_ZERO(t) _tile_zero(t)
+#define TILE_LOAD(t, p, s) _tile_loadd(t, p, s)
+#define TILE_STORE(t, p, s) _tile_stored(t, p, s)
+#define TILE_DP(c, a, b) _tile_dpbf16ps(c, a, b)
+#define TILE_RELEASE() _tile_release()
+#include "mgk_amx.inc"
+#undef GA
+#undef TILE_CONFIG
+#undef TILE_ZERO
+#undef TILE_LOAD
+#undef TILE_STORE
+#undef TILE_DP
+#undef TILE_RELEASE
+
+/* peak: 4 accumulator tiles, 2 A and 2 B tiles loaded once, registers (tiles) only: 4 x 16384 flops a pass */
+static void peak_job_amx(void *arg, int tid, int nt)
+{
+    long long iters = *(long long *)arg;
+    static const uint16_t ones[16 * 32] __attribute__((aligned(64))) = {0};
+    float sink[16 * 16];
+    amx_config();
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    _tile_loadd(4, ones, 64); _tile_loadd(5, ones, 64); _tile_loadd(6, ones, 64); _tile_loadd(7, ones, 64);
+    for (long long n = 0; n < iters; n++) {
+        _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, sink, 64);
+    _tile_release();
+    volatile float s = sink[0];
+    (void)s; (void)tid; (void)nt;
+}
+#pragma GCC pop_options
+
 /* the few-rows path of the ISA that runs (AVX-512 or AVX2; generic has none: run() keeps packing there) */
 static void small_any(const job_t *g, const float *A, const float *B, float *C, int n0, int n1)
 {
@@ -637,6 +696,51 @@ static void small_any(const job_t *g, const float *A, const float *B, float *C, 
 #undef GV_MR
 #undef GV_NR
 
+/* ----------------------------------------------------------------------------
+   mgk_amx.inc once more, on a scalar emulation of the tile instructions (plain C, any CPU): the tests run the
+   amx path's packs, tiling, edges and k blocks here, on CPUs without AMX (mgk_amx_emulated) */
+typedef union { float f[16][16]; uint16_t h[16][32]; unsigned char b[16][64]; } emu_tile_t;
+static emu_tile_t emu[8];                    /* one caller at a time (mgk_amx_emulated holds call_mu) */
+
+static void emu_load(int t, const void *p, long stride)
+{
+    for (int r = 0; r < 16; r++) memcpy(emu[t].b[r], (const unsigned char *)p + r * stride, 64);
+}
+static void emu_store(int t, void *p, long stride)
+{
+    for (int r = 0; r < 16; r++) memcpy((unsigned char *)p + r * stride, emu[t].b[r], 64);
+}
+static float emu_bf16(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+static void emu_dp(int c, int a, int b)      /* tdpbf16ps: C[m][n] += sum over pairs p, halves e of A.B */
+{
+    for (int m = 0; m < 16; m++)
+        for (int p = 0; p < 16; p++)
+            for (int n = 0; n < 16; n++)
+                for (int e = 0; e < 2; e++)
+                    emu[c].f[m][n] += emu_bf16(emu[a].h[m][2 * p + e]) * emu_bf16(emu[b].h[p][2 * n + e]);
+}
+#define GA(name) name##_amxemu
+#define TILE_CONFIG() (void)0
+#define TILE_ZERO(t) memset(&emu[t], 0, sizeof emu[t])
+#define TILE_LOAD(t, p, s) emu_load(t, p, s)
+#define TILE_STORE(t, p, s) emu_store(t, p, s)
+#define TILE_DP(c, a, b) emu_dp(c, a, b)
+#define TILE_RELEASE() (void)0
+#include "mgk_amx.inc"
+#undef GA
+#undef TILE_CONFIG
+#undef TILE_ZERO
+#undef TILE_LOAD
+#undef TILE_STORE
+#undef TILE_DP
+#undef TILE_RELEASE
+
 typedef void block_fn(const job_t *g, const float *A, const float *B, float *C, int m0, int m1, int n0, int n1,
                       float *ap, float *bp);
 typedef void peak_fn(void *arg, int tid, int nt);
@@ -655,6 +759,7 @@ static const struct isa_gemm ISA_GEMM[] = {
     {"avx2", AVX2_MR, AVX2_NR, gemm_block_avx2, gemm_block_avx2, peak_job_avx2, NULL, 2 * 12 * 8, 0},
     {"avx512", MR, NR, gemm_block, gemm_block, peak_job, NULL, 2 * 16 * 16, 0},
     {"avx512bf16", MR, NR, gemm_block, gemm_block_dp, peak_job, peak_job_dp, 2 * 16 * 16, 2 * 24 * 32},
+    {"amx", MR, NR, gemm_block, gemm_block_amx_amx, peak_job, peak_job_amx, 2 * 16 * 16, 4 * 2 * 16 * 16 * 32},
 #endif
 };
 
@@ -726,6 +831,20 @@ int mgk_get_num_threads(void) { return threads_now(); }
 
 int mgk_abi(void) { return MGK_ABI; }
 
+/* the CPU has AMX-BF16 tiles and Linux lets this process use them (asked once; see the amx section) */
+static int amx_allowed(void)
+{
+    static int allowed = -1;
+    if (allowed < 0) {
+        allowed = 0;
+#if defined(MGK_X86) && defined(__linux__)
+        if (__builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16"))
+            allowed = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+#endif
+    }
+    return allowed;
+}
+
 int mgk_cpu_isa(void)
 {
 #ifdef MGK_X86
@@ -733,7 +852,8 @@ int mgk_cpu_isa(void)
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return __builtin_cpu_supports("avx512bf16") ? MGK_ISA_AVX512BF16 : MGK_ISA_AVX512;
+        return !__builtin_cpu_supports("avx512bf16") ? MGK_ISA_AVX512 : amx_allowed() ? MGK_ISA_AMX
+                                                                                      : MGK_ISA_AVX512BF16;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
         return MGK_ISA_AVX2;
 #endif
@@ -757,7 +877,7 @@ static double peak_once(peak_fn *fn, int flops, long long iters)   /* GFLOP/s of
    register loops each */
 static int best_isa(void)
 {
-    int isa = mgk_cpu_isa();
+    int isa = mgk_cpu_isa();                   /* amx: about 15x the fp32 FMAs (../shared/notes), no need to measure */
     if (isa == MGK_ISA_AVX512BF16) {
         const struct isa_gemm *b = &ISA_GEMM[MGK_ISA_AVX512BF16];
         double fp32 = 0, bf16 = 0;
@@ -882,6 +1002,23 @@ int mgk_bgemm(int ta, int tb, int M, int N, int K, const float *A, int lda, cons
               float beta, float *C, int ldc)
 {
     return mgk_bgemm_batched(1, 1, ta, tb, M, N, K, A, lda, 0, 0, B, ldb, 0, 0, beta, C, ldc, 0, 0);
+}
+
+int mgk_amx_emulated(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                     float beta, float *C, int ldc)
+{
+    if (bad_args(ta, tb, M, N, K, A, lda, B, ldb, C, ldc)) return MGK_EBADARG;
+    job_t g = {NULL, ta != 0, tb != 0, M, N, K, lda, ldb, ldc, 1, A, B, C, beta, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 1};
+    float *abuf = aligned_alloc(64, sizeof(float) * MC * KC), *bbuf = aligned_alloc(64, sizeof(float) * KC * NC);
+    int rc = abuf && bbuf ? MGK_OK : MGK_ENOMEM;
+    if (rc == MGK_OK && M && N) {
+        pthread_mutex_lock(&call_mu);
+        gemm_block_amx_amxemu(&g, A, B, C, 0, M, 0, N, abuf, bbuf);
+        pthread_mutex_unlock(&call_mu);
+    }
+    free(abuf);
+    free(bbuf);
+    return rc;
 }
 
 static double peak_gflops(int bf16, long long iters)

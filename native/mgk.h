@@ -37,6 +37,10 @@ int mgk_bgemm_batched(int L1, int L2, int ta, int tb, int M, int N, int K,
                       float beta, float *C, int ldc, long long sC1, long long sC2);
 int mgk_bgemm_ref(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                   float beta, float *C, int ldc);
+/* the amx path's bf16 product (mgk_amx.inc) on a scalar emulation of the tile instructions, one thread, any CPU:
+   tests run the path's packing and tiling where there is no AMX */
+int mgk_amx_emulated(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                     float beta, float *C, int ldc);
 /* out[i] = x[i] rounded to bf16 (float32 with the low 16 bits zero; NaN stays NaN, overflow -> inf); out may be x */
 int mgk_round_bf16(long long n, const float *x, float *out);
 
@@ -47,11 +51,12 @@ int mgk_abi(void);                   /* MGK_ABI of this build */
 #define MGK_ISA_AVX2    1            /* AVX2 + FMA */
 #define MGK_ISA_AVX512  2            /* AVX-512 F/DQ/BW/VL */
 #define MGK_ISA_AVX512BF16 3         /* AVX-512 + AVX512_BF16: bf16 products on vdpbf16ps (fp32 ones as AVX-512) */
+#define MGK_ISA_AMX     4            /* ... + AMX-BF16: bf16 products on AMX tiles (Linux must grant the tile state) */
 int mgk_cpu_isa(void);               /* the highest path this CPU (and OS) can run, from cpuid */
 int mgk_isa(void);                   /* the path in use: the fastest one (mgk_cpu_isa(), but avx512bf16 only where
                                         vdpbf16ps measures faster than fp32 FMAs), unless mgk_set_isa chose one */
 int mgk_set_isa(int isa);            /* force a path <= mgk_cpu_isa() (tests, reports); MGK_EBADARG otherwise */
-const char *mgk_isa_name(int isa);   /* "generic", "avx2", "avx512", "avx512bf16"; "?" for one this CPU cannot run */
+const char *mgk_isa_name(int isa);   /* "generic", "avx2", "avx512", "avx512bf16", "amx"; "?" if this CPU cannot */
 int mgk_set_num_threads(int n);      /* n >= 1 threads including the caller; the only threading knob */
 int mgk_get_num_threads(void);
 int mgk_set_spin_us(int us);         /* workers (and the caller) wait up to us microseconds on the CPU for the

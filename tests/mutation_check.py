@@ -101,6 +101,13 @@ M = [
         f"{TB}::test_c_rounding_equals_numpy_bit_for_bit"),
     ("native/mgk_gemm_generic.inc", "if (g->bf16) round_bf16(bp, (long)(nc + GV_NR - 1) / GV_NR * GV_NR * kc);",
         "", f"{TB}::test_bf16_products_round_both_operands_exactly"),
+    ("native/mgk_amx.inc", "TILE_DP(2, 5, 6); TILE_DP(3, 5, 7);", "TILE_DP(2, 5, 6); TILE_DP(3, 5, 6);",
+        f"{TB}::test_amx_path_on_emulated_tiles_matches_the_emulation"),
+    ("native/mgk_amx.inc", "(bf16_bits(r1[j]) & 0xffff0000u) | (bf16_bits(r0[j]) >> 16)",
+        "(bf16_bits(r0[j]) & 0xffff0000u) | (bf16_bits(r1[j]) >> 16)",
+        f"{TB}::test_amx_path_on_emulated_tiles_matches_the_emulation"),
+    ("native/mgk_amx.inc", "TILE_LOAD(5, ap + 16 * (long)kp + k, kp * 2);", "TILE_LOAD(5, ap + 16 * (long)kp, kp * 2);",
+        f"{TB}::test_amx_path_on_emulated_tiles_matches_the_emulation"),
     # data parallel (needs mpi4py): each rank's share of the loss, and its slice of the global batch
     (TRAIN, "model.backward(scale=1.0 / k)", "model.backward(scale=1.0 / cfg.grad_accum)",
         f"{TD}::test_two_ranks_take_the_steps_of_one_process_with_twice_the_batch"),

@@ -182,6 +182,22 @@ def test_native_scalar_reference_matches_the_emulation():
         close_to_emulation(out, a, b, ta, tb)
 
 
+@pytest.mark.skipif(NATIVE is not None, reason=str(NATIVE))
+@pytest.mark.parametrize("ta,tb", list(itertools.product((0, 1), repeat=2)))
+def test_amx_path_on_emulated_tiles_matches_the_emulation(ta, tb):
+    """The amx path's packs, 32 x 32 tiling, edges, k blocks (K > 256) and beta, run here on a scalar emulation
+    of the tile instructions (the instructions themselves run only on a CPU with AMX, in the tests above)."""
+    lib, rng = native._lib(), np.random.default_rng(7)
+    for M, N, K, beta in ((1, 1, 1, 0.0), (5, 17, 31, 0.0), (32, 32, 32, 1.0), (33, 47, 70, 1.0), (64, 64, 300, 0.0),
+                          (70, 33, 600, 0.5), (3, 2100, 40, 1.0), (200, 40, 0, 1.0)):
+        a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
+        b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
+        c = rng.standard_normal((M, N)).astype(np.float32)
+        base = beta * c.astype(np.float64)
+        assert lib.mgk_amx_emulated(ta, tb, M, N, K, a, max(a.shape[1], 1), b, max(b.shape[1], 1), beta, c, N) == 0
+        close_to_emulation(c, a, b, ta, tb, base)
+
+
 def test_bf16_products_refuse_float64():
     a = np.ones((2, 3))
     with pytest.raises(TypeError, match="bf16 products take float32"):

@@ -7,8 +7,9 @@ The only file that uses ctypes. Loads the library once and declares every signat
 The products walk strided views in place (rows of contiguous floats, up to two batch strides); the other ops
 take C-contiguous arrays, so a view goes through per-shape scratch (Ops._contiguous), as does a view the
 products cannot walk. backend() raises BackendUnavailable with the reason and the fix if the library is missing
-or fails to load. The library runs on any CPU: it picks its AVX-512 (+AVX512_BF16 where vdpbf16ps measures
-faster than fp32 FMAs), AVX2+FMA or generic path by cpuid, and MINIGPT_ISA=avx512|avx2|generic forces a lower one.
+or fails to load. The library runs on any CPU: it picks its AVX-512 (+ AMX tiles, or AVX512_BF16 where vdpbf16ps
+measures faster than fp32 FMAs, for bf16 products), AVX2+FMA or generic path by cpuid, and MINIGPT_ISA (one of
+ISAS) forces another one this CPU runs.
 bf16 products (matmul(..., bf16=True)) run mgk_bgemm*: the operands are rounded to bf16 as they are packed.
 MINIGPT_NATIVE_LIB=/path/to/lib overrides the location.
 """
@@ -103,7 +104,7 @@ def _lib():
     lib.mgk_sgemm_batched.restype = _i
     lib.mgk_sgemm.argtypes = [_i] * 5 + [_f32, _i, _f32, _i, ctypes.c_float, _f32, _i]
     lib.mgk_sgemm.restype = _i
-    for f in ("mgk_sgemm_ref", "mgk_bgemm", "mgk_bgemm_ref"):          # bgemm: bf16 operands, the same call
+    for f in ("mgk_sgemm_ref", "mgk_bgemm", "mgk_bgemm_ref", "mgk_amx_emulated"):   # bf16 operands, same call
         getattr(lib, f).argtypes, getattr(lib, f).restype = lib.mgk_sgemm.argtypes, _i
     lib.mgk_bgemm_batched.argtypes = lib.mgk_sgemm_batched.argtypes
     lib.mgk_bgemm_batched.restype = _i
@@ -317,7 +318,7 @@ def _matrices(x):
     return x.ctypes.data, st[-2] if rows > 1 else cols, st[0] if nb else 0, st[1] if nb == 2 else 0
 
 
-ISAS = ("generic", "avx2", "avx512", "avx512bf16")             # MGK_ISA_* in native/mgk.h, in order
+ISAS = ("generic", "avx2", "avx512", "avx512bf16", "amx")      # MGK_ISA_* in native/mgk.h, in order
 
 
 @functools.cache
