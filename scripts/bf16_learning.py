@@ -44,7 +44,8 @@ def run(out_dir, flags, args):
                "--backend", args.backend, "--threads", str(args.threads), "--report", "false", "--plot", "",
                "--sample_chars", "0"] + (["--data", args.data] if args.data else []) + flags
         print(" ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode:
+            sys.exit(f"error: the run in {out_dir} failed (its message is above)")
         got = final(os.path.join(out_dir, "log.jsonl"))
     print(f"{out_dir}: whole-split val {got[0]:.4f} at iter {got[1]}", flush=True)
     return got
