@@ -747,6 +747,7 @@ typedef void peak_fn(void *arg, int tid, int nt);
 struct isa_gemm {
     const char *name;
     int mr, nr;                /* micro-tile: the unit of the thread grid */
+    int bf16_mr, bf16_nr;      /* ... of bf16 products (amx: 32 x 32) */
     block_fn *block;           /* float32 products */
     block_fn *bf16_block;      /* bf16 products (mgk_bgemm*) */
     peak_fn *peak, *bf16_peak;
@@ -754,14 +755,18 @@ struct isa_gemm {
     int bf16_peak_flops;       /* ... of the bf16 peak loop (0: bf16 products run on the fp32 FMAs) */
 };
 static const struct isa_gemm ISA_GEMM[] = {
-    {"generic", 4, 16, gemm_block_generic, gemm_block_generic, peak_job_generic, NULL, 2 * 12 * 4, 0},
+    {"generic", 4, 16, 4, 16, gemm_block_generic, gemm_block_generic, peak_job_generic, NULL, 2 * 12 * 4, 0},
 #ifdef MGK_X86
-    {"avx2", AVX2_MR, AVX2_NR, gemm_block_avx2, gemm_block_avx2, peak_job_avx2, NULL, 2 * 12 * 8, 0},
-    {"avx512", MR, NR, gemm_block, gemm_block, peak_job, NULL, 2 * 16 * 16, 0},
-    {"avx512bf16", MR, NR, gemm_block, gemm_block_dp, peak_job, peak_job_dp, 2 * 16 * 16, 2 * 24 * 32},
-    {"amx", MR, NR, gemm_block, gemm_block_amx_amx, peak_job, peak_job_amx, 2 * 16 * 16, 4 * 2 * 16 * 16 * 32},
+    {"avx2", AVX2_MR, AVX2_NR, AVX2_MR, AVX2_NR, gemm_block_avx2, gemm_block_avx2, peak_job_avx2, NULL, 2 * 12 * 8, 0},
+    {"avx512", MR, NR, MR, NR, gemm_block, gemm_block, peak_job, NULL, 2 * 16 * 16, 0},
+    {"avx512bf16", MR, NR, MR, NR, gemm_block, gemm_block_dp, peak_job, peak_job_dp, 2 * 16 * 16, 2 * 24 * 32},
+    {"amx", MR, NR, 32, 32, gemm_block, gemm_block_amx_amx, peak_job, peak_job_amx, 2 * 16 * 16, 4 * 2 * 16 * 16 * 32},
 #endif
 };
+
+/* the unit of the thread grid: a block edge between threads falls on a micro-tile edge */
+static inline int tile_m(const job_t *g) { return g->bf16 ? g->isa->bf16_mr : g->isa->mr; }
+static inline int tile_n(const job_t *g) { return g->bf16 ? g->isa->bf16_nr : g->isa->nr; }
 
 /* ----------------------------------------------------------------------------
    threading: split the batch over threads, or each product over a pm x pn grid of tile-aligned blocks */
@@ -795,8 +800,8 @@ static void run_job(void *arg, int tid, int nt)
         if (g->pm == 0) {                                  /* batch split: items tid, tid+nt, ... */
             if (l % nt != tid) continue;
         } else {
-            split(g->M, g->isa->mr, g->pm, tid % g->pm, &m0, &m1);
-            split(g->N, g->isa->nr, g->pn, tid / g->pm, &n0, &n1);
+            split(g->M, tile_m(g), g->pm, tid % g->pm, &m0, &m1);
+            split(g->N, tile_n(g), g->pn, tid / g->pm, &n0, &n1);
             if (m0 >= m1 || n0 >= n1) continue;
         }
         const float *A = g->A + item(g, l, g->sA, g->sA2), *B = g->B + item(g, l, g->sB, g->sB2);
@@ -922,7 +927,7 @@ static int plan(job_t *g)
     for (int pm = 1; pm <= nt; pm++) {
         if (nt % pm) continue;
         int pn = nt / pm;
-        int mr = g->isa->mr, nr = g->isa->nr;
+        int mr = tile_m(g), nr = tile_n(g);
         double rows = (double)(((g->M + mr - 1) / mr + pm - 1) / pm) * mr;
         double cols = (double)(((g->N + nr - 1) / nr + pn - 1) / pn) * nr;
         double cost = rows * cols + 8.0 * (rows + cols);

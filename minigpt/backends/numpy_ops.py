@@ -30,7 +30,7 @@ def _future(T, Tk, start):
 
 
 def round_bf16(x, out):
-    """float32 x -> out: each value rounded to the nearest bfloat16 (8 bits of mantissa, float32's exponent
+    """float32 x -> out: each value rounded to the nearest bfloat16 (8 significant bits, float32's exponent
     range), ties to even, kept as float32 whose low 16 bits are zero. A NaN stays NaN (made quiet), a finite
     value past the largest bf16 (3.39e38) rounds to inf; subnormals round like any other value. Returns out."""
     u = x.view(np.uint32)                                           # the float's bits (a view: x may be strided)
