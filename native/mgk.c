@@ -9,7 +9,8 @@
               (mgk_amx.inc)
      AVX2     6x16 tile of ymm FMAs, mgk_gemm_generic.inc compiled for avx2,fma
      generic  4x16 tile, mgk_gemm_generic.inc compiled for the baseline (SSE2 on x86-64; any CPU elsewhere)
-   No -ffast-math: the sums are plain (fused) multiply-adds in k order.
+   No -ffast-math: the sums are plain (fused) multiply-adds in k order (vdpbf16ps and AMX tiles add the two
+   products of each k-pair in the instruction's own order: the same value up to float32 summation order).
    bfloat16 products (mgk_bgemm*, mgk.h): both operands are rounded to bf16 as they are packed, and the exact
    products are summed in float32. Every path does it by rounding its fp32 packs (bf16 values are floats whose
    low 16 bits are zero); on top of AVX-512, the avx512bf16 path turns its packs into k-pairs for vdpbf16ps. */
@@ -42,6 +43,8 @@
 #ifndef NC
 #define NC 2048    /* columns of B packed at once */
 #endif
+_Static_assert(KC >= 32 && KC % 32 == 0 && MC % 32 == 0 && NC % 32 == 0,
+               "the amx packs pad k, rows and columns to 32 inside the fp32 paths' buffers");
 #ifndef SMALL_M
 #define SMALL_M 4  /* products with at most this many rows skip packing (small_block) */
 #endif
@@ -150,6 +153,9 @@ int mgk_bgemm_ref(int ta, int tb, int M, int N, int K, const float *A, int lda, 
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(MGK_NO_SIMD)
 #define MGK_X86 1
+#if defined(__x86_64__) && (__GNUC__ >= 11 || defined(__clang__))
+#define MGK_BF16 1         /* the avx512bf16 and amx paths: their intrinsics and cpuid names need GCC 11 */
+#endif
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")
 
@@ -284,6 +290,7 @@ static void kernel_8x16(int kc, const float *ap, const float *bp, float *c, long
    a[2p]*b[2p] + a[2p+1]*b[2p+1] (exact products of bf16 values) into each float32 lane: twice the multiply-adds
    of an fp32 FMA per instruction. mgk_isa() takes this path only where it measures faster than fp32 FMAs (AMD
    Zen 4: about 2x; Intel Xeons: half, ../shared/notes). */
+#ifdef MGK_BF16
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,avx512vl,avx512bw,avx512bf16,avx2,fma")
 
@@ -345,6 +352,10 @@ static void peak_job_dp(void *arg, int tid, int nt)
     (void)sink; (void)nt;
 }
 #pragma GCC pop_options
+#define DP(x) x            /* the dp branches of gemm_loops */
+#else
+#define DP(x)
+#endif
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")
@@ -362,26 +373,24 @@ static inline __attribute__((always_inline)) void gemm_loops(int dp, const job_t
             int kc = g->K - pc < KC ? g->K - pc : KC;
             float beta = pc == 0 ? g->beta : 1.0f;        /* later k blocks add to the first one's result */
             pack_b(g, B, jc, nc, pc, kc, bp);
-            if (dp) pair_b(bp, nc, kc);
-            else if (g->bf16) round_bf16(bp, b_panels(nc) * kc);
+            DP(if (dp) pair_b(bp, nc, kc); else)
+            if (g->bf16) round_bf16(bp, b_panels(nc) * kc);
             for (int ic = m0; ic < m1; ic += MC) {
                 int mc = m1 - ic < MC ? m1 - ic : MC;
                 for (int ir = 0; ir < mc; ir += MR) {
                     pack_a(g, A, ic + ir, mc - ir < MR ? mc - ir : MR, pc, kc, ap + ir * kc);
-                    if (dp) pair_panel(ap + ir * kc, kc, MR);
-                    else if (g->bf16) round_bf16(ap + ir * kc, (long)MR * kc);
+                    DP(if (dp) pair_panel(ap + ir * kc, kc, MR); else)
+                    if (g->bf16) round_bf16(ap + ir * kc, (long)MR * kc);
                 }
                 for (int jr = 0; jr < nc; jr += NR) {
                     int nr = nc - jr < NR ? nc - jr : NR;
                     for (int ir = 0; ir < mc; ir += MR) {
                         float *c = C + (long)(ic + ir) * g->ldc + jc + jr;
                         int mr = mc - ir < MR ? mc - ir : MR;
-                        if (dp)
-                            (nr > 16 ? kernel_dp_8x32 : kernel_dp_8x16)((kc + 1) / 2, ap + ir * kc, bp + jr * kc, c,
-                                                                        g->ldc, mr, nr, beta);
-                        else
-                            (nr > 16 ? kernel_8x32 : kernel_8x16)(kc, ap + ir * kc, bp + jr * kc, c, g->ldc, mr, nr,
-                                                                  beta);
+                        DP(if (dp) (nr > 16 ? kernel_dp_8x32 : kernel_dp_8x16)((kc + 1) / 2, ap + ir * kc,
+                                                                               bp + jr * kc, c, g->ldc, mr, nr,
+                                                                               beta); else)
+                        (nr > 16 ? kernel_8x32 : kernel_8x16)(kc, ap + ir * kc, bp + jr * kc, c, g->ldc, mr, nr, beta);
                     }
                 }
             }
@@ -396,11 +405,14 @@ static void gemm_block(const job_t *g, const float *A, const float *B, float *C,
     gemm_loops(0, g, A, B, C, m0, m1, n0, n1, ap, bp);
 }
 
+#ifdef MGK_BF16
 static void gemm_block_dp(const job_t *g, const float *A, const float *B, float *C, int m0, int m1, int n0, int n1,
                           float *ap, float *bp)
 {
     gemm_loops(1, g, A, B, C, m0, m1, n0, n1, ap, bp);
 }
+#endif
+#undef DP
 
 /* ----------------------------------------------------------------------------
    few rows (M <= SMALL_M, e.g. one decoding step per sample): no packing, which would cost as much as the
@@ -624,9 +636,13 @@ static void small_block_avx2(const job_t *g, const float *A, const float *B, flo
 /* ----------------------------------------------------------------------------
    amx: bf16 products on AMX tiles (mgk_amx.inc; fp32 products run the AVX-512 path). Linux hands a process the
    tile state only after arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): mgk_cpu_isa() asks once, before
-   any worker thread starts, and a refusal means no amx path. */
+   any worker thread starts, and a refusal means no amx path. GCC's tile intrinsics are asm that names no memory
+   operand, so TILE_LOAD/TILE_STORE and the config carry a compiler memory barrier: what the code wrote (packs,
+   scratch, config) is in memory before a tile reads it, and what a tile stores is read after. */
+#ifdef MGK_BF16
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,avx512vl,avx512bw,avx512bf16,amx-tile,amx-bf16,avx2,fma")
+#define BARRIER() __asm__ volatile("" ::: "memory")
 typedef struct {                   /* the 64-byte tile configuration of ldtilecfg, palette 1 */
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];            /* bytes per row of tile t */
@@ -639,13 +655,14 @@ static void amx_config(void)       /* tiles 0-3: C (16 x 16 floats), 4-5: A, 6-7
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     for (int t = 0; t < 8; t++) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
+    BARRIER();
     _tile_loadconfig(&cfg);
 }
 #define GA(name) name##_amx
 #define TILE_CONFIG() amx_config()
 #define TILE_ZERO(t) _tile_zero(t)
-#define TILE_LOAD(t, p, s) _tile_loadd(t, p, s)
-#define TILE_STORE(t, p, s) _tile_stored(t, p, s)
+#define TILE_LOAD(t, p, s) do { BARRIER(); _tile_loadd(t, p, s); } while (0)
+#define TILE_STORE(t, p, s) do { _tile_stored(t, p, s); BARRIER(); } while (0)
 #define TILE_DP(c, a, b) _tile_dpbf16ps(c, a, b)
 #define TILE_RELEASE() _tile_release()
 #include "mgk_amx.inc"
@@ -657,10 +674,11 @@ static void amx_config(void)       /* tiles 0-3: C (16 x 16 floats), 4-5: A, 6-7
 #undef TILE_DP
 #undef TILE_RELEASE
 
-/* peak: 4 accumulator tiles, 2 A and 2 B tiles loaded once, registers (tiles) only: 4 x 16384 flops a pass */
+/* peak: 4 accumulator tiles, 2 A and 2 B tiles loaded once, registers (tiles) only: 4 x 16384 flops a pass,
+   one pass per 8 iterations (a pass takes ~8x an FMA loop's iteration: the same iters take about as long) */
 static void peak_job_amx(void *arg, int tid, int nt)
 {
-    long long iters = *(long long *)arg;
+    long long iters = *(long long *)arg / 8;
     static const uint16_t ones[16 * 32] __attribute__((aligned(64))) = {0};
     float sink[16 * 16];
     amx_config();
@@ -670,11 +688,14 @@ static void peak_job_amx(void *arg, int tid, int nt)
         _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
     }
     _tile_stored(0, sink, 64);
+    BARRIER();
     _tile_release();
     volatile float s = sink[0];
     (void)s; (void)tid; (void)nt;
 }
+#undef BARRIER
 #pragma GCC pop_options
+#endif
 
 /* the few-rows path of the ISA that runs (AVX-512 or AVX2; generic has none: run() keeps packing there) */
 static void small_any(const job_t *g, const float *A, const float *B, float *C, int n0, int n1)
@@ -717,7 +738,10 @@ static float emu_bf16(uint16_t h)
     memcpy(&x, &u, 4);
     return x;
 }
-static void emu_dp(int c, int a, int b)      /* tdpbf16ps: C[m][n] += sum over pairs p, halves e of A.B */
+/* tdpbf16ps: C[m][n] += sum over pairs p, halves e of A.B. The instruction sums in its own order and flushes
+   denormals; this adds each product into C in turn: the same value up to float32 summation order, which is what
+   the tests allow for (they check the path's packs, tiles and edges, not the instruction's last bits) */
+static void emu_dp(int c, int a, int b)
 {
     for (int m = 0; m < 16; m++)
         for (int p = 0; p < 16; p++)
@@ -759,8 +783,11 @@ static const struct isa_gemm ISA_GEMM[] = {
 #ifdef MGK_X86
     {"avx2", AVX2_MR, AVX2_NR, AVX2_MR, AVX2_NR, gemm_block_avx2, gemm_block_avx2, peak_job_avx2, NULL, 2 * 12 * 8, 0},
     {"avx512", MR, NR, MR, NR, gemm_block, gemm_block, peak_job, NULL, 2 * 16 * 16, 0},
+#ifdef MGK_BF16
     {"avx512bf16", MR, NR, MR, NR, gemm_block, gemm_block_dp, peak_job, peak_job_dp, 2 * 16 * 16, 2 * 24 * 32},
-    {"amx", MR, NR, 32, 32, gemm_block, gemm_block_amx_amx, peak_job, peak_job_amx, 2 * 16 * 16, 4 * 2 * 16 * 16 * 32},
+    {"amx", MR, NR, 32, 32, gemm_block, gemm_block_amx_amx, peak_job, peak_job_amx, 2 * 16 * 16,
+     4 * 2 * 16 * 16 * 32 / 8},
+#endif
 #endif
 };
 
@@ -836,19 +863,21 @@ int mgk_get_num_threads(void) { return threads_now(); }
 
 int mgk_abi(void) { return MGK_ABI; }
 
+#ifdef MGK_BF16
 /* the CPU has AMX-BF16 tiles and Linux lets this process use them (asked once; see the amx section) */
 static int amx_allowed(void)
 {
     static int allowed = -1;
     if (allowed < 0) {
         allowed = 0;
-#if defined(MGK_X86) && defined(__linux__)
+#if defined(__linux__)
         if (__builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16"))
             allowed = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
 #endif
     }
     return allowed;
 }
+#endif
 
 int mgk_cpu_isa(void)
 {
@@ -857,8 +886,12 @@ int mgk_cpu_isa(void)
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+#ifdef MGK_BF16
         return !__builtin_cpu_supports("avx512bf16") ? MGK_ISA_AVX512 : amx_allowed() ? MGK_ISA_AMX
                                                                                       : MGK_ISA_AVX512BF16;
+#else
+        return MGK_ISA_AVX512;
+#endif
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
         return MGK_ISA_AVX2;
 #endif
@@ -867,6 +900,7 @@ int mgk_cpu_isa(void)
 
 static int isa_now = -1;               /* -1: not chosen yet -> best_isa() */
 
+#ifdef MGK_BF16
 static double peak_once(peak_fn *fn, int flops, long long iters)   /* GFLOP/s of one peak loop on this thread */
 {
     struct timespec t0, t1;
@@ -876,6 +910,7 @@ static double peak_once(peak_fn *fn, int flops, long long iters)   /* GFLOP/s of
     double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     return s > 0 ? (double)flops * (double)iters / s * 1e-9 : 0.0;
 }
+#endif
 
 /* the fastest path: the highest the CPU runs, except that a bf16 path must beat fp32 FMAs on rounded operands
    by its own measured rate (vdpbf16ps is about 2x an FMA on AMD Zen 4, 0.5x on Intel Xeons): best of 3 ~1 ms
@@ -883,6 +918,7 @@ static double peak_once(peak_fn *fn, int flops, long long iters)   /* GFLOP/s of
 static int best_isa(void)
 {
     int isa = mgk_cpu_isa();                   /* amx: about 15x the fp32 FMAs (../shared/notes), no need to measure */
+#ifdef MGK_BF16
     if (isa == MGK_ISA_AVX512BF16) {
         const struct isa_gemm *b = &ISA_GEMM[MGK_ISA_AVX512BF16];
         double fp32 = 0, bf16 = 0;
@@ -893,6 +929,7 @@ static int best_isa(void)
         }
         if (bf16 < 1.2 * fp32) isa = MGK_ISA_AVX512;
     }
+#endif
     return isa;
 }
 

@@ -189,7 +189,8 @@ def test_amx_path_on_emulated_tiles_matches_the_emulation(ta, tb):
     of the tile instructions (the instructions themselves run only on a CPU with AMX, in the tests above)."""
     lib, rng = native._lib(), np.random.default_rng(7)
     for M, N, K, beta in ((1, 1, 1, 0.0), (5, 17, 31, 0.0), (32, 32, 32, 1.0), (33, 47, 70, 1.0), (64, 64, 300, 0.0),
-                          (70, 33, 600, 0.5), (3, 2100, 40, 1.0), (200, 40, 0, 1.0)):
+                          (70, 33, 600, 0.5), (3, 2100, 40, 1.0), (200, 40, 0, 1.0),
+                          (200, 70, 300, 0.5)):                  # two MC row blocks, two k blocks
         a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
         b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
         c = rng.standard_normal((M, N)).astype(np.float32)
