@@ -95,9 +95,8 @@ def linear_relu2_forward(out, drelu2, x, w, b):                  # x (B, T, in) 
     return out
 
 
-def linear_relu2_backward(dx, dw, db, dout, drelu2, x, w):        # dout (B, T, out), overwritten with dz
-    ops.gelu_backward(dout, drelu2, dout, db)                     # fwd: out = relu(z)^2 -> dz = dout 2 relu(z);
-    return linear_backward(dx, dw, None, dout, x, w)              #      db += sum of dz's rows (as GELU's)
+# fwd: out = relu(z)^2 -> dz = dout 2 relu(z): GELU's backward, which multiplies by the derivative the forward kept
+linear_relu2_backward = linear_gelu_backward
 
 
 # ----------------------------------------------------------------------------

@@ -187,8 +187,8 @@ class Block:
         p, g, gb = self.p, self.g, self.g.get
         dy = np.multiply(dx, a.mlp_mask, out=d.dproj) if dropped else dx    # fwd: y *= mlp_mask
         L.linear_backward(d.dfc, g["mlp.c_proj.weight"], gb("mlp.c_proj.bias"), dy, a.fc, p["mlp.c_proj.weight"])
-        act = L.linear_relu2_backward if self.relu2 else L.linear_gelu_backward
-        act(d.dln, g["mlp.c_fc.weight"], gb("mlp.c_fc.bias"), d.dfc, a.fc_dgelu, a.ln2, p["mlp.c_fc.weight"])
+        L.linear_gelu_backward(d.dln, g["mlp.c_fc.weight"], gb("mlp.c_fc.bias"), d.dfc, a.fc_dgelu, a.ln2,
+                               p["mlp.c_fc.weight"])                # relu2's too: dz = dout * the kept derivative
         L.layernorm_backward(d.dx, g["ln_2.weight"], gb("ln_2.bias"), d.dln, x, p["ln_2.weight"],
                              a.ln2_mean, a.ln2_rstd)
         dx += d.dx                                                 # fwd: x_mlp = x + mlp(ln_2(x))

@@ -83,6 +83,16 @@ def test_gpt_speedrun_options_with_a_kv_cache_equal_the_full_pass():
     np.testing.assert_allclose(np.concatenate(got, axis=1), full, rtol=1e-12, atol=1e-12)
 
 
+def test_gpt_relu2_mlp_is_relu_squared():
+    """--activation relu2: the MLP's hidden layer is relu(ln_2(x) W_fc + b)^2, read from the activation table."""
+    model = tiny_model(activation="relu2")
+    model.forward(*batch(np.random.default_rng(2)))
+    a, p = model.acts.h[1], model.params()
+    z = a.ln2 @ p["h.1.mlp.c_fc.weight"] + p["h.1.mlp.c_fc.bias"]
+    np.testing.assert_allclose(a.fc, np.maximum(z, 0) ** 2, rtol=1e-12, atol=1e-14)
+    assert (a.fc == 0).mean() > 0.3                              # the ReLU cuts about half
+
+
 def test_gpt_zero_init_proj_zeroes_only_the_output_projections():
     """--zero_init_proj: attn and mlp c_proj start at 0 (every block the identity), the other weights keep the
     draws they have without it, and the projections still get a gradient."""

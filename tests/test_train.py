@@ -449,3 +449,23 @@ def test_checkpoints_from_before_named_optimizer_state_still_resume(tmp_path, op
     res = train(tiny_cfg(tmp_path / "b", optimizer=optimizer, max_iters=8, eval_interval=4, resume=True))
     losses = [[r["loss"] for r in read_log(x["log"]) if r["kind"] == "train"] for x in (straight, res)]
     assert losses[0] == losses[1] and len(losses[0]) == 8
+
+
+def test_checkpoints_from_before_the_speedrun_options_still_resume(tmp_path):
+    """A checkpoint whose configs predate --activation, --qk_norm, --logit_cap, --zero_init_proj,
+    --muon_momentum_warmup and --embed_lr_ratio resumes with them off, to the same run as one without the cut."""
+    new = ("activation", "qk_norm", "logit_cap", "zero_init_proj", "muon_momentum_warmup", "embed_lr_ratio")
+    straight = train(tiny_cfg(tmp_path / "a", optimizer="muon", max_iters=8, eval_interval=4))
+    train(tiny_cfg(tmp_path / "b", optimizer="muon", max_iters=4, eval_interval=4))
+    path = tmp_path / "b" / "out" / "ckpt_last.npz"
+    with np.load(path) as z:
+        files = {k: z[k] for k in z.files}
+    meta = json.loads(files["meta"].tobytes().decode())
+    for part in ("model_config", "train_config"):
+        meta[part] = {k: v for k, v in meta[part].items() if k not in new}
+    files["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    np.savez(path, **files)
+    cfg = parse_args(["--out_dir", str(tmp_path / "b" / "out"), "--resume", "--max_iters", "8"])
+    res = train(cfg, given=cfg.given)
+    losses = [[r["loss"] for r in read_log(x["log"]) if r["kind"] == "train"] for x in (straight, res)]
+    assert losses[0] == losses[1] and len(losses[0]) == 8
