@@ -290,8 +290,9 @@ SELECTION = (
     "over 100 steps 1.7068 (+0.013); + embedding lr x 3 1.6780 (-0.016); QK-norm with embedding lr x 3 1.6763 "
     "(-0.017), with x 10 1.6736 (-0.020), the recipe. The two that helped do not add up: each alone is worth about "
     "as much as both. The soft-cap and the untied head were not in the selection runs (round 1's logits reach "
-    "about 9.5 at 600 iterations, inside a cap of 15). Step costs could not be measured on the shared machine; "
-    "QK-norm adds a few elementwise passes over q and k per layer, the embedding lr nothing. Seeds 1338 and 1339 "
+    "about 9.5 at 600 iterations, inside a cap of 15). Whole steps could not be timed on the shared machine; "
+    "QK-norm's forward and backward (NumPy passes over q and k, not fused) took about 1.5 times one c_attn product "
+    "per layer there, which the time budget charges it for; the embedding lr costs nothing. Seeds 1338 and 1339 "
     "played no part.")
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from minigpt import checkpoint
-from minigpt.config import TrainConfig, UserError, check, parse_args, setting
+from minigpt.config import PRESETS, ModelShape, TrainConfig, UserError, check, parse_args, setting
 from minigpt.data import CharTokenizer, Dataset
 from minigpt.model import GPT, GPTConfig
 from minigpt.optim import AdamW, clip_grad_norm, get_lr
@@ -409,13 +409,17 @@ def test_preset_sets_defaults_that_typed_settings_override():
 
 
 def test_preset_typed_on_resume_wins_over_the_checkpoint(tmp_path):
-    """Its settings count as typed: here its Muon meets the AdamW checkpoint, which is a clear error."""
-    cfg = tiny_cfg(tmp_path, max_iters=4, eval_interval=4)
-    train(cfg)
-    args = parse_args(["--data", cfg.data, "--out_dir", cfg.out_dir, "--resume", "--preset", "speedrun",
-                       "--max_time", "5"])
-    with pytest.raises(UserError, match="the run used --optimizer adamw"):
-        train(args, given=args.given)
+    """Its settings count as typed: its model settings (--qk_norm) meet a model without them, and its Muon meets
+    an AdamW checkpoint of the preset's model; each is a clear error."""
+    model = {k: v for k, v in PRESETS["speedrun"].items() if k in ModelShape().model_dict()}
+    for sub, kw, match in (("a", {}, "--qk_norm True does not match the resumed model's qk_norm=False"),
+                           ("b", model, "the run used --optimizer adamw")):
+        cfg = tiny_cfg(tmp_path / sub, max_iters=4, eval_interval=4, **kw)
+        train(cfg)
+        args = parse_args(["--data", cfg.data, "--out_dir", cfg.out_dir, "--resume", "--preset", "speedrun",
+                           "--max_time", "5"])
+        with pytest.raises(UserError, match=match):
+            train(args, given=args.given)
 
 
 def test_vocab_size_without_bpe_and_a_spent_budget_are_errors(tmp_path):
