@@ -34,8 +34,9 @@ def setting(default, help):
 # Named sets of defaults (--preset NAME); settings typed on the command line win over them.
 PRESETS = {
     # scripts/speedrun.py's recipe: more of nanoGPT's wall time spent learning (reports/speedrun.md). It needs
-    # --max_time (the seconds you have; check() says so); max_iters is only a cap.
-    "speedrun": dict(optimizer="muon", batch_size=32, max_iters=10 ** 6),
+    # --max_time (the seconds you have; check() says so); max_iters is only a cap. Round 2 (issue 24) added
+    # QK-norm and a 10x embedding lr, chosen on seed 1337 (scripts/speedrun.py's SELECTION says how).
+    "speedrun": dict(optimizer="muon", batch_size=32, max_iters=10 ** 6, qk_norm=True, embed_lr_ratio=10.0),
     # fine-tuning a pretrained GPT-2 (--init_from DIR sets it when no --preset is typed): nanoGPT's
     # finetune_shakespeare (constant lr 3e-5, 20 iterations, eval every 5) at llm.c's CPU shapes (B=4, T=64)
     "finetune": dict(block_size=64, batch_size=4, grad_accum=8, lr=3e-5, min_lr=3e-5, warmup_iters=0,
@@ -53,6 +54,11 @@ class ModelShape:
     dropout: float = setting(0.0, "dropout probability in training, in [0, 1)")
     bias: bool = setting(False, "biases in the Linear and LayerNorm layers (off: nanoGPT's train.py default)")
     tie_weights: bool = setting(True, "the LM head shares the token-embedding matrix")
+    activation: str = setting("gelu", "the MLP's activation: gelu (tanh form, GPT-2's) | relu2 (relu(x)^2)")
+    qk_norm: bool = setting(False, "scale each head's q and k to RMS 1 (no gain) before attention's q k^T")
+    logit_cap: float = setting(0.0, "soft-cap the logits to cap * tanh(logits / cap) (0: off)")
+    zero_init_proj: bool = setting(False, "the blocks' output projections (attn and mlp c_proj) start at 0, so "
+                                          "every block starts as the identity")
 
     def model_dict(self):
         return {f.name: getattr(self, f.name) for f in fields(ModelShape)}
@@ -107,6 +113,9 @@ class TrainConfig(ModelShape):
     optimizer: str = setting("adamw", "adamw | muon: Muon (Newton-Schulz orthogonalised momentum) for the blocks' "
                                       "matrices, AdamW for the rest (minigpt/optim.py)")
     muon_lr_ratio: float = setting(20.0, "with --optimizer muon: the Muon matrices' lr is this times --lr's schedule")
+    muon_momentum_warmup: int = setting(0, "with --optimizer muon: Muon's momentum rises linearly from 0.85 to "
+                                           "0.95 over this many steps (0: 0.95 from the start)")
+    embed_lr_ratio: float = setting(1.0, "the embeddings' (wte, wpe) AdamW lr is this times --lr's schedule")
     beta1: float = setting(0.9, "AdamW beta1, in [0, 1)")
     beta2: float = setting(0.99, "AdamW beta2, in [0, 1)")
     weight_decay: float = setting(0.1, "decoupled weight decay of matrices and embeddings (with --optimizer muon the "
@@ -141,7 +150,7 @@ class TrainConfig(ModelShape):
 
 _POSITIVE = ("batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval", "lr_decay_iters")
 _NON_NEGATIVE = ("snapshots", "max_iters", "max_time", "muon_lr_ratio", "warmup_iters", "sample_chars", "threads", "seed", "lr",
-                 "min_lr", "weight_decay", "grad_clip")
+                 "min_lr", "weight_decay", "grad_clip", "muon_momentum_warmup", "embed_lr_ratio")
 
 
 def check_ranges(cfg, positive=(), non_negative=()):
@@ -166,6 +175,11 @@ def check_model(cfg):
             raise UserError(f"--{f.name} must be true or false, got {v!r}")
     if isinstance(cfg.dropout, bool) or not isinstance(cfg.dropout, (int, float)) or not 0.0 <= cfg.dropout < 1.0:
         raise UserError(f"--dropout must lie in [0, 1), got {cfg.dropout!r}")
+    if cfg.activation not in ("gelu", "relu2"):
+        raise UserError(f"--activation must be gelu or relu2, got {cfg.activation!r}")
+    cap = cfg.logit_cap
+    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 <= cap < math.inf:
+        raise UserError(f"--logit_cap must be zero (off) or a positive number such as 30, got {cfg.logit_cap!r}")
     if cfg.n_embd % cfg.n_head:
         near = [h for h in range(1, cfg.n_embd + 1) if cfg.n_embd % h == 0][:8]
         raise UserError(f"--n_embd ({cfg.n_embd}) must be divisible by --n_head ({cfg.n_head}); "

@@ -72,6 +72,20 @@ def gpt2_config(mc):
             "pad_token_id": None, "use_cache": True, "dtype": "float32"}
 
 
+# options of the model that GPT2LMHeadModel has no setting for (absent from older checkpoints: then off)
+NOT_GPT2 = {"activation": ("gelu", "--activation relu2 (GPT-2's MLP is GELU)"),
+            "qk_norm": (False, "--qk_norm (GPT-2 has no norm on q and k)"),
+            "logit_cap": (0.0, "--logit_cap (GPT-2 does not cap its logits)")}
+
+
+def check_expressible(mc, ckpt):
+    """A UserError naming the first model option a GPT-2 config cannot express, so no wrong model is written."""
+    for k, (gpt2_value, what) in NOT_GPT2.items():
+        if mc.get(k, gpt2_value) != gpt2_value:
+            raise UserError(f"{ckpt}: the model uses {what}; a Hugging Face GPT-2 cannot express it, so it is not "
+                            "exported")
+
+
 # ----------------------------------------------------------------------------
 # the directory
 
@@ -101,6 +115,7 @@ def export(ckpt, out, force=False):
     mc, tok = meta["model_config"], tokenizer_from_json(meta["tokenizer"])
     if tok.vocab_size != mc["vocab_size"]:
         raise UserError(f"{ckpt}: the tokenizer has {tok.vocab_size} tokens but the model {mc['vocab_size']}")
+    check_expressible(mc, ckpt)
     tensors = hf_tensors(params, mc["n_layer"], mc["tie_weights"])
     _prepare(out, force)
     try:

@@ -87,6 +87,52 @@ def linear_gelu_backward(dx, dw, db, dout, dgelu, x, w):          # dout (B, T, 
     return linear_backward(dx, dw, None, dout, x, w)              #      db += sum of dz's rows
 
 
+def linear_relu2_forward(out, drelu2, x, w, b):                  # x (B, T, in) -> out (B, T, out)
+    z = linear_forward(out, x, w, b)                              # z = x w + b, in out's memory
+    r = np.maximum(z, 0.0, out=drelu2)                            # r = relu(z)
+    np.multiply(z, r, out=z)                                      # out = relu(z)^2 = z relu(z)
+    r *= 2.0                                                      # keeps relu2'(z) = 2 relu(z)
+    return out
+
+
+# fwd: out = relu(z)^2 -> dz = dout 2 relu(z): GELU's backward, which multiplies by the derivative the forward kept
+linear_relu2_backward = linear_gelu_backward
+
+
+# ----------------------------------------------------------------------------
+# QK-norm: each head's q and k scaled to RMS 1 (no gain), in place in qkv, before attention
+
+def qk_norm_forward(rstd, qkv, n_head, eps=LN_EPS):
+    """qkv (B, T, 3C): q and k of every head -> q / rms(q), k / rms(k) over hs, in place; v untouched.
+    rstd (B, T, 2, nh) keeps 1 / sqrt(mean(x^2) + eps); the backward needs only it and the normalised values."""
+    B, T, C3 = qkv.shape
+    qk = qkv.reshape(B, T, 3, n_head, C3 // (3 * n_head))[:, :, :2]   # (B, T, 2, nh, hs), a view
+    np.einsum("...i,...i->...", qk, qk, out=rstd)                 # sum of squares, no temporary
+    rstd *= 1.0 / qk.shape[-1]
+    rstd += eps
+    np.sqrt(rstd, out=rstd)
+    np.divide(1.0, rstd, out=rstd)                                # rstd = 1 / sqrt(mean(x^2) + eps)
+    qk *= rstd[..., None]                                         # xhat = x rstd
+    return qkv
+
+
+def qk_norm_backward(dqkv, tmp, qkv, rstd, n_head):
+    """dqkv (B, T, 3C): d loss / d the normalised q, k (and v) -> d loss / d q, k before the norm, in place.
+    tmp (B, T, C) is scratch."""
+    B, T, C3 = qkv.shape
+    hs = C3 // (3 * n_head)
+    xhat = qkv.reshape(B, T, 3, n_head, hs)                       # q, k: what the forward left (normalised)
+    dxhat = dqkv.reshape(B, T, 3, n_head, hs)
+    tmp = tmp.reshape(B, T, n_head, hs)
+    # fwd: xhat = x rstd, rstd = 1 / sqrt(mean(x^2) + eps) -> dx = rstd (dxhat - xhat mean(dxhat xhat))
+    for s in range(2):                                            # q, then k: (B, T, nh, hs) each
+        dot = np.einsum("...i,...i->...", dxhat[:, :, s], xhat[:, :, s])   # sum(dxhat xhat)  (B, T, nh)
+        dot *= 1.0 / hs
+        dxhat[:, :, s] -= np.multiply(xhat[:, :, s], dot[..., None], out=tmp)
+        dxhat[:, :, s] *= rstd[:, :, s, :, None]
+    return dqkv
+
+
 # ----------------------------------------------------------------------------
 # causal self-attention over the heads of a fused qkv, and dropout
 
@@ -135,6 +181,22 @@ def dropout_mask(mask, p, rng):
     np.greater_equal(mask, p, out=mask, casting="unsafe")         # keep: 1.0, drop: 0.0
     mask *= 1.0 / (1.0 - p)
     return mask
+
+
+# ----------------------------------------------------------------------------
+# logit soft-capping: logits = cap tanh(z / cap), bounded in (-cap, cap), in place
+
+def softcap_forward(out, dcap, z, cap):                          # z (B, T, V) -> out (B, T, V); out may be z
+    np.multiply(z, 1.0 / cap, out=out)
+    np.tanh(out, out=out)                                         # t = tanh(z / cap)
+    np.square(out, out=dcap)
+    np.subtract(1.0, dcap, out=dcap)                              # keeps d out / d z = 1 - t^2
+    out *= cap                                                    # out = cap t
+    return out
+
+
+def softcap_backward(dz, dout, dcap):                            # dout (B, T, V) -> dz (B, T, V); dz may be dout
+    return np.multiply(dout, dcap, out=dz)                        # fwd: out = cap tanh(z / cap) -> dz = dout (1 - t^2)
 
 
 # ----------------------------------------------------------------------------

@@ -64,7 +64,7 @@ def activation_shapes(cfg, B, T, Tk=None, dropout=False):
         "ln2_mean": (Ln, B * T),
         "ln2_rstd": (Ln, B * T),
         "fc":       (Ln, B, T, 4 * C),    # gelu(ln2 W_fc + b)
-        "fc_dgelu": (Ln, B, T, 4 * C),    # gelu' there: the backward's one multiply
+        "fc_dgelu": (Ln, B, T, 4 * C),    # gelu' there (relu2' under --activation relu2): the backward's multiply
         "x_mlp":    (Ln, B, T, C),        # the residual stream after the MLP: x_attn + fc W_proj + b
         "lnf":      (B, T, C),            # ln_f(x) of the last layer's x_mlp
         "lnf_mean": (B * T,),
@@ -72,6 +72,10 @@ def activation_shapes(cfg, B, T, Tk=None, dropout=False):
         "logits":   (B, T, V),            # lnf wte^T (tied) or lnf W_head
         "lse":      (B * T,),             # log-sum-exp of each row of logits
     }
+    if cfg.qk_norm:
+        shapes["qk_rstd"] = (Ln, B, T, 2, nh)    # 1 / rms of each head's q and k (q, k in qkv are normalised)
+    if cfg.logit_cap:
+        shapes["logits_dcap"] = (B, T, V)        # 1 - tanh^2 of the capped logits: d logits / d lnf wte^T
     if dropout:
         shapes.update({
             "emb_mask":  (B, T, C),       # inverted-dropout masks (layers.dropout_mask), drawn every forward
@@ -111,7 +115,7 @@ class Table(SimpleNamespace):
 
 
 PER_LAYER = ("ln1", "ln1_mean", "ln1_rstd", "qkv", "att", "atty", "x_attn", "ln2", "ln2_mean", "ln2_rstd", "fc",
-             "fc_dgelu", "x_mlp", "att_mask", "attd", "attn_mask", "mlp_mask")
+             "fc_dgelu", "x_mlp", "qk_rstd", "att_mask", "attd", "attn_mask", "mlp_mask")
 
 
 def _normal(rng, shape, std, dtype):
@@ -130,6 +134,7 @@ class Block:
         self.p = {k[len(pre):]: v for k, v in params.items() if k.startswith(pre)}
         self.g = {k[len(pre):]: v for k, v in grads.items() if k.startswith(pre)}
         self.n_head, self.p_drop = cfg.n_head, cfg.dropout
+        self.qk_norm, self.relu2 = cfg.qk_norm, cfg.activation == "relu2"
 
     def forward(self, x, a, rng=None, start=0, kv=None):           # x (B, T, C) -> a.x_mlp (B, T, C)
         x = self.attn_forward(x, a, rng, start, kv)                # a.x_attn = x + attn(ln_1(x))
@@ -146,6 +151,8 @@ class Block:
             L.dropout_mask(a.att_mask, self.p_drop, rng)
         L.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p["ln_1.weight"], b("ln_1.bias"))
         L.linear_forward(a.qkv, a.ln1, p["attn.c_attn.weight"], b("attn.c_attn.bias"))
+        if self.qk_norm:
+            L.qk_norm_forward(a.qk_rstd, a.qkv, self.n_head)      # q, k <- q / rms(q), k / rms(k), per head
         L.attention_forward(a.atty, a.att, a.qkv, self.n_head, start, kv,
                             *((a.att_mask, a.attd) if rng is not None else ()))
         L.linear_forward(a.x_attn, a.atty, p["attn.c_proj.weight"], b("attn.c_proj.bias"))   # attn(ln_1(x))
@@ -160,6 +167,8 @@ class Block:
                           p["attn.c_proj.weight"])
         L.attention_backward(d.dqkv, d.datt, d.datty, a.qkv, a.att, self.n_head,
                              *((a.att_mask, a.attd) if dropped else ()))
+        if self.qk_norm:                                           # datty is free again: scratch
+            L.qk_norm_backward(d.dqkv, d.datty, a.qkv, a.qk_rstd, self.n_head)
         L.linear_backward(d.dln, g["attn.c_attn.weight"], gb("attn.c_attn.bias"), d.dqkv, a.ln1,
                           p["attn.c_attn.weight"])
         L.layernorm_backward(d.dx, g["ln_1.weight"], gb("ln_1.bias"), d.dln, x, p["ln_1.weight"],
@@ -171,7 +180,8 @@ class Block:
     def mlp_forward(self, x, a, rng):                              # x = a.x_attn
         p, b = self.p, self.p.get
         L.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, x, p["ln_2.weight"], b("ln_2.bias"))
-        L.linear_gelu_forward(a.fc, a.fc_dgelu, a.ln2, p["mlp.c_fc.weight"], b("mlp.c_fc.bias"))
+        act = L.linear_relu2_forward if self.relu2 else L.linear_gelu_forward
+        act(a.fc, a.fc_dgelu, a.ln2, p["mlp.c_fc.weight"], b("mlp.c_fc.bias"))
         L.linear_forward(a.x_mlp, a.fc, p["mlp.c_proj.weight"], b("mlp.c_proj.bias"))        # mlp(ln_2(x))
         if rng is not None:
             a.x_mlp *= L.dropout_mask(a.mlp_mask, self.p_drop, rng)
@@ -182,7 +192,7 @@ class Block:
         dy = np.multiply(dx, a.mlp_mask, out=d.dproj) if dropped else dx    # fwd: y *= mlp_mask
         L.linear_backward(d.dfc, g["mlp.c_proj.weight"], gb("mlp.c_proj.bias"), dy, a.fc, p["mlp.c_proj.weight"])
         L.linear_gelu_backward(d.dln, g["mlp.c_fc.weight"], gb("mlp.c_fc.bias"), d.dfc, a.fc_dgelu, a.ln2,
-                               p["mlp.c_fc.weight"])
+                               p["mlp.c_fc.weight"])                # relu2's too: dz = dout * the kept derivative
         L.layernorm_backward(d.dx, g["ln_2.weight"], gb("ln_2.bias"), d.dln, x, p["ln_2.weight"],
                              a.ln2_mean, a.ln2_rstd)
         dx += d.dx                                                 # fwd: x_mlp = x + mlp(ln_2(x))
@@ -219,6 +229,8 @@ class GPT:
         for k, p in self._params.items():                                 # in buffer order: the same draws as
             if p.ndim == 2:                                               # the per-module init of before
                 p[...] = _normal(self.rng, p.shape, proj_std if k.endswith("c_proj.weight") else 0.02, dtype)
+                if cfg.zero_init_proj and k.endswith("c_proj.weight"):   # drawn, then zeroed: the other
+                    p[...] = 0.0                                          # weights keep their draws
             elif k.startswith("ln") or ".ln_" in k:
                 p[...] = 1.0 if k.endswith("weight") else 0.0            # LayerNorm: w = 1, b = 0; biases 0
         self.h = [Block(cfg, l, self._params, self._grads) for l in range(cfg.n_layer)]
@@ -277,7 +289,7 @@ class GPT:
         for l, block in enumerate(self.h):
             x = block.forward(x, a.h[l], rng, start, None if cache is None else (cache.k[l], cache.v[l]))
         L.layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, p["ln_f.weight"], p.get("ln_f.bias"))
-        self.head_forward(a.logits, a.lnf)                                # (B, T, V)
+        self.head_forward(a.logits, a.lnf, getattr(a, "logits_dcap", None))   # (B, T, V)
         if cache is not None:
             cache.n += T
         self.loss = None if targets is None else L.crossentropy_forward(a.lse, a.logits, targets)
@@ -293,6 +305,8 @@ class GPT:
         self.loss = None
         a, d, g = self.acts, self.dacts, self._grads
         L.crossentropy_backward(d.dlogits, a.logits, self.targets, a.lse, scale)
+        if self.config.logit_cap:
+            L.softcap_backward(d.dlogits, d.dlogits, a.logits_dcap)       # d loss / d the logits before the cap
         self.head_backward(d.dln, d.dlogits, a.lnf)                       # d loss / d lnf
         x = a.h[-1].x_mlp if self.h else a.emb                            # the last block's output
         dx = L.layernorm_backward(d.dresid, g["ln_f.weight"], g.get("ln_f.bias"), d.dln, x,
@@ -304,9 +318,12 @@ class GPT:
             dx *= a.emb_mask                                              # fwd: emb *= emb_mask
         L.embedding_backward(g["wte.weight"], g["wpe.weight"], dx, self.idx)   # wte's gradient += the lookup's
 
-    def head_forward(self, logits, x):                                    # x (B, T, C) -> logits (B, T, V)
+    def head_forward(self, logits, x, dcap=None):                         # x (B, T, C) -> logits (B, T, V)
         tied = self.lm_head_weight is self._params["wte.weight"]
         ops.matmul(flat(x), self.lm_head_weight, tb=tied, out=flat(logits))   # x wte^T (tied), or x W (C, V)
+        if self.config.logit_cap:                                         # cap tanh(logits / cap); dcap for the
+            L.softcap_forward(logits, np.empty_like(logits) if dcap is None else dcap, logits,   # backward
+                              self.config.logit_cap)
         return logits
 
     def head_backward(self, dx, dlogits, x):                              # dlogits (B, T, V) -> dx (B, T, C)

@@ -21,6 +21,7 @@ class Optimizer:
     def __init__(self, **slots):
         self.t = 0                                                     # steps taken
         self.slots = slots
+        self.lr_ratio_of = {}                                          # name -> its AdamW lr / the schedule's
 
     def state(self):
         """-> (t, slots): what makes a resumed run bit-identical."""
@@ -52,7 +53,13 @@ class Optimizer:
         bc1, bc2 = 1.0 - b1 ** self.t, 1.0 - b2 ** self.t
         for k in names:
             wd = self.weight_decay if k in self.decay else 0.0
-            ops.adamw(params[k], grads[k], self.m[k], self.v[k], lr, b1, b2, self.eps, wd, bc1, bc2)
+            lr_k = lr * self.lr_ratio_of.get(k, 1.0)
+            ops.adamw(params[k], grads[k], self.m[k], self.v[k], lr_k, b1, b2, self.eps, wd, bc1, bc2)
+
+    def scale_lr(self, names, ratio):
+        """Per-group learning rates: the AdamW lr of each parameter in names is ratio x the schedule's."""
+        self.lr_ratio_of.update({k: ratio for k in names if ratio != 1.0})
+        return self
 
 
 class AdamW(Optimizer):
@@ -135,8 +142,9 @@ class Muon(Optimizer):
     name = "muon"
 
     def __init__(self, params, lr_ratio=20.0, momentum=0.95, nesterov=True, ns_steps=5,
-                 betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, muon_weight_decay=0.1):
+                 betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, muon_weight_decay=0.1, momentum_warmup=0):
         self.lr_ratio, self.momentum, self.nesterov, self.ns_steps = lr_ratio, momentum, nesterov, ns_steps
+        self.momentum_warmup = momentum_warmup
         self.beta1, self.beta2 = betas
         self.eps, self.weight_decay, self.muon_weight_decay = eps, weight_decay, muon_weight_decay
         self.muon = muon_params(params)
@@ -151,19 +159,27 @@ class Muon(Optimizer):
         self.stacks = {shape: np.empty((len(names), *shape), params[names[0]].dtype)   # each group's momentum
                        for shape, names in self.groups.items()}                         # directions, reused
 
+    def momentum_at(self, t):
+        """Momentum of step t (1, 2, ...): with momentum_warmup N, linear from 0.85 at step 1 to the set value
+        at step N and on (the modded-nanogpt speedruns warm it up so; early gradients change fast)."""
+        if t >= self.momentum_warmup:
+            return self.momentum
+        frac = (t - 1) / (self.momentum_warmup - 1)                   # t < N, so N >= 2
+        return (1.0 - frac) * 0.85 + frac * self.momentum
+
     def step(self, params, grads, lr):
         """One in-place update of every array in params from the matching array in grads."""
         self.t += 1
         self.adamw(params, grads, self.m, lr)                          # everything but the Muon matrices
-        lr_muon = self.lr_ratio * lr
+        lr_muon, mu = self.lr_ratio * lr, self.momentum_at(self.t)
         for shape, names in self.groups.items():                       # every layer's c_fc (say) in one stack
             U = self.stacks[shape]                                     # (L, rows, cols)
             for k, u in zip(names, U):
                 buf, g = self.momentum_buf[k], grads[k]
-                buf *= self.momentum
+                buf *= mu
                 buf += g                                               # buf = mu buf + g
                 if self.nesterov:                                      # look one momentum step ahead
-                    np.multiply(buf, self.momentum, out=u)
+                    np.multiply(buf, mu, out=u)
                     u += g                                             # u = g + mu buf
                 else:
                     u[...] = buf

@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from . import backends, checkpoint, distributed, gpt2
-from .config import UserError, check, default_backend, parse_args
+from .config import ModelShape, UserError, check, default_backend, parse_args
 from .bpe import BPETokenizer, tokenizer_from_json
 from .data import CharTokenizer, Dataset, load_text, split_text
 from .evaluate import estimate_loss, whole_split_loss
@@ -145,7 +145,7 @@ def _apply_pretrained(cfg, given):
     differs, or a tokenizer setting, is an error (the tokenizer is the directory's too)."""
     config, _ = gpt2.read_config(cfg.init_from, cfg.block_size)
     typed = given if given is not None else frozenset()
-    for k in ("n_layer", "n_head", "n_embd", "bias", "tie_weights"):
+    for k in ("n_layer", "n_head", "n_embd", "bias", "tie_weights", "activation", "qk_norm", "logit_cap"):
         if k in typed and getattr(cfg, k) != getattr(config, k):
             raise UserError(f"--{k} {getattr(cfg, k)} conflicts with {cfg.init_from}'s {k}={getattr(config, k)} "
                             f"(config.json); drop --{k}")
@@ -184,9 +184,11 @@ def make_optimizer(cfg, model):
     """AdamW over every parameter, or Muon for the blocks' matrices with AdamW for the rest (minigpt/optim.py)."""
     betas, params = (cfg.beta1, cfg.beta2), model.params()
     if cfg.optimizer == "muon":
-        return Muon(params, lr_ratio=cfg.muon_lr_ratio, betas=betas, weight_decay=cfg.weight_decay,
-                    muon_weight_decay=cfg.weight_decay)
-    return AdamW(params, betas, weight_decay=cfg.weight_decay)
+        opt = Muon(params, lr_ratio=cfg.muon_lr_ratio, betas=betas, weight_decay=cfg.weight_decay,
+                   muon_weight_decay=cfg.weight_decay, momentum_warmup=cfg.muon_momentum_warmup)
+    else:
+        opt = AdamW(params, betas, weight_decay=cfg.weight_decay)
+    return opt.scale_lr(("wte.weight", "wpe.weight"), cfg.embed_lr_ratio)
 
 
 def make_tokenizer(cfg, text, ckpt=None):
@@ -396,7 +398,7 @@ def _load_resume(cfg, path, given):
         raise UserError(f"--resume: no checkpoint at {path}; train without --resume first, or point --out_dir "
                         "at the directory of an earlier run")
     ckpt = checkpoint.load(path)
-    saved = ckpt[0]["model_config"]
+    saved = {**ModelShape().model_dict(), **ckpt[0]["model_config"]}   # older checkpoints: today's defaults
     for k, v in cfg.model_dict().items():
         if given is not None and k in given and saved[k] != v:
             raise UserError(f"--{k} {v} does not match the resumed model's {k}={saved[k]} "

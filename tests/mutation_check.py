@@ -1,5 +1,6 @@
 """Break one line of a backward (or of a kernel the backwards use) on purpose and confirm the test that guards it
-fails (or, for the last rows, a data-parallel rule). Run from anywhere: python tests/mutation_check.py (every row must say CAUGHT; exit status 1 otherwise).
+fails (or, for the last rows, a data-parallel rule). Run from anywhere: python tests/mutation_check.py (every row must say CAUGHT; exit status 1 otherwise);
+python tests/mutation_check.py WORD... runs only the rows whose test name or mutated file contains a WORD.
 
 It mutates a scratch copy of minigpt/, tests/ and native/ (numba's cache files included, so only the mutated
 module recompiles; a C row rebuilds the copy's library, before the test and after the restore), never the working
@@ -48,6 +49,21 @@ M = [
     (MODEL, 'L.embedding_backward(g["wte.weight"], g["wpe.weight"], dx, self.idx)', "pass",
         f"{TM}::test_gpt_grad_every_parameter"),
     (MODEL, "dx *= a.emb_mask", "pass", f"{TM}::test_gpt_grad_every_parameter"),
+    # the speedrun options (issue 24): ReLU^2, QK-norm, the logit soft-cap, zero-initialised projections
+    (L, "    r *= 2.0", "    r *= 1.0", f"{TL}::test_linear_relu2_grad"),
+    (L, "dxhat[:, :, s] -= np.multiply(xhat[:, :, s], dot[..., None], out=tmp)", "pass",
+        f"{TL}::test_qk_norm_grad"),
+    (L, "dxhat[:, :, s] *= rstd[:, :, s, :, None]", "dxhat[:, :, s] *= 1.0", f"{TL}::test_qk_norm_grad"),
+    (L, "return np.multiply(dout, dcap, out=dz)", "return np.copyto(dz, dout) or dz", f"{TL}::test_softcap_grad"),
+    (MODEL, "act = L.linear_relu2_forward if self.relu2 else L.linear_gelu_forward", "act = L.linear_gelu_forward",
+        f"{TM}::test_gpt_relu2_mlp_is_relu_squared"),
+    (MODEL, "L.qk_norm_backward(d.dqkv, d.datty, a.qkv, a.qk_rstd, self.n_head)", "pass", f"{TL}::test_block_grad"),
+    (MODEL, "L.softcap_backward(d.dlogits, d.dlogits, a.logits_dcap)", "pass",
+        f"{TM}::test_gpt_grad_every_parameter_with_the_speedrun_options"),
+    (MODEL, "                    p[...] = 0.0", "                    pass",
+        f"{TM}::test_gpt_zero_init_proj_zeroes_only_the_output_projections"),
+    ("minigpt/hf.py", "    check_expressible(mc, ckpt)", "    pass",
+        "tests/test_export_hf.py::test_export_refuses_options_gpt2_cannot_express"),
     # numpy_ops.py: the specification the layers run on in the finite-difference tests
     (SPEC, "x2 *= 6 * GELU_C * GELU_A", "x2 *= 2 * GELU_C * GELU_A", f"{TL}::test_gelu_grad"),
     (SPEC, "db += dx.reshape(-1, dx.shape[-1]).sum(0)", "db += 0.5 * dx.reshape(-1, dx.shape[-1]).sum(0)",
@@ -108,6 +124,13 @@ M = [
         f"{TB}::test_amx_path_on_emulated_tiles_matches_the_emulation"),
     ("native/mgk_amx.inc", "TILE_LOAD(5, ap + 16 * (long)kp + k, kp * 2);", "TILE_LOAD(5, ap + 16 * (long)kp, kp * 2);",
         f"{TB}::test_amx_path_on_emulated_tiles_matches_the_emulation"),
+    # Muon's momentum warm-up and the embeddings' lr (issue 24)
+    (OPT, "return (1.0 - frac) * 0.85 + frac * self.momentum", "return self.momentum",
+        f"{TMU}::test_muon_momentum_warmup_matches_float64_reference"),
+    (OPT, "lr_k = lr * self.lr_ratio_of.get(k, 1.0)", "lr_k = lr",
+        f"{TMU}::test_embed_lr_ratio_scales_only_the_embeddings_adamw_lr"),
+    (TRAIN, 'saved = {**ModelShape().model_dict(), **ckpt[0]["model_config"]}', 'saved = ckpt[0]["model_config"]',
+        f"{TT}::test_checkpoints_from_before_the_speedrun_options_still_resume"),
     # data parallel (needs mpi4py): each rank's share of the loss, and its slice of the global batch
     (TRAIN, "model.backward(scale=1.0 / k)", "model.backward(scale=1.0 / cfg.grad_accum)",
         f"{TD}::test_two_ranks_take_the_steps_of_one_process_with_twice_the_batch"),
@@ -135,6 +158,8 @@ def main():
             shutil.copy2(root / f, tmp / f)
         env = {**os.environ, "PYTHONPATH": str(tmp)}   # the copy, ahead of the editable install
         for path, old, new, test in M:
+            if sys.argv[1:] and not any(w in test or w in path for w in sys.argv[1:]):
+                continue
             p = tmp / path
             src = p.read_text()
             assert src.count(old) == 1, f"{path}: {old!r} occurs {src.count(old)} times; update this mutation"

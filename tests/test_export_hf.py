@@ -13,6 +13,7 @@ import pytest
 from helpers import tiny_cfg, write_text
 from minigpt import checkpoint
 from minigpt.bpe import BPETokenizer
+from minigpt.config import UserError
 from minigpt.data import CharTokenizer
 from minigpt.model import GPT, GPTConfig
 from minigpt.optim import AdamW
@@ -28,11 +29,11 @@ def hf():
     return pytest.importorskip("transformers", reason=NO_HF)
 
 
-def make_checkpoint(path, tok, tie=True, bias=True, seed=0):
+def make_checkpoint(path, tok, tie=True, bias=True, seed=0, **options):
     """A small GPT with every parameter moved off its init (biases non-zero, LayerNorm weights not 1), saved
     with a training run's meta; the optimizer state is empty. -> the model."""
     cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=12, n_layer=2, n_head=2, n_embd=16, bias=bias,
-                    tie_weights=tie)
+                    tie_weights=tie, **options)
     model = GPT(cfg, np.random.default_rng(seed))
     r = np.random.default_rng(seed + 1)
     for p in model.params().values():
@@ -86,6 +87,19 @@ def test_export_of_a_training_run_checkpoint(tmp_path):
     tok = CharTokenizer.from_json(meta["tokenizer"])
     hf_model = transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / "hf"))
     assert_same_logits(model, hf_model, tok.encode(pathlib.Path(cfg.data).read_text(encoding="utf-8")[:200])[None, -16:].astype(np.int64))
+
+
+@pytest.mark.parametrize("option,what", [(dict(activation="relu2"), "--activation relu2"),
+                                         (dict(qk_norm=True), "--qk_norm"), (dict(logit_cap=30.0), "--logit_cap")])
+def test_export_refuses_options_gpt2_cannot_express(tmp_path, option, what):
+    """The speedrun's model options have no GPT-2 setting: one line naming the option, and nothing written.
+    zero_init_proj is only an init, so such a model exports."""
+    make_checkpoint(tmp_path / "c.npz", CharTokenizer.from_text("hello world"), **option)
+    with pytest.raises(UserError, match=f"uses {what}.*cannot express it"):
+        export(str(tmp_path / "c.npz"), str(tmp_path / "hf"))
+    assert not (tmp_path / "hf").exists()
+    make_checkpoint(tmp_path / "z.npz", CharTokenizer.from_text("hello world"), zero_init_proj=True)
+    assert "model.safetensors" in export(str(tmp_path / "z.npz"), str(tmp_path / "hf2"))
 
 
 def test_safetensors_written_by_hand_read_back(tmp_path):

@@ -61,6 +61,53 @@ def test_linear_gelu_is_gelu_of_linear(rng):
     np.testing.assert_allclose(L.linear_gelu_forward(out, dgelu, x, w, b), want, rtol=1e-13, atol=1e-14)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_relu2_grad(rng, bias):
+    """out = relu(x w + b)^2 (--activation relu2); about half the pre-activations are negative."""
+    x, w, b = x_of(rng, B, T, C), 0.5 * x_of(rng, C, 3 * C), x_of(rng, 3 * C) if bias else None
+    out, drelu2 = np.empty((B, T, 3 * C)), np.empty((B, T, 3 * C))
+    dx, dw, db = np.empty((B, T, C)), np.zeros((C, 3 * C)), np.zeros(3 * C)
+
+    def backward(dy):
+        dw.fill(0), db.fill(0)
+        L.linear_relu2_backward(dx, dw, db if bias else None, dy, drelu2, x, w)
+        return {"x": dx, "w": dw, **({"b": db} if bias else {})}
+
+    check_layer(lambda: L.linear_relu2_forward(out, drelu2, x, w, b), backward,
+                {"x": x, "w": w, **({"b": b} if bias else {})}, x_of(rng, B, T, 3 * C))
+    z = x @ w + (b if bias else 0)
+    np.testing.assert_allclose(L.linear_relu2_forward(out, drelu2, x, w, b), np.maximum(z, 0) ** 2, rtol=1e-13)
+
+
+def test_qk_norm_grad(rng):
+    """q and k of each head scaled to RMS 1 in place (--qk_norm); v passes through untouched."""
+    x, qkv, rstd = 2 * x_of(rng, B, T, 3 * C) + 0.5, np.empty((B, T, 3 * C)), np.empty((B, T, 2, NH))
+    dqkv, tmp = np.empty((B, T, 3 * C)), np.empty((B, T, C))
+
+    def forward():
+        np.copyto(qkv, x)                                       # the layer works in place in qkv
+        return L.qk_norm_forward(rstd, qkv, NH)
+
+    def backward(dy):
+        np.copyto(dqkv, dy)
+        return {"x": L.qk_norm_backward(dqkv, tmp, qkv, rstd, NH)}
+
+    check_layer(forward, backward, {"x": x}, x_of(rng, B, T, 3 * C))
+    q = forward().reshape(B, T, 3, NH, C // NH)
+    ms = (x.reshape(B, T, 3, NH, C // NH)[:, :, :2] ** 2).mean(-1)
+    np.testing.assert_allclose((q[:, :, :2] ** 2).mean(-1), ms / (ms + L.LN_EPS), rtol=1e-12)   # RMS 1 but eps
+    np.testing.assert_array_equal(q[:, :, 2], x.reshape(B, T, 3, NH, C // NH)[:, :, 2])
+
+
+def test_softcap_grad(rng):
+    """logits = cap tanh(z / cap) (--logit_cap): bounded by cap, the identity near 0."""
+    z, out, dcap, dz = 6 * x_of(rng, B, T, 11), np.empty((B, T, 11)), np.empty((B, T, 11)), np.empty((B, T, 11))
+    check_layer(lambda: L.softcap_forward(out, dcap, z, 5.0), lambda dy: {"z": L.softcap_backward(dz, dy, dcap)},
+                {"z": z}, x_of(rng, B, T, 11))
+    np.testing.assert_allclose(L.softcap_forward(out, dcap, z, 5.0), 5.0 * np.tanh(z / 5.0), rtol=1e-14)
+    assert np.abs(out).max() < 5.0
+
+
 def test_gelu_matches_tanh_formula():
     x = np.linspace(-8, 8, 101)
     want = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
@@ -177,9 +224,11 @@ def test_dropout_mask_is_inverted_and_fresh():
 # ----------------------------------------------------------------------------
 # a whole block: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)), through its slice of the tables
 
-@pytest.mark.parametrize("bias,dropout", [(True, 0.0), (False, 0.0), (True, 0.1)])
-def test_block_grad(rng, bias, dropout):
-    cfg = GPTConfig(vocab_size=11, block_size=T, n_layer=1, n_head=NH, n_embd=C, bias=bias, dropout=dropout)
+@pytest.mark.parametrize("bias,dropout,options", [(True, 0.0, {}), (False, 0.0, {}), (True, 0.1, {}),
+                                                  (True, 0.1, dict(activation="relu2", qk_norm=True))])
+def test_block_grad(rng, bias, dropout, options):
+    cfg = GPTConfig(vocab_size=11, block_size=T, n_layer=1, n_head=NH, n_embd=C, bias=bias, dropout=dropout,
+                    **options)
     shapes = {k: s for k, s in parameter_shapes(cfg).items() if k.startswith("h.0.")}
     params = _carve(0.3 * rng.standard_normal(sum(math.prod(s) for s in shapes.values())), shapes)
     params["h.0.ln_1.weight"] += 1.0

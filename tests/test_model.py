@@ -47,6 +47,69 @@ def test_gpt_grad_every_parameter(tie, bias, dropout):
         assert err < 1e-6, f"GPT(tie={tie}, bias={bias}) parameter {name!r}: rel err {err:.2e}"
 
 
+SPEEDRUN_OPTIONS = dict(activation="relu2", qk_norm=True, logit_cap=3.0)   # the model options of issue 24
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_gpt_grad_every_parameter_with_the_speedrun_options(tie):
+    """ReLU^2, QK-norm and the logit soft-cap together, through the whole model (the cap small enough to bend)."""
+    model = tiny_model(tie_weights=tie, dropout=0.1, **SPEEDRUN_OPTIONS)
+    x, y = batch(np.random.default_rng(4))
+    state = model.rng.bit_generator.state
+
+    def loss():
+        model.rng.bit_generator.state = state
+        return model.forward(x, y)[1]
+
+    model.zero_grad()
+    loss()
+    assert np.abs(model.acts.logits).max() > 1.5                # the cap is not the identity here
+    model.backward()
+    grads = {k: v.copy() for k, v in model.grads().items()}
+    for name, p in model.params().items():
+        err = rel_err(grads[name], num_grad(loss, p))
+        assert err < 1e-6, f"GPT({SPEEDRUN_OPTIONS}, tie={tie}) parameter {name!r}: rel err {err:.2e}"
+
+
+def test_gpt_speedrun_options_with_a_kv_cache_equal_the_full_pass():
+    """Generation's forward over the same options: position by position equals one pass."""
+    from minigpt.model import KVCache
+    model = tiny_model(dtype=np.float64, **SPEEDRUN_OPTIONS).eval()
+    x = np.random.default_rng(5).integers(0, 11, (2, 6))
+    full = model.forward(x)[0].copy()
+    cache = KVCache(model, 2)
+    got = [model.forward(x[:, :3], cache=cache)[0].copy()]
+    got += [model.forward(x[:, t:t + 1], cache=cache)[0].copy() for t in range(3, 6)]
+    np.testing.assert_allclose(np.concatenate(got, axis=1), full, rtol=1e-12, atol=1e-12)
+
+
+def test_gpt_relu2_mlp_is_relu_squared():
+    """--activation relu2: the MLP's hidden layer is relu(ln_2(x) W_fc + b)^2, read from the activation table."""
+    model = tiny_model(activation="relu2")
+    model.forward(*batch(np.random.default_rng(2)))
+    a, p = model.acts.h[1], model.params()
+    z = a.ln2 @ p["h.1.mlp.c_fc.weight"] + p["h.1.mlp.c_fc.bias"]
+    np.testing.assert_allclose(a.fc, np.maximum(z, 0) ** 2, rtol=1e-12, atol=1e-14)
+    assert (a.fc == 0).mean() > 0.3                              # the ReLU cuts about half
+
+
+def test_gpt_zero_init_proj_zeroes_only_the_output_projections():
+    """--zero_init_proj: attn and mlp c_proj start at 0 (every block the identity), the other weights keep the
+    draws they have without it, and the projections still get a gradient."""
+    cfg = dict(vocab_size=11, block_size=6, n_layer=2, n_head=2, n_embd=8)
+    base = GPT(GPTConfig(**cfg), np.random.default_rng(0), dtype=np.float64)
+    zero = GPT(GPTConfig(**cfg, zero_init_proj=True), np.random.default_rng(0), dtype=np.float64)
+    for k, p in zero.params().items():
+        if k.endswith("c_proj.weight"):
+            assert not p.any(), k
+        else:
+            np.testing.assert_array_equal(p, base.params()[k], err_msg=k)
+    x, y = batch(np.random.default_rng(1), T=6)
+    zero.forward(x, y)
+    zero.backward()
+    assert zero.grads()["h.0.mlp.c_proj.weight"].any() and zero.grads()["h.1.attn.c_proj.weight"].any()
+
+
 def test_gpt_backward_scale_scales_every_gradient():
     model = tiny_model()
     x, y = batch(np.random.default_rng(2))
@@ -176,7 +239,8 @@ def test_gpt_overfits_one_batch():
 @pytest.mark.parametrize("field,value,match", [
     ("n_embd", 9, "divisible by --n_head"), ("n_layer", 0, "n_layer"), ("block_size", -1, "block_size"),
     ("vocab_size", 2.5, "vocab_size"), ("dropout", 1.0, "dropout"), ("dropout", -0.1, "dropout"),
-    ("bias", "yes", "bias"),
+    ("bias", "yes", "bias"), ("activation", "swish", "gelu or relu2"), ("qk_norm", 1, "qk_norm"),
+    ("logit_cap", -1.0, "logit_cap"), ("logit_cap", math.inf, "logit_cap"), ("zero_init_proj", "no", "zero_init"),
 ])
 def test_config_errors_name_the_field(field, value, match):
     with pytest.raises(UserError, match=match):

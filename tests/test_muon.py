@@ -144,6 +144,43 @@ def test_muon_step_matches_float64_reference_and_adamw():
     assert opt.t == 4
 
 
+def test_muon_momentum_warmup_matches_float64_reference():
+    """--muon_momentum_warmup 3: momentum 0.85, 0.90, then 0.95 from step 3 on, in the buffer and the update."""
+    model = tiny_gpt()
+    opt = Muon(model.params(), lr_ratio=20.0, momentum=0.95, muon_weight_decay=0.1, momentum_warmup=3)
+    names = muon_params(model.params())
+    ref = {k: model.params()[k].astype(np.float64) for k in names}
+    bufs = {k: np.zeros_like(ref[k]) for k in names}
+    for step, mu in enumerate([0.85, 0.90, 0.95, 0.95]):
+        grads = random_grads(model, seed=step)
+        before = {k: ref[k].copy() for k in names}
+        opt.step(model.params(), grads, 1e-3)
+        for k in names:
+            ref[k] = muon_reference(ref[k], bufs, grads[k].astype(np.float64), 1e-3, k, 20.0, mu, 0.1)
+            delta, want = model.params()[k] - before[k], ref[k] - before[k]
+            assert frob_err(delta, want) < 1e-4, (step, k, frob_err(delta, want))
+            np.testing.assert_allclose(opt.momentum_buf[k], bufs[k], rtol=1e-5, atol=1e-8, err_msg=k)  # float32
+
+
+@pytest.mark.parametrize("opt_class", [AdamW, Muon])
+def test_embed_lr_ratio_scales_only_the_embeddings_adamw_lr(opt_class):
+    """--embed_lr_ratio 4: wte and wpe take AdamW steps at 4 x lr; every other parameter's step is unchanged."""
+    model, twin = tiny_gpt(), tiny_gpt()
+    opt, plain = opt_class(model.params()).scale_lr(("wte.weight", "wpe.weight"), 4.0), opt_class(twin.params())
+    emb = AdamW({k: twin.params()[k].copy() for k in ("wte.weight", "wpe.weight")})
+    emb_params = {k: model.params()[k].copy() for k in emb.m}
+    for step in range(3):
+        random_grads(model, seed=step)
+        random_grads(twin, seed=step)
+        opt.step(model.params(), model.grads(), 1e-3)
+        plain.step(twin.params(), twin.grads(), 1e-3)
+        emb.step(emb_params, {k: twin.grads()[k] for k in emb.m}, 4e-3)
+    for k, p in model.params().items():
+        want = emb_params[k] if k in emb.m else twin.params()[k]
+        np.testing.assert_array_equal(p, want, err_msg=k)
+    assert not np.array_equal(model.params()["wte.weight"], twin.params()["wte.weight"])
+
+
 def test_muon_without_nesterov_uses_the_buffer():
     model = tiny_gpt()
     opt = Muon(model.params(), lr_ratio=20.0, nesterov=False, muon_weight_decay=0.0)

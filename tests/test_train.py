@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from minigpt import checkpoint
-from minigpt.config import TrainConfig, UserError, check, parse_args, setting
+from minigpt.config import PRESETS, ModelShape, TrainConfig, UserError, check, parse_args, setting
 from minigpt.data import CharTokenizer, Dataset
 from minigpt.model import GPT, GPTConfig
 from minigpt.optim import AdamW, clip_grad_norm, get_lr
@@ -409,13 +409,17 @@ def test_preset_sets_defaults_that_typed_settings_override():
 
 
 def test_preset_typed_on_resume_wins_over_the_checkpoint(tmp_path):
-    """Its settings count as typed: here its Muon meets the AdamW checkpoint, which is a clear error."""
-    cfg = tiny_cfg(tmp_path, max_iters=4, eval_interval=4)
-    train(cfg)
-    args = parse_args(["--data", cfg.data, "--out_dir", cfg.out_dir, "--resume", "--preset", "speedrun",
-                       "--max_time", "5"])
-    with pytest.raises(UserError, match="the run used --optimizer adamw"):
-        train(args, given=args.given)
+    """Its settings count as typed: its model settings (--qk_norm) meet a model without them, and its Muon meets
+    an AdamW checkpoint of the preset's model; each is a clear error."""
+    model = {k: v for k, v in PRESETS["speedrun"].items() if k in ModelShape().model_dict()}
+    for sub, kw, match in (("a", {}, "--qk_norm True does not match the resumed model's qk_norm=False"),
+                           ("b", model, "the run used --optimizer adamw")):
+        cfg = tiny_cfg(tmp_path / sub, max_iters=4, eval_interval=4, **kw)
+        train(cfg)
+        args = parse_args(["--data", cfg.data, "--out_dir", cfg.out_dir, "--resume", "--preset", "speedrun",
+                           "--max_time", "5"])
+        with pytest.raises(UserError, match=match):
+            train(args, given=args.given)
 
 
 def test_vocab_size_without_bpe_and_a_spent_budget_are_errors(tmp_path):
@@ -447,5 +451,25 @@ def test_checkpoints_from_before_named_optimizer_state_still_resume(tmp_path, op
         old[{"m": "adam_m", "momentum": "adam_m", "v": "adam_v"}.get(slot, group) + "/" + name] = a
     np.savez(path, **old)
     res = train(tiny_cfg(tmp_path / "b", optimizer=optimizer, max_iters=8, eval_interval=4, resume=True))
+    losses = [[r["loss"] for r in read_log(x["log"]) if r["kind"] == "train"] for x in (straight, res)]
+    assert losses[0] == losses[1] and len(losses[0]) == 8
+
+
+def test_checkpoints_from_before_the_speedrun_options_still_resume(tmp_path):
+    """A checkpoint whose configs predate --activation, --qk_norm, --logit_cap, --zero_init_proj,
+    --muon_momentum_warmup and --embed_lr_ratio resumes with them off, to the same run as one without the cut."""
+    new = ("activation", "qk_norm", "logit_cap", "zero_init_proj", "muon_momentum_warmup", "embed_lr_ratio")
+    straight = train(tiny_cfg(tmp_path / "a", optimizer="muon", max_iters=8, eval_interval=4))
+    train(tiny_cfg(tmp_path / "b", optimizer="muon", max_iters=4, eval_interval=4))
+    path = tmp_path / "b" / "out" / "ckpt_last.npz"
+    with np.load(path) as z:
+        files = {k: z[k] for k in z.files}
+    meta = json.loads(files["meta"].tobytes().decode())
+    for part in ("model_config", "train_config"):
+        meta[part] = {k: v for k, v in meta[part].items() if k not in new}
+    files["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    np.savez(path, **files)
+    cfg = parse_args(["--out_dir", str(tmp_path / "b" / "out"), "--resume", "--max_iters", "8"])
+    res = train(cfg, given=cfg.given)
     losses = [[r["loss"] for r in read_log(x["log"]) if r["kind"] == "train"] for x in (straight, res)]
     assert losses[0] == losses[1] and len(losses[0]) == 8
