@@ -4,6 +4,7 @@ reports/speedrun.md and reports/speedrun.png.
     python scripts/speedrun.py                                  # 3 seeds with the ablations: about 80 minutes
     python scripts/speedrun.py --seeds 1337 --ablations false   # nanoGPT and the two recipes: about 4 minutes
     python scripts/speedrun.py --seeds 1337 --budget 10 --out /tmp/smoke.md    # a smoke test, no nanoGPT
+    python scripts/speedrun.py --candidates qk-norm,embedding --round1 false   # the recipe's two: about 30 minutes
 
 For each seed in turn: nanoGPT's procedure trains config S for 2000 iterations (scripts/torch_twin.py's
 train_like_nanogpt, PyTorch on --threads threads) and its training loop is timed, evaluations included; then every
@@ -66,18 +67,29 @@ def toggled(name):
     return f"round 2 + {name}", ["--preset=speedrun", *on]
 
 
-def plan_of(ablations, nanogpt):
+def plan_of(ablations, nanogpt, candidates=tuple(CANDIDATES), round1=True):
     """{run name: (train_shakespeare.py settings, in the budget?)}: every minigpt run of one seed, in order.
-    Config S's 2000 iterations, untimed, are the twin of nanoGPT's run: only beside it."""
+    Config S's 2000 iterations, untimed, are the twin of nanoGPT's run: only beside it. round1=False leaves out
+    round 1's own ablations (each of its changes alone on config S, and config S's 2000 iterations)."""
     plan = {RECIPE: (["--preset=speedrun"], True), OLD: (ROUND1, True)}
     if ablations:
-        if nanogpt:
+        if nanogpt and round1:
             plan["minigpt config S, 2000 iterations"] = ([], False)
         plan[BASE] = ([], True)
-        plan.update({f"config S in the budget + {n}": (args, True) for n, args in CHANGES.items()})
-        plan.update({f"round 1 + {n}": (ROUND1 + on, True) for n, (on, _) in CANDIDATES.items()})
-        plan.update({toggled(n)[0]: (toggled(n)[1], True) for n in CANDIDATES})
+        if round1:
+            plan.update({f"config S in the budget + {n}": (args, True) for n, args in CHANGES.items()})
+        plan.update({f"round 1 + {n}": (ROUND1 + CANDIDATES[n][0], True) for n in candidates})
+        plan.update({toggled(n)[0]: (toggled(n)[1], True) for n in candidates})
     return plan
+
+
+def pick_candidates(words):
+    """The CANDIDATES whose name contains one of the comma-separated words (case-insensitive); '' = all."""
+    words = [w.strip().lower() for w in words.split(",") if w.strip()]
+    names = [n for n in CANDIDATES if not words or any(w in n.lower() for w in words)]
+    if not names:
+        sys.exit(f"error: --candidates {','.join(words)} names none of: {'; '.join(CANDIDATES)}")
+    return names
 
 
 def nanogpt_child(seed, threads, data):
@@ -144,6 +156,10 @@ def main():
     ap.add_argument("--budget", type=float, default=0.0,
                     help="seconds for every minigpt run instead of nanoGPT's measured time; nanoGPT is then not run "
                          "(for smoke tests: the report says so)")
+    ap.add_argument("--candidates", default="", help="round-2 candidates to ablate, comma-separated words of their "
+                    "names (e.g. 'qk-norm,embedding'); default: all")
+    ap.add_argument("--round1", type=lambda s: s.lower() in ("1", "true", "yes"), default=True,
+                    help="false: leave out round 1's own ablations (its changes alone on config S)")
     ap.add_argument("--data", default="data/tinyshakespeare.txt")
     ap.add_argument("--out", default="reports/speedrun.md", help="the report; the plot goes beside it (.png)")
     ap.add_argument("--nanogpt_child", type=int, default=None, help=argparse.SUPPRESS)
@@ -159,7 +175,8 @@ def main():
             sys.exit("error: nanoGPT's side needs PyTorch, which minigpt does not depend on: pip install torch "
                      "(or pass --budget SECONDS to run minigpt alone)")
 
-    plan = plan_of(a.ablations, nanogpt=not a.budget)
+    a.candidates = pick_candidates(a.candidates)
+    plan = plan_of(a.ablations, nanogpt=not a.budget, candidates=a.candidates, round1=a.round1)
     runs = {**({} if a.budget else {NANO: []}), **{name: [] for name in plan}}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in a.seeds:                                         # one seed's runs side by side, in turn
@@ -262,7 +279,12 @@ def write_report(a, runs):
               "Negative is better; per seed in brackets.", "",
               "| change | settings | in round 2? | Δ alone (on round 1) | Δ in the round-2 recipe | "
               "iterations alone / toggled |", "|---|---|---|---:|---:|---:|"]
-        for n, (on, _) in CANDIDATES.items():
+        left = [n for n in CANDIDATES if n not in a.candidates]
+        if left:
+            L[-2:-2] = [f"Ablated here: {'; '.join(a.candidates)} (`--candidates`). Not ablated in this invocation, "
+                        f"for time: {'; '.join(left)} (their single-seed selection runs are below).", ""]
+        for n in a.candidates:
+            on = CANDIDATES[n][0]
             alone = vals(runs[f"round 1 + {n}"]) - vals(old)
             tname, inside = toggled(n)[0], in_recipe(on)
             t = vals(runs[tname])
