@@ -247,6 +247,8 @@ def main():
     ap.add_argument("--baseline", help="an older checkout of minigpt, native library built in place")
     ap.add_argument("--dtypes", default="float32", help="comma list of float32, bf16: each implementation runs in "
                     "each (minigpt bf16: bf16 products; PyTorch bf16: its forward under autocast)")
+    ap.add_argument("--skip", default="", help="comma list of CONFIG:LABEL rows to leave out (e.g. \"M:pytorch bf16 "
+                    "autocast\" where it takes minutes a step); the report names them")
     ap.add_argument("--isas", default="", help="comma list of native ISA paths to run as extra rows "
                     "(\"native:avx2\", ...), set by MINIGPT_ISA in the child; the plain native row is the default path")
     ap.add_argument("--out", default="reports/benchmarks.md")
@@ -281,6 +283,7 @@ def main():
                 label = name + (f":{isa}" if isa else "") + (" bf16" if dtype == "bf16" else "")
                 impls[label.replace("pytorch bf16", "pytorch bf16 autocast")] = (name, dtype, isa)
     peak = where[""]["peak"]
+    skip = {x.strip() for x in a.skip.split(",") if x.strip()}
     results, failed = {}, {}
     for cfg_name in a.configs.split(","):
         c = CONFIGS[cfg_name]
@@ -291,7 +294,7 @@ def main():
                 for tag, tree in trees.items():    # (the profiled pass, for the shares, only in the first round)
                     label = name + tag
                     if (tag and (impl[0] not in where[tag]["backends"] or impl != (impl[0], "float32", None)
-                                 or impl[0] == "pytorch")) or label in failed:
+                                 or impl[0] == "pytorch")) or label in failed or f"{cfg_name}:{name}" in skip:
                         continue                   # pytorch runs once (it is the same in both trees); the
                                                    # baseline, float32 on the default path only
                     r = run_child(tree, impl, cfg_name, n, a.threads, rnd == 0)
@@ -350,6 +353,8 @@ def write_report(a, results, have_torch, where, peak, failed, parent_rss):
                          "build its library in place, `python setup.py build_ext --inplace`).")
     for label, err in failed.items():
         lines += ["", f"`{label}` failed and is left out: {err}"]
+    if a.skip:
+        lines += ["", f"Left out by `--skip`: {a.skip} (see the notes below for why)."]
     lines.append("")
     for cfg_name, rows in results.items():
         c = CONFIGS[cfg_name]
