@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from helpers import write_text
+from minigpt.bpe import bytes_to_unicode
 from minigpt.config import UserError
 from minigpt.gpt2_tokenizer import GPT2Tokenizer, gpt2_pattern
 
@@ -82,6 +83,22 @@ def test_pre_tokenization_is_gpt2s(hf_dir):
     byte_char = __import__("minigpt.bpe", fromlist=["bytes_to_unicode"]).bytes_to_unicode()
     got = ["".join(byte_char[b] for b in piece.encode("utf-8")) for piece in gpt2_pattern().findall(text)]
     assert got == want
+
+
+def test_ascii_pattern_splits_ascii_text_as_the_full_one():
+    """encode() splits ASCII text with gpt2_pattern(ascii_only=True): on every ASCII string it must cut the same
+    pieces as the full pattern and as `tokenizers`' ByteLevel pre-tokenizer."""
+    from tokenizers import pre_tokenizers
+    pre = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_char = bytes_to_unicode()
+    rng = np.random.default_rng(0)
+    alphabet = [chr(c) for c in range(128)] + ["'s", "'ll", "'re", " ", "  ", "\n", "\r\n", "_", "a", "Z", "7"] * 4
+    for _ in range(200):
+        text = "".join(rng.choice(alphabet, size=int(rng.integers(1, 60))))
+        pieces = gpt2_pattern(ascii_only=True).findall(text)
+        assert pieces == gpt2_pattern().findall(text), repr(text)
+        want = [p for p, _ in pre.pre_tokenize_str(text)]                   # pieces in GPT-2's byte characters
+        assert ["".join(byte_char[b] for b in p.encode()) for p in pieces] == want, repr(text)
 
 
 def test_checkpoint_json_round_trip(hf_dir):
