@@ -108,7 +108,9 @@ def write_report(cfg, verbose=False):
     mc = model.config
     subtitle = P.esc(f"{ckpt} (iteration {meta.get('iter', '?')}): {model.num_params():,} parameters, "
                      f"{mc.n_layer} layers x {mc.n_head} heads, n_embd {mc.n_embd}, block {mc.block_size}, "
-                     f"vocabulary {mc.vocab_size} ({type(tok).__name__}); backend {backends.name()}")
+                     f"vocabulary {mc.vocab_size} ({type(tok).__name__}); backend {backends.name()}"
+                     + ("; trained with bf16 products, read here in float32"
+                        if meta.get("train_config", {}).get("dtype") == "bf16" else ""))
     if notes:
         subtitle += "<br>" + "<br>".join(f'<span class="note">note: {P.esc(n)}</span>' for n in notes)
     text = P.page("What this model learned", subtitle, sections, data)

@@ -37,19 +37,26 @@ def test_linear_grad(rng, bias):
     assert names == (["b", "w", "x"] if bias else ["w", "x"])
 
 
+# the MLP's first Linear with its activation fused: (forward, backward, what the forward keeps for the backward)
+ACTIVATIONS = {"gelu": (L.linear_gelu_forward, L.linear_gelu_backward),      # c_fc: gelu(x w + b)
+               "relu2": (L.linear_relu2_forward, L.linear_relu2_backward)}   # --activation relu2: relu(x w + b)^2
+
+
+@pytest.mark.parametrize("act", ACTIVATIONS)
 @pytest.mark.parametrize("bias", [True, False])
-def test_linear_gelu_grad(rng, bias):
-    """out = gelu(x w + b): the bias add and the GELU fused, as the MLP's c_fc."""
+def test_linear_activation_grad(rng, bias, act):
+    """out = act(x w + b), the bias add and the activation fused; about half of relu2's inputs are negative."""
+    forward, backward_of = ACTIVATIONS[act]
     x, w, b = x_of(rng, B, T, C), 0.5 * x_of(rng, C, 3 * C), x_of(rng, 3 * C) if bias else None
-    out, dgelu = np.empty((B, T, 3 * C)), np.empty((B, T, 3 * C))
+    out, dact = np.empty((B, T, 3 * C)), np.empty((B, T, 3 * C))
     dx, dw, db = np.empty((B, T, C)), np.zeros((C, 3 * C)), np.zeros(3 * C)
 
     def backward(dy):
         dw.fill(0), db.fill(0)
-        L.linear_gelu_backward(dx, dw, db if bias else None, dy, dgelu, x, w)
+        backward_of(dx, dw, db if bias else None, dy, dact, x, w)
         return {"x": dx, "w": dw, **({"b": db} if bias else {})}
 
-    check_layer(lambda: L.linear_gelu_forward(out, dgelu, x, w, b), backward,
+    check_layer(lambda: forward(out, dact, x, w, b), backward,
                 {"x": x, "w": w, **({"b": b} if bias else {})}, x_of(rng, B, T, 3 * C))
 
 
@@ -61,21 +68,10 @@ def test_linear_gelu_is_gelu_of_linear(rng):
     np.testing.assert_allclose(L.linear_gelu_forward(out, dgelu, x, w, b), want, rtol=1e-13, atol=1e-14)
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_linear_relu2_grad(rng, bias):
-    """out = relu(x w + b)^2 (--activation relu2); about half the pre-activations are negative."""
-    x, w, b = x_of(rng, B, T, C), 0.5 * x_of(rng, C, 3 * C), x_of(rng, 3 * C) if bias else None
+def test_linear_relu2_is_relu_squared(rng):
+    x, w, b = x_of(rng, B, T, C), 0.5 * x_of(rng, C, 3 * C), x_of(rng, 3 * C)
     out, drelu2 = np.empty((B, T, 3 * C)), np.empty((B, T, 3 * C))
-    dx, dw, db = np.empty((B, T, C)), np.zeros((C, 3 * C)), np.zeros(3 * C)
-
-    def backward(dy):
-        dw.fill(0), db.fill(0)
-        L.linear_relu2_backward(dx, dw, db if bias else None, dy, drelu2, x, w)
-        return {"x": dx, "w": dw, **({"b": db} if bias else {})}
-
-    check_layer(lambda: L.linear_relu2_forward(out, drelu2, x, w, b), backward,
-                {"x": x, "w": w, **({"b": b} if bias else {})}, x_of(rng, B, T, 3 * C))
-    z = x @ w + (b if bias else 0)
+    z = x @ w + b
     np.testing.assert_allclose(L.linear_relu2_forward(out, drelu2, x, w, b), np.maximum(z, 0) ** 2, rtol=1e-13)
 
 

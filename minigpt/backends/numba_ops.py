@@ -59,9 +59,10 @@ class NumbaOps(Ops):
         L = math.prod(a.shape[:-2])                                 # not -1: an empty stack has no size to infer it
         nt = self.nt if out.size * K >= SERIAL_BELOW * 16 else 1       # tiny products (decoding): one thread
         c = self._contiguous("bmm")
-        if bf16:                                                    # bf16 operands, by the specification's
-            a = round_bf16(a, self._tmp("bf16a", a.shape, a.dtype))   # formula, into contiguous scratch; then
-            b = round_bf16(b, self._tmp("bf16b", b.shape, b.dtype))   # the float32 GEMM sums exact products
+        if bf16:        # bf16 operands, by the specification's formula, into contiguous scratch; then the
+            # float32 GEMM sums exact products
+            a = round_bf16(a, self._tmp("bf16a", a.shape, a.dtype), self._tmp("nan", a.shape, bool))
+            b = round_bf16(b, self._tmp("bf16b", b.shape, b.dtype), self._tmp("nan", b.shape, bool))
         a3, b3 = c.inp(a).reshape(L, *a.shape[-2:]), c.inp(b).reshape(L, *b.shape[-2:])
         G.gemm(a3, b3, (c.inout(out) if acc else c.out(out)).reshape(L, M, N), ta, tb, acc, nt)
         c.back()

@@ -29,10 +29,11 @@ def _future(T, Tk, start):
     return future
 
 
-def round_bf16(x, out):
+def round_bf16(x, out, nan=None):
     """float32 x -> out: each value rounded to the nearest bfloat16 (8 significant bits, float32's exponent
     range), ties to even, kept as float32 whose low 16 bits are zero. A NaN stays NaN (made quiet), a finite
-    value past the largest bf16 (3.39e38) rounds to inf; subnormals round like any other value. Returns out."""
+    value past the largest bf16 (3.39e38) rounds to inf; subnormals round like any other value. nan: bool
+    scratch of x's shape (a backend's, so that a step allocates nothing), else made here. Returns out."""
     u = x.view(np.uint32)                                           # the float's bits (a view: x may be strided)
     r = out.view(np.uint32)
     np.right_shift(u, 16, out=r)
@@ -40,7 +41,7 @@ def round_bf16(x, out):
     r += 0x7FFF                                                     # + half an ulp of bf16 (less, on even)
     r += u                                                          # carries into the kept bits when past half
     r &= 0xFFFF0000                                                 # truncate
-    nan = np.isnan(x)
+    nan = np.isnan(x, out=nan)
     if nan.any():
         r[nan] = (u[nan] | 0x00400000) & 0xFFFF0000                 # quiet NaN, sign and top payload kept
     return out
@@ -52,9 +53,10 @@ class NumpyOps(Ops):
 
     # ---- products
     def _matmul(self, a, b, ta, tb, out, acc, bf16):
-        if bf16:                                                    # bf16 products: round both operands; each
-            a = round_bf16(a, self._tmp("bf16a", a.shape, a.dtype))   # product of two bf16 values is exact in
-            b = round_bf16(b, self._tmp("bf16b", b.shape, b.dtype))   # float32, so only the sums round
+        if bf16:        # bf16 products: round both operands; a product of two bf16 values is exact in float32,
+            # so only the sums round
+            a = round_bf16(a, self._tmp("bf16a", a.shape, a.dtype), self._tmp("nan", a.shape, bool))
+            b = round_bf16(b, self._tmp("bf16b", b.shape, b.dtype), self._tmp("nan", b.shape, bool))
         if acc:                                                     # numpy has no beta = 1: a product, then +=
             out += np.matmul(_t(a, ta), _t(b, tb), out=self._tmp("acc", out.shape, out.dtype))
             return out
