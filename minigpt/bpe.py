@@ -15,7 +15,6 @@ from collections import Counter, defaultdict
 import numpy as np
 
 from .config import UserError
-from .data import CharTokenizer
 
 # ASCII whitespace written out: Python's \s also matches \x1c-\x1f, \x85, \xa0, \u2028, ... and Oniguruma's \s
 # matches a different set, so the two engines would split such text differently.
@@ -240,20 +239,3 @@ class BPETokenizer:
         with open(path, "w", encoding="utf-8") as f:
             f.write(self.to_hf_json())
 
-
-def tokenizer_from_json(s):
-    """The tokenizer a checkpoint's "tokenizer" string describes: a JSON list is a CharTokenizer's characters, a
-    dict with "kind": "bpe" a BPETokenizer, "kind": "gpt2" GPT-2's (gpt2_tokenizer.py)."""
-    try:
-        d = json.loads(s)
-    except (TypeError, ValueError):
-        d = None
-    if isinstance(d, list):
-        return CharTokenizer.from_json(s)
-    if isinstance(d, dict) and d.get("kind") == "bpe":
-        return BPETokenizer.from_json(s)
-    if isinstance(d, dict) and d.get("kind") == "gpt2":
-        from .gpt2_tokenizer import GPT2Tokenizer                      # here: it imports this module
-        return GPT2Tokenizer.from_json(s)
-    raise UserError("the checkpoint's tokenizer is neither a character list nor a BPE tokenizer (kind 'bpe'); "
-                    "it may be damaged or from a newer minigpt")

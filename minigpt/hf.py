@@ -11,7 +11,8 @@ import struct
 import numpy as np
 
 from . import checkpoint
-from .bpe import BPETokenizer, tokenizer_from_json
+from .bpe import BPETokenizer
+from .tokenizer import tokenizer_from_json
 from .config import UserError
 from .gpt2_tokenizer import GPT2Tokenizer
 from .layers import LN_EPS

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import backends, checkpoint
-from .bpe import tokenizer_from_json
+from .tokenizer import tokenizer_from_json
 from .config import UserError, check_dtype, check_ranges, default_backend, parse_args, setting
 from .model import GPT, GPTConfig, KVCache
 

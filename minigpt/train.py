@@ -23,7 +23,8 @@ import numpy as np
 
 from . import backends, checkpoint, distributed, gpt2
 from .config import ModelShape, UserError, check, default_backend, parse_args
-from .bpe import BPETokenizer, tokenizer_from_json
+from .bpe import BPETokenizer
+from .tokenizer import tokenizer_from_json
 from .data import CharTokenizer, Dataset, load_text, split_text
 from .evaluate import estimate_loss, whole_split_loss
 from .model import GPT

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from helpers import write_text
-from minigpt.bpe import PATTERN, BPETokenizer, tokenizer_from_json
+from minigpt.bpe import PATTERN, BPETokenizer
+from minigpt.tokenizer import tokenizer_from_json
 from minigpt.config import UserError
 from minigpt.data import CharTokenizer
 
