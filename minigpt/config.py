@@ -84,7 +84,7 @@ class TrainConfig(ModelShape):
                                                     "default when it is missing)")
     out_dir: str = setting("out", "directory for log.jsonl, the checkpoints and the loss curve")
     plot: str = setting("loss_curve.png", "loss-curve PNG made at the end: a bare name goes in --out_dir, a path "
-                                          "is used as is, '' for none")
+                                          "is used as is, '' for none (train_shakespeare.py only)")
     report: bool = setting(True, "write out_dir/report.html at the end: what the model learned (python -m "
                                  "minigpt.report; train_shakespeare.py only)")
     snapshots: int = setting(5, "weights kept in out_dir/snapshots/ (float16) at this many points of the run, for "
@@ -125,7 +125,8 @@ class TrainConfig(ModelShape):
     eval_interval: int = setting(250, "evaluate and checkpoint every this many steps (and at the end)")
     eval_iters: int = setting(20, "batches per split in each evaluation")
     log_interval: int = setting(10, "print a progress line every this many steps (log.jsonl gets every step)")
-    sample_chars: int = setting(500, "tokens sampled at the end: characters, or BPE tokens (0: no sample)")
+    sample_chars: int = setting(500, "tokens sampled at the end: characters, or BPE tokens (0: no sample; "
+                                     "train_shakespeare.py only)")
     seed: int = setting(1337, "seeds the init, dropout, batches and evaluation batches")
     # execution
     backend: str = setting(default_backend, "auto | numpy | numba | native; $MINIGPT_BACKEND sets the default")

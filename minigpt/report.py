@@ -51,7 +51,7 @@ def main(argv=None):
     try:
         cfg = parse_args(argv, ReportConfig, prog="python -m minigpt.report", description=__doc__)
         t0 = time.perf_counter()
-        path = write_report(cfg)
+        path = write_report(cfg, verbose=True)                       # says which backend auto chose
         print(f"report: {path} ({os.path.getsize(path) / 2 ** 20:.1f} MB, {time.perf_counter() - t0:.1f} s)")
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -104,7 +104,7 @@ def write_report(cfg, verbose=False):
     sections.append(_wrong(model, tok, val_text, cfg.val_chars))
     data["snaps"] = []
     sections.append(_snapshots(cfg.out_dir, model.config, ids, tok, rows, data))
-    sections.append(_samples(model, tok, cfg, meta))
+    sections.append(_samples(model, tok, cfg))
     mc = model.config
     subtitle = P.esc(f"{ckpt} (iteration {meta.get('iter', '?')}): {model.num_params():,} parameters, "
                      f"{mc.n_layer} layers x {mc.n_head} heads, n_embd {mc.n_embd}, block {mc.block_size}, "
@@ -283,7 +283,7 @@ def _snapshots(out_dir, config, ids, tok, rows, data):
     return P.section("snapshots", "8. How training changed it", what, body, drawn_by_script=True)
 
 
-def _samples(model, tok, cfg, meta):
+def _samples(model, tok, cfg):
     if not cfg.samples:
         return P.section("samples", "9. Samples", "Text the model writes.", "<p>--samples 0: none.</p>")
     start = _encode(tok, start_text(tok), "sample prompt")
@@ -293,7 +293,7 @@ def _samples(model, tok, cfg, meta):
     rows = np.stack(out, axis=1) if out else np.zeros((cfg.samples, 0), int)
     body = "".join(f'<pre class="sample">{P.esc(tok.decode(r))}</pre>' for r in rows)
     return P.section("samples", "9. Samples", f"{cfg.samples} samples of {cfg.sample_tokens} tokens at temperature "
-                     "0.8 (the sampler's default), from a newline.", body)
+                     f"0.8 (the sampler's default), each from {P.esc(repr(start_text(tok)))}.", body)
 
 
 if __name__ == "__main__":

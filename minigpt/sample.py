@@ -139,7 +139,7 @@ def generate(model, idx, max_new_tokens, rng, temperature=1.0, top_k=0, top_p=1.
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     try:
-        cfg = parse_args(argv, SampleConfig)
+        cfg = parse_args(argv, SampleConfig, prog="python -m minigpt.sample", description=__doc__)
         check_ranges(cfg, positive=("num_samples",), non_negative=("max_new_tokens", "top_k", "seed", "threads"))
         if not 0 < cfg.top_p <= 1:
             raise UserError(f"--top_p must lie in (0, 1], got {cfg.top_p}")

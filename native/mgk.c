@@ -9,11 +9,14 @@
               (mgk_amx.inc)
      AVX2     6x16 tile of ymm FMAs, mgk_gemm_generic.inc compiled for avx2,fma
      generic  4x16 tile, mgk_gemm_generic.inc compiled for the baseline (SSE2 on x86-64; any CPU elsewhere)
-   No -ffast-math: the sums are plain (fused) multiply-adds in k order (vdpbf16ps and AMX tiles add the two
-   products of each k-pair in the instruction's own order: the same value up to float32 summation order).
+   No -ffast-math: the packed paths sum plain (fused) multiply-adds in k order (vdpbf16ps and AMX tiles add the
+   two products of each k-pair in the instruction's own order). The few-rows path (small_*) sums a transposed
+   op(B) in vector-lane partials, and a product split over k between threads (ksplit) adds the threads' partial
+   sums: the same value up to float32 summation order, which depends on the path and the thread count.
    bfloat16 products (mgk_bgemm*, mgk.h): both operands are rounded to bf16 as they are packed, and the exact
-   products are summed in float32. Every path does it by rounding its fp32 packs (bf16 values are floats whose
-   low 16 bits are zero); on top of AVX-512, the avx512bf16 path turns its packs into k-pairs for vdpbf16ps. */
+   products are summed in float32. generic, avx2 and avx512 round their fp32 packs (bf16 values are floats whose
+   low 16 bits are zero); the avx512bf16 path turns its packs into k-pairs for vdpbf16ps, and amx packs straight
+   into bf16 halves (mgk_amx.inc). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -288,8 +291,8 @@ static void kernel_8x16(int kc, const float *ap, const float *bp, float *c, long
 /* ----------------------------------------------------------------------------
    avx512bf16: the same packs, rounded to bf16 and folded into k-pairs, then vdpbf16ps, which adds
    a[2p]*b[2p] + a[2p+1]*b[2p+1] (exact products of bf16 values) into each float32 lane: twice the multiply-adds
-   of an fp32 FMA per instruction. mgk_isa() takes this path only where it measures faster than fp32 FMAs (AMD
-   Zen 4: about 2x; Intel Xeons: half, ../shared/notes). */
+   of an fp32 FMA per instruction. mgk_isa() takes this path only where it measures at least 1.2x the fp32 FMA
+   rate (best_isa; vdpbf16ps is reported at about 2x on AMD Zen 4 and half on Intel Xeons). */
 #ifdef MGK_BF16
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,avx512vl,avx512bw,avx512bf16,avx2,fma")
@@ -679,11 +682,11 @@ static void amx_config(void)       /* tiles 0-3: C (16 x 16 floats), 4-5: A, 6-7
 static void peak_job_amx(void *arg, int tid, int nt)
 {
     long long iters = *(long long *)arg / 8;
-    static const uint16_t ones[16 * 32] __attribute__((aligned(64))) = {0};
+    static const uint16_t zeros[16 * 32] __attribute__((aligned(64))) = {0};   /* the rate does not depend on values */
     float sink[16 * 16];
     amx_config();
     _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-    _tile_loadd(4, ones, 64); _tile_loadd(5, ones, 64); _tile_loadd(6, ones, 64); _tile_loadd(7, ones, 64);
+    _tile_loadd(4, zeros, 64); _tile_loadd(5, zeros, 64); _tile_loadd(6, zeros, 64); _tile_loadd(7, zeros, 64);
     for (long long n = 0; n < iters; n++) {
         _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
     }
@@ -917,7 +920,7 @@ static double peak_once(peak_fn *fn, int flops, long long iters)   /* GFLOP/s of
    register loops each */
 static int best_isa(void)
 {
-    int isa = mgk_cpu_isa();                   /* amx: about 15x the fp32 FMAs (../shared/notes), no need to measure */
+    int isa = mgk_cpu_isa();                   /* amx: tiles are reported at about 15x the fp32 FMAs: not measured */
 #ifdef MGK_BF16
     if (isa == MGK_ISA_AVX512BF16) {
         const struct isa_gemm *b = &ISA_GEMM[MGK_ISA_AVX512BF16];

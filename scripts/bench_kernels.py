@@ -62,24 +62,25 @@ def time_product(L, M, N, K, ta, tb, min_time=0.2, warmup=2, min_calls=5, rng=No
 
 CONFIGS = {"S": dict(batch=12, block=64, n_embd=128, n_head=4, vocab=65, n_layer=4),
            "M": dict(batch=64, block=256, n_embd=384, n_head=6, vocab=65, n_layer=6)}
-BF16_ON = {True: "vdpbf16ps", False: "the fp32 FMAs on bf16-rounded operands: no bf16 instruction on this path"}
+BF16_ON = {"avx512bf16": "vdpbf16ps", "amx": "AMX tiles (tdpbf16ps)"}   # the bf16 peak loop of each native path
+BF16_ELSE = "the fp32 FMAs on bf16-rounded operands: no bf16 instruction on this path"
 NOTES = "<!-- notes: hand-written text below this line is kept when the script rewrites the report -->"
 
 
 def peak(names, threads, bf16=False):  # fp32 FMA peak of the threads now (register-only loop): low values flag a
-    if "native" not in names:           # busy machine. bf16: the bf16 products' instruction (vdpbf16ps, or the FMA)
+    if "native" not in names:           # busy machine. bf16: the bf16 products' instruction (BF16_ON)
         return None
     backends.select("native", threads=threads, verbose=False)
     return max(backends.current().peak_gflops(bf16=bf16) for _ in range(3))
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--configs", default="S,M")
-    p.add_argument("--rounds", type=int, default=3)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", type=int, default=2, help="threads of every backend")
+    p.add_argument("--configs", default="S,M", help="comma list of the step shapes to time: S, M")
+    p.add_argument("--rounds", type=int, default=3, help="rounds over every backend (the median is reported)")
     p.add_argument("--min_time", type=float, default=0.25, help="seconds of timed calls per backend, shape and round")
-    p.add_argument("--out", default="reports/kernels.md")
+    p.add_argument("--out", default="reports/kernels.md", help="the report (its notes below the marker are kept)")
     p.add_argument("--bf16", type=int, default=1, help="1: also time native's bf16 products (column 'native bf16')")
     args = p.parse_args()
 
@@ -92,7 +93,7 @@ def main():
              f"--configs {args.configs} --rounds {args.rounds} --min_time {args.min_time}` on {cpu_line()}, "
              f"{time.strftime('%Y-%m-%d %H:%M')}. Threads: {args.threads} for every backend. "
              "fp32 FMA peak (register-only loop on the same threads), GFLOP/s: {PEAK}."
-             + (f" bf16 peak: {bf16_peak:.0f} GFLOP/s on native's {native_isa()} path ({BF16_ON[native_isa() == 'avx512bf16']})."
+             + (f" bf16 peak: {bf16_peak:.0f} GFLOP/s on native's {native_isa()} path ({BF16_ON.get(native_isa(), BF16_ELSE)})."
                 if "native bf16" in names else ""),
              "Each entry: median over rounds of the median call time (after warm-up calls; at least 5 calls, 3 for "
              "products over 1 GFLOP); GFLOP/s = 2·L·M·N·K / t. 'best calls': the fastest call of each, less hit by noise.", ""]

@@ -237,12 +237,12 @@ def run_child(tree, impl, cfg_name, steps, threads, prof):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--steps_S", type=int, default=30)
-    ap.add_argument("--steps_M", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--configs", default="S,M")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="threads of every implementation")
+    ap.add_argument("--steps_S", type=int, default=30, help="timed steps per process at config S")
+    ap.add_argument("--steps_M", type=int, default=3, help="timed steps per process at config M")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds over every implementation (the median is reported)")
+    ap.add_argument("--configs", default="S,M", help="comma list of S, M")
     ap.add_argument("--backends", default="", help="comma list (default: every backend that loads, and pytorch)")
     ap.add_argument("--baseline", help="an older checkout of minigpt, native library built in place")
     ap.add_argument("--dtypes", default="float32", help="comma list of float32, bf16: each implementation runs in "
@@ -251,7 +251,7 @@ def main():
                     "autocast\" where it takes minutes a step); the report names them")
     ap.add_argument("--isas", default="", help="comma list of native ISA paths to run as extra rows "
                     "(\"native:avx2\", ...), set by MINIGPT_ISA in the child; the plain native row is the default path")
-    ap.add_argument("--out", default="reports/benchmarks.md")
+    ap.add_argument("--out", default="reports/benchmarks.md", help="the report (its notes below the marker are kept)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--config", default="S", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=3, help=argparse.SUPPRESS)

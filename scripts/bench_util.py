@@ -1,7 +1,8 @@
 """What the benchmark reports state about where they ran: the CPU (lscpu's model name and the SIMD flags that
-decide which native kernels can run) and the git revision of a tree. A sibling module of the bench scripts
+decide which native kernels can run) and the git revision of a tree; and `flag`, the true/false option type. A sibling module of the bench scripts
 (`from bench_util import cpu_line`); not part of the package.
 """
+import argparse
 import os
 import shlex
 import subprocess
@@ -65,3 +66,13 @@ def revision(tree="."):
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git tree)"
     return rev + (" + uncommitted changes" if dirty else "")
+
+
+def flag(word):
+    """An argparse type for true/false options: 1/true/yes or 0/false/no, anything else an error (not False)."""
+    w = word.strip().lower()
+    if w in ("1", "true", "yes"):
+        return True
+    if w in ("0", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {word!r}")

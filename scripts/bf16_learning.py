@@ -3,10 +3,11 @@ the whole-split validation loss at the end; writes reports/bf16.md.
 
     python scripts/bf16_learning.py [--seeds 1337] [--backend native] [--work_dir /tmp/minigpt-bf16]
 
-Recipes: config S as `scripts/train_shakespeare.py` runs it by default (2000 iterations), and the speedrun
-recipe (Muon, batch 32) over a fixed 1219 iterations (what it reached in nanoGPT's wall time on a Zen 5 EPYC,
-reports/speedrun.md): a fixed count, not a time budget, so that both dtypes take the same steps on any CPU and
-only the precision differs. A run whose work_dir already holds a finished log is read, not trained again.
+Recipes: config S as `scripts/train_shakespeare.py` runs it by default (2000 iterations), and the speedrun's two
+recipes, round 1 (Muon, batch 32) and round 2 (`--preset speedrun`: + QK-norm, embedding lr x 10), over a fixed
+1219 iterations (what round 1 reached in nanoGPT's wall time on a Zen 5 EPYC, reports/speedrun.md at 232a1ad): a
+fixed count, not a time budget, so that both dtypes take the same steps on any CPU and only the precision
+differs. A run whose work_dir already holds a finished log is read, not trained again.
 """
 import argparse
 import json
@@ -21,9 +22,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_util import cpu_line, revision  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RECIPES = {"config S, 2000 iterations": [],
-           "speedrun recipe (Muon, batch 32), 1219 iterations": ["--optimizer", "muon", "--batch_size", "32",
-                                                                  "--max_iters", "1219", "--lr_decay_iters", "1219"]}
+FIXED = ["--max_iters", "1219", "--lr_decay_iters", "1219"]
+ROUND1 = ["--optimizer", "muon", "--batch_size", "32"]
+RECIPES = {"config S, 2000 iterations": ("S", []),                    # name: (out_dir prefix, settings)
+           "speedrun round 1 (Muon, batch 32), 1219 iterations": ("R", ROUND1 + FIXED),
+           "speedrun round 2 (+ QK-norm, embedding lr x 10), 1219 iterations": (
+               "R2", ROUND1 + ["--qk_norm", "true", "--embed_lr_ratio", "10"] + FIXED)}
 TOLERANCE = 0.01
 
 
@@ -37,9 +41,12 @@ def final(log):
     return (ends[-1]["val_loss_full"], ends[-1]["iter"], steps[-1]["elapsed"]) if ends and steps else None
 
 
-def run(out_dir, flags, args):
+def run(out_dir, flags, args, read):
+    """Train one run into out_dir, or read it if it finished there before (its out_dir is then added to read)."""
     got = final(os.path.join(out_dir, "log.jsonl"))
-    if got is None:
+    if got is not None:
+        read.append(os.path.basename(out_dir))
+    else:
         cmd = [sys.executable, os.path.join(ROOT, "scripts", "train_shakespeare.py"), "--out_dir", out_dir,
                "--backend", args.backend, "--threads", str(args.threads), "--report", "false", "--plot", "",
                "--sample_chars", "0"] + (["--data", args.data] if args.data else []) + flags
@@ -61,19 +68,20 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "reports", "bf16.md"))
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
-    results = {}
-    for name, flags in RECIPES.items():
-        tag = "S" if not flags else "R"
+    results, read = {}, []
+    for name, (tag, flags) in RECIPES.items():
         for seed in seeds:
             for dtype in ("float32", "bf16"):
                 out_dir = os.path.join(args.work_dir, f"{tag}_{dtype}" + (f"_{seed}" if seed != 1337 else ""))
-                results[name, seed, dtype] = run(out_dir, flags + ["--dtype", dtype, "--seed", str(seed)], args)
+                results[name, seed, dtype] = run(out_dir, flags + ["--dtype", dtype, "--seed", str(seed)], args, read)
     lines = ["# bf16 against float32: the same runs, the same seeds", "",
              f"Measured by `python scripts/bf16_learning.py --seeds {args.seeds} --backend {args.backend} --threads "
              f"{args.threads}` at {revision(ROOT)} on {cpu_line()}, {time.strftime('%Y-%m-%d')}. Each pair trains "
              "from the same seed (the same initial weights and batches), once with float32 products and once with "
              "`--dtype bf16`; the score is the loss over the whole validation split at the end (each of its "
-             "111,539 targets once).", "",
+             "111,539 targets once)."
+             + (f" Read from an earlier invocation's finished runs in {args.work_dir} (trained by an earlier invocation "
+                f"of this script on this machine; git log names the revision of that report): {', '.join(read)}." if read else ""), "",
              "| recipe | seed | float32 | bf16 | bf16 - float32 |", "|---|---:|---:|---:|---:|"]
     for name in RECIPES:
         deltas = []

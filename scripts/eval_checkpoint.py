@@ -1,11 +1,11 @@
-"""Loss of a checkpoint over whole splits, and the spread of the training loop's 20-batch estimate.
+"""Loss of a checkpoint over whole splits, and the spread of the training loop's eval_iters-batch estimate.
 
     python scripts/eval_checkpoint.py --ckpt out/ckpt_last.npz [--data data/tinyshakespeare.txt] [--draws 10]
 
 The training loop estimates train/val loss from eval_iters random batches (a fixed generator, so curves are
 comparable). This script measures the same weights two more ways: over every non-overlapping block of each
 split (each target once, with a context of up to block_size tokens: minigpt.evaluate.whole_split_loss), and over `--draws` independent
-draws of eval_iters batches, to show how much the 20-batch figure moves with the batches alone.
+draws of eval_iters batches, to show how much the training loop's figure moves with the batches alone.
 Every mistake is one line, "error: ...", and exit status 2; --help lists the options.
 """
 import sys
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minigpt import backends, checkpoint
-from minigpt.config import UserError, check_ranges, default_backend, parse_args, setting
+from minigpt.config import UserError, check_dtype, check_ranges, default_backend, parse_args, setting
 from minigpt.data import Dataset, load_text
 from minigpt.sample import load_model
 from minigpt.evaluate import whole_split_loss
@@ -26,22 +26,27 @@ class EvalConfig:
     data: str = setting("data/tinyshakespeare.txt", "the UTF-8 text it was trained on (split as in training)")
     draws: int = setting(10, "independent draws of eval_iters batches, for the spread of the estimate")
     backend: str = setting(default_backend, "auto | numpy | numba | native; $MINIGPT_BACKEND sets the default")
+    threads: int = setting(0, "threads of every pool (0: all cores)")
+    dtype: str = setting("float32", "float32 | bf16: the products' precision (as training's --dtype; a bf16 run's "
+                                    "checkpoint is float32 and reads either way)")
 
 
 def main(argv):
     try:
         a = check_ranges(parse_args(argv, EvalConfig, prog="eval_checkpoint.py", description=__doc__),
-                         positive=("draws",))
-        backends.select(a.backend)
+                         positive=("draws",), non_negative=("threads",))
+        check_dtype(a.dtype)
+        backends.select(a.backend, threads=a.threads or None)
         loaded = checkpoint.load(a.ckpt)
         model, tok = load_model(a.ckpt, loaded)
+        model.bf16 = a.dtype == "bf16"
         cfg = loaded[0]["train_config"]
         data = Dataset(load_text(a.data), tok, model.config.block_size, source=a.data)
     except (UserError, backends.BackendUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     T, B, iters = model.config.block_size, cfg["batch_size"], cfg["eval_iters"]
-    print(f"{a.ckpt}: block {T}, batch {B}, eval_iters {iters}")
+    print(f"{a.ckpt}: block {T}, batch {B}, eval_iters {iters}, {a.dtype} products")
     for split in ("train", "val"):
         full = whole_split_loss(model, data.splits[split], T, B)
         est = []

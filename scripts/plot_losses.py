@@ -34,7 +34,7 @@ def plot(logs, out_png, labels=None, title="minigpt training"):
                 label=f"{label} train")
         ax.plot([r["iter"] for r in evals], [r["val_loss"] for r in evals], "s-", color=color, label=f"{label} val")
     ax.set_xlabel("iteration")
-    ax.set_ylabel("cross-entropy loss (nats/char)")
+    ax.set_ylabel("cross-entropy loss (nats per token)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()

@@ -24,7 +24,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_util import command, cpu_line, revision  # noqa: E402
+from bench_util import command, cpu_line, flag, revision  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOAL = 1.50                                                      # issue 24's target (round 1's was 1.80)
@@ -150,15 +150,18 @@ def minigpt(args, seed, seconds, threads, data, tmp):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[1337, 1338, 1339])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1337, 1338, 1339],
+                    help=f"one run of everything per seed, in turn; {SELECTION_SEED} chose the recipes, the rest are "
+                         "held out")
     ap.add_argument("--threads", type=int, default=2, help="threads of every run, nanoGPT's and minigpt's")
-    ap.add_argument("--ablations", type=lambda s: s.lower() in ("1", "true", "yes"), default=True)
+    ap.add_argument("--ablations", type=flag, default=True,
+                    help="false: only nanoGPT and the two recipes (no config S, no change alone or toggled)")
     ap.add_argument("--budget", type=float, default=0.0,
                     help="seconds for every minigpt run instead of nanoGPT's measured time; nanoGPT is then not run "
                          "(for smoke tests: the report says so)")
     ap.add_argument("--candidates", default="", help="round-2 candidates to ablate, comma-separated words of their "
                     "names (e.g. 'qk-norm,embedding'); default: all")
-    ap.add_argument("--round1", type=lambda s: s.lower() in ("1", "true", "yes"), default=True,
+    ap.add_argument("--round1", type=flag, default=True,
                     help="false: leave out round 1's own ablations (its changes alone on config S)")
     ap.add_argument("--data", default="data/tinyshakespeare.txt")
     ap.add_argument("--out", default="reports/speedrun.md", help="the report; the plot goes beside it (.png)")

@@ -29,6 +29,13 @@ def path(request):
     lib.mgk_set_isa(saved)
 
 
+def test_isa_names_match_the_library():
+    """native.ISAS (MINIGPT_ISA's words) names the paths in mgk.h's MGK_ISA_* order, as the library does."""
+    lib = native._lib()
+    assert [lib.mgk_isa_name(i).decode() for i in range(len(PATHS))] == PATHS
+    assert lib.mgk_isa_name(len(PATHS)) == b"?"                      # a path this CPU cannot run
+
+
 def close(got, want, K):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5 * np.sqrt(max(K, 1)))
 

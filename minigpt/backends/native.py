@@ -109,6 +109,7 @@ def _lib():
     lib.mgk_bgemm_batched.argtypes = lib.mgk_sgemm_batched.argtypes
     lib.mgk_bgemm_batched.restype = _i
     lib.mgk_round_bf16.argtypes, lib.mgk_round_bf16.restype = [_ll, _f32, _f32], _i
+    lib.mgk_isa_name.argtypes, lib.mgk_isa_name.restype = [_i], ctypes.c_char_p
     for f in ("mgk_cpu_isa", "mgk_isa"):
         getattr(lib, f).argtypes, getattr(lib, f).restype = [], _i
     lib.mgk_set_isa.argtypes, lib.mgk_set_isa.restype = [_i], _i
@@ -294,7 +295,7 @@ class NativeOps(Ops):
 
     def peak_gflops(self, iters=20_000_000, bf16=False):
         """fp32 FMA throughput of a register-only loop on the native threads (for reports); bf16: that of the
-        bf16 products' instruction (vdpbf16ps on the avx512bf16 path, else the same FMAs)."""
+        bf16 products' instruction (vdpbf16ps on the avx512bf16 path, AMX tiles on amx, else the same FMAs)."""
         return (self.lib.mgk_peak_bf16_gflops if bf16 else self.lib.mgk_peak_gflops)(iters)
 
 
