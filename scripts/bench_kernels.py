@@ -7,12 +7,11 @@ and would slow whichever backend runs next). Text after the NOTES marker in an e
 Run:  flock /tmp/minigpt-bench.lock python scripts/bench_kernels.py --threads 2
 """
 import argparse
-import os
 import time
 
 import numpy as np
 
-from bench_util import cpu_line
+from bench_util import cpu_line, write_keeping_notes
 from minigpt import backends
 from minigpt.backends import ops
 from minigpt.backends.native import isa as native_isa
@@ -142,10 +141,7 @@ def main():
                                              for c, g in step_rate.items()] + [""]
     after = peak(names, args.threads)
     lines[2] = lines[2].replace("{PEAK}", f"{peak_before:.0f} before, {after:.0f} after the run" if after else "n/a")
-    old = open(args.out).read() if os.path.exists(args.out) else ""
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write("\n".join(lines) + "\n" + NOTES + (old.split(NOTES, 1)[1] if NOTES in old else "\n"))
+    write_keeping_notes(args.out, "\n".join(lines), NOTES)
     print("wrote", args.out)
 
 

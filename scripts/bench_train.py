@@ -26,7 +26,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from bench_util import cpu_line, revision
+from bench_util import cpu_line, revision, write_keeping_notes
 from minigpt import backends
 from minigpt import layers as L
 from minigpt.model import GPT, GPTConfig
@@ -390,14 +390,12 @@ def write_report(a, results, have_torch, where, peak, failed, parent_rss):
                  "loop, measured before the rounds)." if peak else "fp32 peak: n/a (no native backend here).")
     bf16_peak, isa = where[""].get("bf16_peak"), where[""].get("isa")
     if "bf16" in a.dtypes and bf16_peak:
-        on = "vdpbf16ps" if isa is not None and isa >= 3 else "the same fp32 FMAs (no bf16 instruction on this path)"
+        on = {3: "vdpbf16ps", 4: "AMX tiles (tdpbf16ps)"}.get(isa, "the same fp32 FMAs (no bf16 instruction on this "
+                                                                  "path)")                  # MGK_ISA_* numbers
         lines += ["", f"bf16 peak: {bf16_peak:.0f} GFLOP/s on {a.threads} threads, on {on}. A `bf16` minigpt row rounds "
                   "the operands of every product to bfloat16 and sums in float32 (README: bf16); `pytorch bf16 "
                   "autocast` runs the twin's forward under torch.autocast(\"cpu\", torch.bfloat16)."]
-    old = open(a.out).read() if os.path.exists(a.out) else ""
-    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-    with open(a.out, "w") as f:
-        f.write("\n".join(lines) + "\n\n" + NOTES + (old.split(NOTES, 1)[1] if NOTES in old else "\n"))
+    write_keeping_notes(a.out, "\n".join(lines), NOTES)
     print(f"wrote {a.out}")
 
 

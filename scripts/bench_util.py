@@ -1,6 +1,6 @@
 """What the benchmark reports state about where they ran: the CPU (lscpu's model name and the SIMD flags that
-decide which native kernels can run) and the git revision of a tree; and `flag`, the true/false option type. A sibling module of the bench scripts
-(`from bench_util import cpu_line`); not part of the package.
+decide which native kernels can run) and the git revision of a tree; `flag`, the true/false option type; `write_keeping_notes`, how a report is rewritten.
+A sibling module of the bench scripts (`from bench_util import cpu_line`); not part of the package.
 """
 import argparse
 import os
@@ -76,3 +76,13 @@ def flag(word):
     if w in ("0", "false", "no"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {word!r}")
+
+
+def write_keeping_notes(path, text, marker):
+    """Write text to path, then marker and whatever followed marker in the file already there (hand-written notes,
+    other benchmarks' sections), through a temporary file renamed into place."""
+    old = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(text.rstrip("\n") + "\n\n" + marker + (old.split(marker, 1)[1] if marker in old else "\n"))
+    os.replace(path + ".tmp", path)

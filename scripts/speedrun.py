@@ -1,5 +1,5 @@
 """minigpt's speedrun recipes against nanoGPT in nanoGPT's own wall time, with ablations. Writes
-reports/speedrun.md and reports/speedrun.png.
+reports/speedrun.md (text below its notes marker is kept) and reports/speedrun.png.
 
     python scripts/speedrun.py                                  # 3 seeds with the ablations: about 80 minutes
     python scripts/speedrun.py --seeds 1337 --ablations false   # nanoGPT and the two recipes: about 4 minutes
@@ -24,7 +24,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_util import command, cpu_line, flag, revision  # noqa: E402
+from bench_util import command, cpu_line, flag, revision, write_keeping_notes  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOAL = 1.50                                                      # issue 24's target (round 1's was 1.80)
@@ -48,6 +48,7 @@ CANDIDATES = {
     "embedding lr x 10": (["--embed_lr_ratio=10"], ["--embed_lr_ratio=1"]),
     "untied head": (["--tie_weights=false"], ["--tie_weights=true"]),
 }
+NOTES = "<!-- notes: hand-written text below this line is kept when the script rewrites the report -->"
 RECIPE, OLD = "minigpt recipe, round 2 (--preset speedrun)", "minigpt recipe, round 1 (Muon, batch 32)"
 NANO, BASE = "nanoGPT, config S, 2000 iterations", "config S in the budget"
 
@@ -300,8 +301,7 @@ def write_report(a, runs):
               "| run | wall time (s) | iterations | whole-split val, mean | sd | Δ vs round 1 | per seed |",
               "|---|---:|---:|---:|---:|---:|---|"]
         L += [row(name, rs, old) for name, rs in runs.items() if name.startswith(("round", "minigpt recipe"))]
-    with open(os.path.join(ROOT, a.out), "w") as f:
-        f.write("\n".join(L) + "\n")
+    write_keeping_notes(os.path.join(ROOT, a.out), "\n".join(L), NOTES)
     print(f"wrote {a.out} and {png}")
 
 
