@@ -1,7 +1,7 @@
 """minigpt's speedrun recipes against nanoGPT in nanoGPT's own wall time, with ablations. Writes
 reports/speedrun.md (text below its notes marker is kept) and reports/speedrun.png.
 
-    python scripts/speedrun.py                                  # 3 seeds with the ablations: about 80 minutes
+    python scripts/speedrun.py                                  # 3 seeds with the ablations: 80-110 minutes
     python scripts/speedrun.py --seeds 1337 --ablations false   # nanoGPT and the two recipes: about 4 minutes
     python scripts/speedrun.py --seeds 1337 --budget 10 --out /tmp/smoke.md    # a smoke test, no nanoGPT
     python scripts/speedrun.py --candidates qk-norm,embedding --round1 false   # the recipe's two: about 30 minutes
@@ -9,9 +9,9 @@ reports/speedrun.md (text below its notes marker is kept) and reports/speedrun.p
 For each seed in turn: nanoGPT's procedure trains config S for 2000 iterations (scripts/torch_twin.py's
 train_like_nanogpt, PyTorch on --threads threads) and its training loop is timed, evaluations included; then every
 minigpt run of the seed trains with --max_time set to that time (--budget: a fixed time instead, and no nanoGPT):
-the round-2 recipe (--preset speedrun) and the round-1 recipe; with --ablations, config S alone in the budget,
-config S with each round-1 change alone, and each round-2 candidate alone on the round-1 recipe and toggled in the
-round-2 recipe. Every run, nanoGPT's too, is scored the same way at its end: the mean loss over the whole
+the preset's recipe (--preset speedrun, round 3) and the round-1 recipe; with --ablations, config S alone in the
+budget, config S with each round-1 change alone, and each candidate of rounds 2 and 3 alone on the round-1 recipe
+and toggled in the preset's recipe. Every run, nanoGPT's too, is scored the same way at its end: the mean loss over the whole
 validation split (minigpt.evaluate.whole_split_loss). Needs PyTorch for nanoGPT's side (pip install torch).
 """
 import argparse
@@ -36,8 +36,8 @@ CHANGES = {
     "batch 32": ["--batch_size=32"],
 }
 ROUND1 = ["--optimizer=muon", "--batch_size=32"]
-# Round 2's candidates (issue 24): (the settings that turn it on, those that turn it off). Each runs alone on the
-# round-1 recipe, and is toggled in the round-2 recipe (--preset speedrun, minigpt/config.py): left out if the
+# The candidates of rounds 2 and 3 (issue 24): (the settings that turn it on, those that turn it off). Each runs alone
+# on the round-1 recipe, and is toggled in the preset's recipe (--preset speedrun, minigpt/config.py): left out if the
 # recipe has it, added if not. Paired by seed, both say what the change is worth.
 CANDIDATES = {
     "ReLU^2 MLP": (["--activation=relu2"], ["--activation=gelu"]),
@@ -49,7 +49,8 @@ CANDIDATES = {
     "untied head": (["--tie_weights=false"], ["--tie_weights=true"]),
 }
 NOTES = "<!-- notes: hand-written text below this line is kept when the script rewrites the report -->"
-RECIPE, OLD = "minigpt recipe, round 2 (--preset speedrun)", "minigpt recipe, round 1 (Muon, batch 32)"
+CURRENT = "round 3"                                              # the round --preset speedrun holds
+RECIPE, OLD = f"minigpt recipe, {CURRENT} (--preset speedrun)", "minigpt recipe, round 1 (Muon, batch 32)"
 NANO, BASE = "nanoGPT, config S, 2000 iterations", "config S in the budget"
 
 
@@ -61,11 +62,11 @@ def in_recipe(on):
 
 
 def toggled(name):
-    """The run name of the round-2 recipe with candidate `name` toggled, and the settings of that run."""
+    """The run name of the preset's recipe with candidate `name` toggled, and the settings of that run."""
     on, off = CANDIDATES[name]
     if in_recipe(on):
-        return f"round 2 without {name}", ["--preset=speedrun", *off]
-    return f"round 2 + {name}", ["--preset=speedrun", *on]
+        return f"{CURRENT} without {name}", ["--preset=speedrun", *off]
+    return f"{CURRENT} + {name}", ["--preset=speedrun", *on]
 
 
 def plan_of(ablations, nanogpt, candidates=tuple(CANDIDATES), round1=True):
@@ -160,7 +161,7 @@ def main():
     ap.add_argument("--budget", type=float, default=0.0,
                     help="seconds for every minigpt run instead of nanoGPT's measured time; nanoGPT is then not run "
                          "(for smoke tests: the report says so)")
-    ap.add_argument("--candidates", default="", help="round-2 candidates to ablate, comma-separated words of their "
+    ap.add_argument("--candidates", default="", help="candidates to ablate, comma-separated words of their "
                     "names (e.g. 'qk-norm,embedding'); default: all")
     ap.add_argument("--round1", type=flag, default=True,
                     help="false: leave out round 1's own ablations (its changes alone on config S)")
@@ -236,6 +237,7 @@ def write_report(a, runs):
     from minigpt.config import PRESETS
     from minigpt.data import load_text, split_text
     png = os.path.splitext(a.out)[0] + ".png"
+    os.makedirs(os.path.dirname(os.path.join(ROOT, png)), exist_ok=True)
     plot(a, runs, png)
     held = [i for i, s in enumerate(a.seeds) if s != SELECTION_SEED]
     m_rec, s_rec, v_rec = stats(runs[RECIPE])
@@ -256,12 +258,12 @@ def write_report(a, runs):
     for name in (NANO, BASE, OLD, RECIPE):
         if runs.get(name):
             L.append(row(name, runs[name]))
-    L += ["", f"The round-2 recipe reaches {m_rec:.3f} (sd {s_rec:.3f}) over all seeds"
+    L += ["", f"The {CURRENT} recipe reaches {m_rec:.3f} (sd {s_rec:.3f}) over all seeds"
           + (f", {v_rec[held].mean():.3f} over the held-out seeds" if held else "")
           + (f", where nanoGPT reaches {stats(runs[NANO])[0]:.3f} in the same time" if runs.get(NANO) else "")
           + f"; {sum(v_rec <= GOAL)} of {len(v_rec)} seeds at or below {GOAL}.", "",
           f"![val loss against time]({os.path.basename(png)})", "",
-          "Round 2 is `--preset speedrun` (minigpt/config.py: " + ", ".join(f"{k}={v}" for k, v in PRESETS["speedrun"].
+          f"{CURRENT.capitalize()} is `--preset speedrun` (minigpt/config.py: " + ", ".join(f"{k}={v}" for k, v in PRESETS["speedrun"].
                                                                           items()) + ") with `--max_time` set to "
           "the budget. Round 1 is Muon for the blocks' matrices at 20 x the lr, and batch 32 (`" + " ".join(ROUND1) +
           "`). Both keep config S's model shape (4 layers, 4 heads, n_embd 128, block 64, the learned positional "
@@ -277,11 +279,11 @@ def write_report(a, runs):
         for name in (NANO, "minigpt config S, 2000 iterations", BASE, *(f"{BASE} + {n}" for n in CHANGES), OLD):
             if runs.get(name):
                 L.append(row(name, runs[name], base))
-        L += ["", "### Round 2: each candidate alone on round 1, and toggled in round 2", "",
+        L += ["", f"### Candidates: each alone on round 1, and toggled in {CURRENT}", "",
               "Alone: the round-1 recipe with the change, minus the round-1 recipe of the same seed. In the recipe: "
-              "the round-2 recipe with the change minus it without (one of the two is `--preset speedrun` itself). "
+              f"the {CURRENT} recipe with the change minus it without (one of the two is `--preset speedrun` itself). "
               "Negative is better; per seed in brackets.", "",
-              "| change | settings | in round 2? | Δ alone (on round 1) | Δ in the round-2 recipe | "
+              f"| change | settings | in {CURRENT}? | Δ alone (on round 1) | Δ in the {CURRENT} recipe | "
               "iterations alone / toggled |", "|---|---|---|---:|---:|---:|"]
         left = [n for n in CANDIDATES if n not in a.candidates]
         if left:
@@ -305,15 +307,24 @@ def write_report(a, runs):
     print(f"wrote {a.out} and {png}")
 
 
-# How the round-2 recipe was chosen (seed 1337 only), as measured when the preset changed
-SELECTION = (
+# How the recipes of rounds 2 and 3 were chosen (seed 1337 only), as measured when the preset changed
+SELECTION_ROUND3 = (
+    "How round 3 was chosen: from seed 1337 of the full ablation at a031af9 (`python scripts/speedrun.py`, AMD EPYC "
+    "Zen 3, 2026-11-25, budget 89.1 s), where the round-2 recipe reached 1.6565 after 638 iterations, round 2 "
+    "without QK-norm 1.6339 after 723, and round 1 with the embeddings' lr x 10 alone (the same settings) 1.6406 "
+    "after 730; round 1 itself 1.6582 after 736. QK-norm gains per step (-0.015 at a fixed 600 iterations, below) "
+    "but costs steps in the budget: its NumPy passes over q and k were the slowest part of the speedrun options. "
+    "Round 3 keeps round 2's 10x embedding lr and drops QK-norm (still an option, `--qk_norm`). Seeds 1338 and 1339 "
+    "of that invocation are its held-out test: the rows named 'round 2 without QK-norm' and 'round 1 + embedding "
+    "lr x 10' there are round 3.")
+SELECTION = SELECTION_ROUND3 + "\n\n" + (
     "How round 2 was chosen: eight single runs on seed 1337 alone (AMD EPYC Zen 3, family 25 model 1), each at a "
     "fixed 600 iterations of round 1 (Muon, batch 32, warmup 30, cosine to 600, 1 thread) rather than in a time "
     "budget: the machine was shared with other benchmarks then (0.25-0.4 s a step instead of about 0.06), so a "
     "budget would have measured the neighbours. Whole-split val loss after 600 iterations: round 1 1.6937; + ReLU^2 "
     "1.7336 (+0.040); + QK-norm 1.6787 (-0.015); + zero-initialised c_proj 1.6956 (+0.002); + Muon momentum warm-up "
     "over 100 steps 1.7068 (+0.013); + embedding lr x 3 1.6780 (-0.016); QK-norm with embedding lr x 3 1.6763 "
-    "(-0.017), with x 10 1.6736 (-0.020), the recipe. The two that helped do not add up: each alone is worth about "
+    "(-0.017), with x 10 1.6736 (-0.020), the round-2 recipe. The two that helped do not add up: each alone is worth about "
     "as much as both. The soft-cap and the untied head were not in the selection runs (round 1's logits reach "
     "about 9.5 at 600 iterations, inside a cap of 15). Whole steps could not be timed on the shared machine; "
     "QK-norm's forward and backward (NumPy passes over q and k, not fused) took about 1.5 times one c_attn product "

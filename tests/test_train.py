@@ -409,15 +409,16 @@ def test_preset_sets_defaults_that_typed_settings_override():
 
 
 def test_preset_typed_on_resume_wins_over_the_checkpoint(tmp_path):
-    """Its settings count as typed: its model settings (--qk_norm) meet a model without them, and its Muon meets
-    an AdamW checkpoint of the preset's model; each is a clear error."""
+    """Its settings count as typed: its Muon meets an AdamW checkpoint of the preset's model, and a model
+    setting typed beside it (--qk_norm) a model without it; each is a clear error."""
     model = {k: v for k, v in PRESETS["speedrun"].items() if k in ModelShape().model_dict()}
-    for sub, kw, match in (("a", {}, "--qk_norm True does not match the resumed model's qk_norm=False"),
-                           ("b", model, "the run used --optimizer adamw")):
+    for sub, kw, extra, match in (("a", {}, ["--qk_norm", "true"], "--qk_norm True does not match the resumed "
+                                   "model's qk_norm=False"),
+                                  ("b", model, [], "the run used --optimizer adamw")):
         cfg = tiny_cfg(tmp_path / sub, max_iters=4, eval_interval=4, **kw)
         train(cfg)
         args = parse_args(["--data", cfg.data, "--out_dir", cfg.out_dir, "--resume", "--preset", "speedrun",
-                           "--max_time", "5"])
+                           "--max_time", "5", *extra])
         with pytest.raises(UserError, match=match):
             train(args, given=args.given)
 
