@@ -102,41 +102,34 @@ linear_relu2_backward = linear_gelu_backward
 # ----------------------------------------------------------------------------
 # QK-norm: each head's q and k scaled to RMS 1 (no gain), in place in qkv, before attention
 
-def _qk_heads(x, n_head):
-    """x (B, T, 3C) -> its q and k halves as (B*T, 2, nh, hs), a view (each row's first 2C values)."""
-    B, T, C3 = x.shape
-    return x.reshape(B * T, C3)[:, :2 * C3 // 3].reshape(B * T, 2, n_head, C3 // (3 * n_head))
-
-
-def qk_norm_forward(rstd, qkv, n_head, tmp, eps=LN_EPS):
+def qk_norm_forward(rstd, qkv, n_head, eps=LN_EPS):
     """qkv (B, T, 3C): q and k of every head -> q / rms(q), k / rms(k) over hs, in place; v untouched.
-    rstd (B, T, 2, nh) keeps 1 / sqrt(mean(x^2) + eps); the backward needs only it and the normalised values.
-    tmp (B, T, C) is scratch."""
-    qk = _qk_heads(qkv, n_head)                                   # (BT, 2, nh, hs)
-    r = rstd.reshape(qk.shape[:3])                                # (BT, 2, nh)
-    sq = tmp.reshape(qk.shape[0], *qk.shape[2:])                  # (BT, nh, hs)
-    for s in range(2):                                            # q, then k
-        np.square(qk[:, s], out=sq).sum(-1, out=r[:, s])          # sum of squares
-    r *= 1.0 / qk.shape[-1]
-    r += eps
-    np.sqrt(r, out=r)
-    np.divide(1.0, r, out=r)                                      # rstd = 1 / sqrt(mean(x^2) + eps)
-    qk *= r[..., None]                                            # xhat = x rstd
+    rstd (B, T, 2, nh) keeps 1 / sqrt(mean(x^2) + eps); the backward needs only it and the normalised values."""
+    B, T, C3 = qkv.shape
+    qk = qkv.reshape(B, T, 3, n_head, C3 // (3 * n_head))[:, :, :2]   # (B, T, 2, nh, hs), a view
+    np.einsum("...i,...i->...", qk, qk, out=rstd)                 # sum of squares, no temporary
+    rstd *= 1.0 / qk.shape[-1]
+    rstd += eps
+    np.sqrt(rstd, out=rstd)
+    np.divide(1.0, rstd, out=rstd)                                # rstd = 1 / sqrt(mean(x^2) + eps)
+    qk *= rstd[..., None]                                         # xhat = x rstd
     return qkv
 
 
 def qk_norm_backward(dqkv, tmp, qkv, rstd, n_head):
     """dqkv (B, T, 3C): d loss / d the normalised q, k (and v) -> d loss / d q, k before the norm, in place.
     tmp (B, T, C) is scratch."""
-    xhat, dxhat = _qk_heads(qkv, n_head), _qk_heads(dqkv, n_head)  # q, k: what the forward left (normalised)
-    r = rstd.reshape(xhat.shape[:3])                              # (BT, 2, nh)
-    t = tmp.reshape(xhat.shape[0], *xhat.shape[2:])               # (BT, nh, hs)
+    B, T, C3 = qkv.shape
+    hs = C3 // (3 * n_head)
+    xhat = qkv.reshape(B, T, 3, n_head, hs)                       # q, k: what the forward left (normalised)
+    dxhat = dqkv.reshape(B, T, 3, n_head, hs)
+    tmp = tmp.reshape(B, T, n_head, hs)
     # fwd: xhat = x rstd, rstd = 1 / sqrt(mean(x^2) + eps) -> dx = rstd (dxhat - xhat mean(dxhat xhat))
-    for s in range(2):                                            # q, then k: (BT, nh, hs) each
-        dot = np.multiply(dxhat[:, s], xhat[:, s], out=t).sum(-1)  # sum(dxhat xhat)  (BT, nh)
-        dot *= 1.0 / xhat.shape[-1]
-        dxhat[:, s] -= np.multiply(xhat[:, s], dot[..., None], out=t)
-        dxhat[:, s] *= r[:, s, :, None]
+    for s in range(2):                                            # q, then k: (B, T, nh, hs) each
+        dot = np.einsum("...i,...i->...", dxhat[:, :, s], xhat[:, :, s])   # sum(dxhat xhat)  (B, T, nh)
+        dot *= 1.0 / hs
+        dxhat[:, :, s] -= np.multiply(xhat[:, :, s], dot[..., None], out=tmp)
+        dxhat[:, :, s] *= rstd[:, :, s, :, None]
     return dqkv
 
 

@@ -152,8 +152,7 @@ class Block:
         L.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p["ln_1.weight"], b("ln_1.bias"))
         L.linear_forward(a.qkv, a.ln1, p["attn.c_attn.weight"], b("attn.c_attn.bias"))
         if self.qk_norm:
-            L.qk_norm_forward(a.qk_rstd, a.qkv, self.n_head, a.atty)   # q, k <- q / rms(q), k / rms(k), per
-                                                                           # head (atty, not yet written: scratch)
+            L.qk_norm_forward(a.qk_rstd, a.qkv, self.n_head)      # q, k <- q / rms(q), k / rms(k), per head
         L.attention_forward(a.atty, a.att, a.qkv, self.n_head, start, kv,
                             *((a.att_mask, a.attd) if rng is not None else ()))
         L.linear_forward(a.x_attn, a.atty, p["attn.c_proj.weight"], b("attn.c_proj.bias"))   # attn(ln_1(x))

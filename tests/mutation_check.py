@@ -51,10 +51,9 @@ M = [
     (MODEL, "dx *= a.emb_mask", "pass", f"{TM}::test_gpt_grad_every_parameter"),
     # the speedrun options (issue 24): ReLU^2, QK-norm, the logit soft-cap, zero-initialised projections
     (L, "    r *= 2.0", "    r *= 1.0", f"{TL}::test_linear_activation_grad"),
-    (L, "dxhat[:, s] -= np.multiply(xhat[:, s], dot[..., None], out=t)", "pass", f"{TL}::test_qk_norm_grad"),
-    (L, "dxhat[:, s] *= r[:, s, :, None]", "dxhat[:, s] *= 1.0", f"{TL}::test_qk_norm_grad"),
-    (L, "np.square(qk[:, s], out=sq).sum(-1, out=r[:, s])", "np.square(qk[:, 0], out=sq).sum(-1, out=r[:, s])",
+    (L, "dxhat[:, :, s] -= np.multiply(xhat[:, :, s], dot[..., None], out=tmp)", "pass",
         f"{TL}::test_qk_norm_grad"),
+    (L, "dxhat[:, :, s] *= rstd[:, :, s, :, None]", "dxhat[:, :, s] *= 1.0", f"{TL}::test_qk_norm_grad"),
     (L, "return np.multiply(dout, dcap, out=dz)", "return np.copyto(dz, dout) or dz", f"{TL}::test_softcap_grad"),
     (MODEL, "act = L.linear_relu2_forward if self.relu2 else L.linear_gelu_forward", "act = L.linear_gelu_forward",
         f"{TM}::test_gpt_relu2_mlp_is_relu_squared"),

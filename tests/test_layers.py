@@ -82,7 +82,7 @@ def test_qk_norm_grad(rng):
 
     def forward():
         np.copyto(qkv, x)                                       # the layer works in place in qkv
-        return L.qk_norm_forward(rstd, qkv, NH, tmp)
+        return L.qk_norm_forward(rstd, qkv, NH)
 
     def backward(dy):
         np.copyto(dqkv, dy)
