@@ -293,7 +293,12 @@ def _samples(model, tok, cfg):
     rows = np.stack(out, axis=1) if out else np.zeros((cfg.samples, 0), int)
     body = "".join(f'<pre class="sample">{P.esc(tok.decode(r))}</pre>' for r in rows)
     return P.section("samples", "9. Samples", f"{cfg.samples} samples of {cfg.sample_tokens} tokens at temperature "
-                     f"0.8 (the sampler's default), each from {P.esc(repr(start_text(tok)))}.", body)
+                     f"0.8 (the sampler's default), each from {_described(start_text(tok))}.", body)
+
+
+def _described(text):
+    """What a sample starts from, in words: 'a newline', or the text quoted (section() escapes it)."""
+    return "a newline" if text == "\n" else repr(text)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """What the benchmark reports state about where they ran: the CPU (lscpu's model name and the SIMD flags that
-decide which native kernels can run) and the git revision of a tree; `flag`, the true/false option type; `write_keeping_notes`, how a report is rewritten.
-A sibling module of the bench scripts (`from bench_util import cpu_line`); not part of the package.
+decide which native kernels can run) and the git revision of a tree; `flag`, the true/false option type;
+`write_keeping_notes`, how a report is rewritten. A sibling module of the bench scripts
+(`from bench_util import cpu_line`); not part of the package.
 """
 import argparse
 import os

@@ -7,9 +7,9 @@ Every layer calls `ops.<op>(...)` (ops forwards to the selected backend) and nev
 Ops below declares every op with its shapes. The ops write caller-owned arrays (out=...), accept strided views,
 and allocate nothing of activation size per call (scratch is kept per shape). A float32 model may ask for
 bfloat16 products (bf16_products): every backend rounds the operands to bf16 and sums in float32: numpy by the
-formula (numpy_ops.round_bf16), numba by that formula into scratch before its fp32 GEMM, native in C as it packs. An explicitly requested backend
-that cannot run (or cannot run the model's dtype) raises BackendUnavailable; only "auto" chooses, and it says
-what it chose. This module also owns every thread count (set_threads).
+formula (numpy_ops.round_bf16), numba by that formula into scratch before its fp32 GEMM, native in C as it
+packs. An explicitly requested backend that cannot run (or cannot run the model's dtype) raises
+BackendUnavailable; only "auto" chooses, and it says what it chose. This module also owns every thread count (set_threads).
 """
 import contextlib
 import importlib

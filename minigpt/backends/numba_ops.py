@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from . import BackendUnavailable, Ops, check_float32, gemm_dims
-from .numpy_ops import round_bf16
+from .numpy_ops import bf16_operands
 
 try:
     from . import numba_gemm as G                  # first: it sets numba's environment before importing numba
@@ -59,10 +59,8 @@ class NumbaOps(Ops):
         L = math.prod(a.shape[:-2])                                 # not -1: an empty stack has no size to infer it
         nt = self.nt if out.size * K >= SERIAL_BELOW * 16 else 1       # tiny products (decoding): one thread
         c = self._contiguous("bmm")
-        if bf16:        # bf16 operands, by the specification's formula, into contiguous scratch; then the
-            # float32 GEMM sums exact products
-            a = round_bf16(a, self._tmp("bf16a", a.shape, a.dtype), self._tmp("nan", a.shape, bool))
-            b = round_bf16(b, self._tmp("bf16b", b.shape, b.dtype), self._tmp("nan", b.shape, bool))
+        if bf16:                                                    # bf16 operands by the specification's
+            a, b = bf16_operands(self, a, b)                        # formula; the float32 GEMM sums exact products
         a3, b3 = c.inp(a).reshape(L, *a.shape[-2:]), c.inp(b).reshape(L, *b.shape[-2:])
         G.gemm(a3, b3, (c.inout(out) if acc else c.out(out)).reshape(L, M, N), ta, tb, acc, nt)
         c.back()

@@ -47,16 +47,22 @@ def round_bf16(x, out, nan=None):
     return out
 
 
+def bf16_operands(ops, a, b):
+    """(a, b) rounded to bf16 (round_bf16) into ops' contiguous scratch: the operands of a bf16 product on the
+    numpy and numba backends."""
+    rounded = (round_bf16(x, ops._tmp(f"bf16{k}", x.shape, x.dtype), ops._tmp("nan", x.shape, bool))
+               for k, x in (("a", a), ("b", b)))
+    return tuple(rounded)
+
+
 class NumpyOps(Ops):
     name = "numpy"
     dtypes = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
 
     # ---- products
     def _matmul(self, a, b, ta, tb, out, acc, bf16):
-        if bf16:        # bf16 products: round both operands; a product of two bf16 values is exact in float32,
-            # so only the sums round
-            a = round_bf16(a, self._tmp("bf16a", a.shape, a.dtype), self._tmp("nan", a.shape, bool))
-            b = round_bf16(b, self._tmp("bf16b", b.shape, b.dtype), self._tmp("nan", b.shape, bool))
+        if bf16:                                                    # a product of two bf16 values is exact in
+            a, b = bf16_operands(self, a, b)                        # float32, so only the sums round
         if acc:                                                     # numpy has no beta = 1: a product, then +=
             out += np.matmul(_t(a, ta), _t(b, tb), out=self._tmp("acc", out.shape, out.dtype))
             return out
