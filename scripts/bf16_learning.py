@@ -8,6 +8,11 @@ recipes, round 1 (Muon, batch 32) and round 3 (`--preset speedrun`: + the embedd
 1219 iterations (what round 1 reached in nanoGPT's wall time on a Zen 5 EPYC, reports/speedrun.md at 232a1ad): a
 fixed count, not a time budget, so that both dtypes take the same steps on any CPU and only the precision
 differs. A run whose work_dir already holds a finished log is read, not trained again.
+
+--bisect looks for where round 3's gap comes from: per seed, bf16 runs that keep one group of products in
+float32 (the tied head, attention's two products, the blocks' Linears; each group forward and backward), and a
+float32 control that sums in another order (the native library's portable C path, MINIGPT_ISA=generic), which
+shows how far two float32 runs of the same math drift apart by rounding alone.
 """
 import argparse
 import json
@@ -20,6 +25,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_util import cpu_line, revision, write_keeping_notes  # noqa: E402
+from minigpt import backends, layers, model  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXED = ["--max_iters", "1219", "--lr_decay_iters", "1219"]
@@ -28,6 +34,12 @@ RECIPES = {"config S, 2000 iterations": ("S", []),                    # name: (o
            "speedrun round 1 (Muon, batch 32), 1219 iterations": ("R", ROUND1 + FIXED),
            "speedrun round 3 (+ embedding lr x 10), 1219 iterations": (
                "R3", ROUND1 + ["--embed_lr_ratio", "10"] + FIXED)}
+BISECTED = "speedrun round 3 (+ embedding lr x 10), 1219 iterations"
+GROUPS = {  # --bisect: a group of products kept float32 in a bf16 run -> (owner, the functions that run them)
+    "head": (model.GPT, ("head_forward", "head_backward")),                # lnf wte^T
+    "attention": (layers, ("attention_forward", "attention_backward")),    # q k^T, att v
+    "linears": (layers, ("linear_forward", "linear_backward", "linear_gelu_forward", "linear_gelu_backward",
+                         "linear_relu2_forward"))}                         # c_attn, c_proj, c_fc, mlp.c_proj
 TOLERANCE = 0.01
 NOTES = "<!-- notes: hand-written text below this line is kept when the script rewrites the report -->"
 
@@ -42,31 +54,86 @@ def final(log):
     return (ends[-1]["val_loss_full"], ends[-1]["iter"], steps[-1]["elapsed"]) if ends and steps else None
 
 
-def run(out_dir, flags, args, read):
-    """Train one run into out_dir, or read it if it finished there before (its out_dir is then added to read)."""
+def keep_float32(group):
+    """Within a bf16 model, run one group of products in float32: wrap its functions in bf16_products(False)."""
+    owner, names = GROUPS[group]
+    for name in names:
+        def in_float32(*a, _fn=getattr(owner, name), **k):
+            with backends.bf16_products(False):
+                return _fn(*a, **k)
+        setattr(owner, name, in_float32)
+
+
+def run(out_dir, flags, args, read, keep=None, env=None):
+    """Train one run into out_dir, or read it if it finished there before (its out_dir is then added to read).
+    keep: a GROUPS name kept float32 (the run goes through this script's --child); env: added to the run's."""
     got = final(os.path.join(out_dir, "log.jsonl"))
     if got is not None:
         read.append(os.path.basename(out_dir))
     else:
-        cmd = [sys.executable, os.path.join(ROOT, "scripts", "train_shakespeare.py"), "--out_dir", out_dir,
+        train = [os.path.join(ROOT, "scripts", "train_shakespeare.py")] if keep is None else [
+            os.path.abspath(__file__), "--child", keep]
+        cmd = [sys.executable, *train, "--out_dir", out_dir,
                "--backend", args.backend, "--threads", str(args.threads), "--report", "false", "--plot", "",
                "--sample_chars", "0"] + (["--data", args.data] if args.data else []) + flags
-        print(" ".join(cmd), flush=True)
-        if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode:
+        print(" ".join(f"{k}={v}" for k, v in (env or {}).items()), " ".join(cmd), flush=True)
+        if subprocess.run(cmd, stdout=subprocess.DEVNULL, env={**os.environ, **(env or {})}).returncode:
             sys.exit(f"error: the run in {out_dir} failed (its message is above)")
         got = final(os.path.join(out_dir, "log.jsonl"))
     print(f"{out_dir}: whole-split val {got[0]:.4f} at iter {got[1]}", flush=True)
     return got
 
 
+def bisect(args, seeds, results, read):
+    """The --bisect table's lines: round 3 per seed in bf16, bf16 with each group float32, float32, and the
+    float32 control summed in another order."""
+    tag, flags = RECIPES[BISECTED]
+    cols = [("bf16", None, None)] + [(f"bf16, {g} float32", g, None) for g in GROUPS] + [
+        ("float32", None, None)] + ([("float32, portable C sums", "control", {"MINIGPT_ISA": "generic"})]
+                                     if args.backend == "native" else [])   # the same sums on the others
+    lines = ["", f"## Bisecting {BISECTED}", "",
+             "Whole-split val of bf16 runs that keep one group of products in float32 (forward and backward), "
+             "beside full bf16 and float32, and a float32 control run on the native library's portable C path "
+             "(`MINIGPT_ISA=generic`): the same math with its float32 sums rounded in another order.", "",
+             "| seed | " + " | ".join(c[0] for c in cols) + " |", "|---:|" + "---:|" * len(cols)]
+    gaps = {c[0]: [] for c in cols}
+    for seed in seeds:
+        base = results[BISECTED, seed, "float32"][0]
+        row = []
+        for label, keep, env in cols:
+            if label in ("bf16", "float32"):
+                got = results[BISECTED, seed, label][0]
+            else:
+                out_dir = os.path.join(args.work_dir, f"{tag}_{keep}" + (f"_{seed}" if seed != 1337 else ""))
+                dtype = "float32" if env else "bf16"
+                got = run(out_dir, flags + ["--dtype", dtype, "--seed", str(seed)], args, read,
+                          keep=None if env else keep, env=env)[0]
+            gaps[label].append(got - base)
+            row.append(f"{got:.4f} ({got - base:+.4f})")
+        lines.append(f"| {seed} | " + " | ".join(row) + " |")
+    if len(seeds) > 1:
+        lines.append("| mean | " + " | ".join(f"({np.mean(gaps[c[0]]):+.4f})" for c in cols) + " |")
+    lines += ["", "In brackets: minus float32 of the same seed. " + "; ".join(
+        f"{g}: {what}" for g, what in (("head", "the tied head's lnf wte^T"),
+                                       ("attention", "attention's q k^T and att v"),
+                                       ("linears", "the blocks' c_attn, attn.c_proj, c_fc and mlp.c_proj"))) + "."]
+    return lines
+
+
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    if sys.argv[1:2] == ["--child"]:                                  # one run of --bisect: a group kept float32
+        keep_float32(sys.argv[2])
+        import train_shakespeare
+        sys.exit(train_shakespeare.main(sys.argv[3:]))
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--seeds", default="1337", help="comma list")
     ap.add_argument("--backend", default="native")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--data", default="", help="the text (default: the training script's tiny Shakespeare)")
     ap.add_argument("--work_dir", default="/tmp/minigpt-bf16", help="out_dirs of the runs (kept: a rerun reads them)")
     ap.add_argument("--out", default=os.path.join(ROOT, "reports", "bf16.md"))
+    ap.add_argument("--bisect", action="store_true", help="also bisect round 3's gap by groups of products "
+                    f"({', '.join(GROUPS)}) and run a float32 control summed in another order")
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     results, read = {}, []
@@ -75,9 +142,10 @@ def main():
             for dtype in ("float32", "bf16"):
                 out_dir = os.path.join(args.work_dir, f"{tag}_{dtype}" + (f"_{seed}" if seed != 1337 else ""))
                 results[name, seed, dtype] = run(out_dir, flags + ["--dtype", dtype, "--seed", str(seed)], args, read)
+    bisected = bisect(args, seeds, results, read) if args.bisect else []
     lines = ["# bf16 against float32: the same runs, the same seeds", "",
              f"Measured by `python scripts/bf16_learning.py --seeds {args.seeds} --backend {args.backend} --threads "
-             f"{args.threads}` at {revision(ROOT)} on {cpu_line()}, {time.strftime('%Y-%m-%d')}. Each pair trains "
+             f"{args.threads}{' --bisect' if args.bisect else ''}` at {revision(ROOT)} on {cpu_line()}, {time.strftime('%Y-%m-%d')}. Each pair trains "
              "from the same seed (the same initial weights and batches), once with float32 products and once with "
              "`--dtype bf16`; the score is the loss over the whole validation split at the end (each of its "
              "111,539 targets once)."
@@ -97,7 +165,7 @@ def main():
               "the project asks of bf16). bf16 here rounds the operands of every product (README: bf16); the "
               "weights, gradients, optimizer state, LayerNorm, softmax, loss and residual stream stay float32, so "
               "the runs differ only by those roundings, and two float32 runs from different seeds differ by more "
-              "(reports/speedrun.md: a standard deviation of 0.004-0.013 over seeds)."]
+              "(reports/speedrun.md: a standard deviation of 0.004-0.013 over seeds)."] + bisected
     write_keeping_notes(args.out, "\n".join(lines), NOTES)
     print("wrote", args.out)
 

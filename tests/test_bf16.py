@@ -3,7 +3,9 @@ written from the definition; every bf16 product kernel (numba; native on every I
 the numpy emulation; a whole training step in bf16 against float32; --dtype on the commands."""
 import itertools
 import math
+import os
 import struct
+import sys
 from fractions import Fraction
 
 import numpy as np
@@ -15,6 +17,7 @@ from minigpt.backends.numpy_ops import round_bf16
 from minigpt.layers import heads
 from minigpt.model import GPT, GPTConfig
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NATIVE = backends.why_unavailable("native")
 NUMBA = backends.why_unavailable("numba")
 PATHS = list(native.ISAS[:native._lib().mgk_cpu_isa() + 1]) if NATIVE is None else []
@@ -265,6 +268,35 @@ def test_products_follow_the_model_that_runs_them():
     assert backends.current().matmul(a, a)[0, 0] != 2.0   # outside a forward: float32 products
 
 
+def test_the_bisections_groups_cover_every_product_and_each_changes_the_step():
+    """scripts/bf16_learning.py --bisect keeps one group of products in float32 inside a bf16 model: with all
+    three kept, a bf16 step is float32's bit for bit (the groups cover every product); with any one kept, it is
+    neither bf16's nor float32's (each group holds products that the step runs)."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import bf16_learning
+    sys.path.pop(0)
+    saved = [(owner, name, getattr(owner, name)) for owner, names in bf16_learning.GROUPS.values() for name in names]
+
+    def restore():
+        for owner, name, fn in saved:
+            setattr(owner, name, fn)
+    l32, g32 = step("numpy", False)
+    l16, g16 = step("numpy", True)
+    try:
+        for group in bf16_learning.GROUPS:
+            bf16_learning.keep_float32(group)
+            l, g = step("numpy", True)
+            restore()
+            assert l not in (l16, l32) and not np.array_equal(g, g16) and not np.array_equal(g, g32), group
+        for group in bf16_learning.GROUPS:
+            bf16_learning.keep_float32(group)
+        l, g = step("numpy", True)
+    finally:
+        restore()
+    assert l == l32 and np.array_equal(g, g32)
+    assert step("numpy", True)[0] == l16                     # restored
+
+
 # ----------------------------------------------------------------------------
 # the commands
 
@@ -272,7 +304,6 @@ def test_a_bf16_run_learns_writes_float32_checkpoints_and_samples(tmp_path):
     """Training with --dtype bf16 runs bf16 products (its loss differs from float32's from the first step) and
     learns; the checkpoint is float32, resumes, and samples with and without --dtype bf16."""
     import subprocess
-    import sys
     from helpers import tiny_cfg
     from test_train import read_log
     from minigpt import checkpoint
