@@ -10,8 +10,9 @@ fixed count, not a time budget, so that both dtypes take the same steps on any C
 differs. A run whose work_dir already holds a finished log is read, not trained again.
 
 --bisect looks for where round 3's gap comes from: per seed, bf16 runs that keep one group of products in
-float32 (the tied head, attention's two products, the blocks' Linears; each group forward and backward), and a
-float32 control that sums in another order (the native library's portable C path, MINIGPT_ISA=generic), which
+float32, grouped by layer (the tied head, attention's two products, the blocks' Linears; each forward and
+backward) and by role (the forward's products, the weight gradients', the input gradients'), and a float32
+control that sums in another order (the native library's portable C path, MINIGPT_ISA=generic), which
 shows how far two float32 runs of the same math drift apart by rounding alone.
 """
 import argparse
@@ -35,11 +36,15 @@ RECIPES = {"config S, 2000 iterations": ("S", []),                    # name: (o
            "speedrun round 3 (+ embedding lr x 10), 1219 iterations": (
                "R3", ROUND1 + ["--embed_lr_ratio", "10"] + FIXED)}
 BISECTED = "speedrun round 3 (+ embedding lr x 10), 1219 iterations"
-GROUPS = {  # --bisect: a group of products kept float32 in a bf16 run -> (owner, the functions that run them)
-    "head": (model.GPT, ("head_forward", "head_backward")),                # lnf wte^T
-    "attention": (layers, ("attention_forward", "attention_backward")),    # q k^T, att v
-    "linears": (layers, ("linear_forward", "linear_backward", "linear_gelu_forward", "linear_gelu_backward",
-                         "linear_relu2_forward"))}                         # c_attn, c_proj, c_fc, mlp.c_proj
+# --bisect: two ways to split a bf16 step's products into groups, each group kept float32 in one run
+LAYERS = {"head": (model.GPT, ("head_forward", "head_backward")),              # lnf wte^T
+          "attention": (layers, ("attention_forward", "attention_backward")),  # q k^T, att v
+          "linears": (layers, ("linear_forward", "linear_backward", "linear_gelu_forward",
+                               "linear_gelu_backward", "linear_relu2_forward"))}   # c_attn, c_proj, c_fc, mlp.c_proj
+ROLES = {"forward": "the forward's products",
+         "weight-gradients": "the backward's products into a weight's gradient (those that accumulate: dW += x^T dy)",
+         "input-gradients": "the backward's other products (dx = dy W^T, and attention's dq, dk, dv, datt)"}
+GROUPS = [*LAYERS, *ROLES]
 TOLERANCE = 0.01
 NOTES = "<!-- notes: hand-written text below this line is kept when the script rewrites the report -->"
 
@@ -54,19 +59,40 @@ def final(log):
     return (ends[-1]["val_loss_full"], ends[-1]["iter"], steps[-1]["elapsed"]) if ends and steps else None
 
 
-def keep_float32(group):
-    """Within a bf16 model, run one group of products in float32: wrap its functions in bf16_products(False)."""
-    owner, names = GROUPS[group]
-    for name in names:
-        def in_float32(*a, _fn=getattr(owner, name), **k):
-            with backends.bf16_products(False):
+_now = {"layer": None, "backward": False}                 # what runs now: set by keep_float32's wrappers
+
+
+def keep_float32(*groups):
+    """Within a bf16 model, run the products of the given GROUPS in float32: the functions of LAYERS and
+    GPT.backward note what runs, and Ops.matmul/bmm take float32 operands when it is a kept group's."""
+    def noting(owner, name, key, value):
+        def run_noted(*a, _fn=getattr(owner, name), **k):
+            before, _now[key] = _now[key], value
+            try:
                 return _fn(*a, **k)
-        setattr(owner, name, in_float32)
+            finally:
+                _now[key] = before
+        setattr(owner, name, run_noted)
+    for layer, (owner, names) in LAYERS.items():
+        for name in names:
+            noting(owner, name, "layer", layer)
+    noting(model.GPT, "backward", "backward", True)
+    kept = set(groups)
+
+    def product(name):
+        def run(self, a, b, ta=False, tb=False, out=None, acc=False, bf16=None, _fn=getattr(backends.Ops, name)):
+            role = ("weight-gradients" if acc else "input-gradients") if _now["backward"] else "forward"
+            if bf16 is None and (_now["layer"] in kept or role in kept):
+                bf16 = False
+            return _fn(self, a, b, ta, tb, out, acc, bf16)
+        setattr(backends.Ops, name, run)
+    product("matmul")
+    product("bmm")
 
 
 def run(out_dir, flags, args, read, keep=None, env=None):
     """Train one run into out_dir, or read it if it finished there before (its out_dir is then added to read).
-    keep: a GROUPS name kept float32 (the run goes through this script's --child); env: added to the run's."""
+    keep: a group of GROUPS kept float32 (the run goes through this script's --child); env: added to the run's."""
     got = final(os.path.join(out_dir, "log.jsonl"))
     if got is not None:
         read.append(os.path.basename(out_dir))
@@ -113,10 +139,12 @@ def bisect(args, seeds, results, read):
         lines.append(f"| {seed} | " + " | ".join(row) + " |")
     if len(seeds) > 1:
         lines.append("| mean | " + " | ".join(f"({np.mean(gaps[c[0]]):+.4f})" for c in cols) + " |")
-    lines += ["", "In brackets: minus float32 of the same seed. " + "; ".join(
-        f"{g}: {what}" for g, what in (("head", "the tied head's lnf wte^T"),
-                                       ("attention", "attention's q k^T and att v"),
-                                       ("linears", "the blocks' c_attn, attn.c_proj, c_fc and mlp.c_proj"))) + "."]
+    lines += ["", "In brackets: minus float32 of the same seed. Two splits of the same products, each group "
+              "forward and backward: by layer, " + "; ".join(
+                  f"{g}: {what}" for g, what in (("head", "the tied head's lnf wte^T"),
+                                                 ("attention", "attention's q k^T and att v"),
+                                                 ("linears", "the blocks' c_attn, attn.c_proj, c_fc and mlp.c_proj")))
+              + "; and by role, " + "; ".join(f"{g}: {what}" for g, what in ROLES.items()) + "."]
     return lines
 
 

@@ -268,33 +268,46 @@ def test_products_follow_the_model_that_runs_them():
     assert backends.current().matmul(a, a)[0, 0] != 2.0   # outside a forward: float32 products
 
 
-def test_the_bisections_groups_cover_every_product_and_each_changes_the_step():
-    """scripts/bf16_learning.py --bisect keeps one group of products in float32 inside a bf16 model: with all
-    three kept, a bf16 step is float32's bit for bit (the groups cover every product); with any one kept, it is
-    neither bf16's nor float32's (each group holds products that the step runs)."""
+def test_the_bisections_groups_split_every_product_and_each_changes_the_step():
+    """scripts/bf16_learning.py --bisect keeps groups of products in float32 inside a bf16 model. Its two splits,
+    by layer and by role, each cover every product: with all of a split's groups kept, a bf16 step is float32's
+    bit for bit. Each group holds products that the step runs: with it alone kept, the gradients are neither
+    bf16's nor float32's."""
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    import bf16_learning
+    import bf16_learning as bl
     sys.path.pop(0)
-    saved = [(owner, name, getattr(owner, name)) for owner, names in bf16_learning.GROUPS.values() for name in names]
+    patched = [(owner, name) for owner, names in bl.LAYERS.values() for name in names] + [
+        (GPT, "backward"), (backends.Ops, "matmul"), (backends.Ops, "bmm")]
+    saved = [(owner, name, getattr(owner, name)) for owner, name in patched]
 
-    def restore():
-        for owner, name, fn in saved:
-            setattr(owner, name, fn)
+    def keeping(*groups, run=lambda: step("numpy", True)):
+        bl.keep_float32(*groups)
+        try:
+            return run()
+        finally:
+            for owner, name, fn in saved:
+                setattr(owner, name, fn)
     l32, g32 = step("numpy", False)
     l16, g16 = step("numpy", True)
-    try:
-        for group in bf16_learning.GROUPS:
-            bf16_learning.keep_float32(group)
-            l, g = step("numpy", True)
-            restore()
-            assert l not in (l16, l32) and not np.array_equal(g, g16) and not np.array_equal(g, g32), group
-        for group in bf16_learning.GROUPS:
-            bf16_learning.keep_float32(group)
-        l, g = step("numpy", True)
-    finally:
-        restore()
-    assert l == l32 and np.array_equal(g, g32)
+    for group in bl.GROUPS:
+        g = keeping(group)[1]
+        assert not np.array_equal(g, g16) and not np.array_equal(g, g32), group
+    for split in (bl.LAYERS, bl.ROLES):
+        l, g = keeping(*split)
+        assert l == l32 and np.array_equal(g, g32), list(split)
     assert step("numpy", True)[0] == l16                     # restored
+
+    def in_backward():                                       # the role of a product: does it accumulate?
+        x = np.full((2, 2), 1 + 2 ** -10, np.float32)        # bf16 rounds it to 1: x x = 2 in bf16
+        bl._now["backward"] = True
+        try:
+            with backends.bf16_products(True):
+                return [backends.current().matmul(x, x, out=np.zeros_like(x), acc=acc)[0, 0] for acc in (True, False)]
+        finally:
+            bl._now["backward"] = False
+    backends.select("numpy", verbose=False)
+    assert keeping("weight-gradients", run=in_backward) == [2 * (1 + 2 ** -10) ** 2, 2.0]
+    assert keeping("input-gradients", run=in_backward) == [2.0, 2 * (1 + 2 ** -10) ** 2]
 
 
 # ----------------------------------------------------------------------------
