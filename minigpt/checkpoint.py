@@ -176,8 +176,17 @@ def snapshot_iters(out_dir):
     return sorted(int(n[5:-4]) for n in names if n.startswith("iter_") and n.endswith(".npz") and n[5:-4].isdigit())
 
 
+def remove_snapshots(out_dir):
+    """Delete out_dir/snapshots/iter_*.npz (a new run there starts its own); -> how many went."""
+    d = os.path.join(out_dir, SNAPSHOT_DIR)
+    names = [n for n in os.listdir(d) if n.startswith("iter_") and n.endswith(".npz")] if os.path.isdir(d) else []
+    for n in names:
+        os.remove(os.path.join(d, n))
+    return len(names)
+
+
 def save_snapshot(out_dir, model, it, elapsed):
-    """out_dir/snapshots/iter_<it>.npz: the parameters in float16 (a quarter of a checkpoint with its AdamW
+    """out_dir/snapshots/iter_<it>.npz: the parameters in float16 (a sixth of a checkpoint with its AdamW
     moments) and {iter, elapsed, model_config}; written to a temporary name and renamed into place."""
     d = os.path.join(out_dir, SNAPSHOT_DIR)
     os.makedirs(d, exist_ok=True)

@@ -92,7 +92,6 @@ class Dataset:
     def __init__(self, text, tokenizer, block_size, source="text"):
         texts = dict(zip(("train", "val"), split_text(text)))
         self.splits = {k: tokenizer.encode(t) for k, t in texts.items()}        # (N,) uint16 each
-        self.tokenizer = tokenizer
         for split, arr in self.splits.items():
             if len(arr) < block_size + 1:
                 raise UserError(f"{source}: the {split} split has {len(arr)} tokens but block_size "

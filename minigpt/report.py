@@ -206,7 +206,8 @@ def _embeddings(model, tok, val_text):
     body = P.img(P.scatter_figure(xy[order], labels, f"token embeddings, PCA: axes hold {share[0]:.0%} and "
                                   f"{share[1]:.0%} of the variance"), "token embeddings PCA")
     if V > 300:
-        body += f'<p class="note">{V} tokens: the 300 most frequent in the validation text are labelled.</p>'
+        which = "the 300 most frequent in the validation text" if val_text else "the first 300 ids"
+        body += f'<p class="note">{V} tokens: {which} are labelled.</p>'
     sim = lens.cosine_similarity(p["wpe.weight"])
     body += P.img(P.matrix_figure(sim, "learned positions: cosine similarity", "position", "position"),
                   "positional similarity")

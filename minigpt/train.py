@@ -133,6 +133,8 @@ def _prepare(cfg, given, fetch):
                         f"{cfg.tokenizer}; add --tokenizer bpe (a new run) or drop --vocab_size")
     _ensure_writable(cfg.out_dir)
     stale = checkpoint.remove_stale(cfg.out_dir)               # rank 0 only: the one process that saves there
+    if ckpt is None:
+        _start_over(cfg.out_dir)
     if stale:
         say(f"note: removed {len(stale)} temporary checkpoint file(s) that a run killed while saving left in "
             f"{cfg.out_dir} ({', '.join(n for n, _ in stale)}: {sum(b for _, b in stale) / 2 ** 20:.1f} MB)")
@@ -233,11 +235,12 @@ def restore(run, ckpt):
     if run.world.root:
         _truncate_log(run.log_path, run.start)
     say(f"resuming from {run.last_path} at iter {run.start}")
-    saved = meta.get("world_size", 1)
-    if saved != run.world.size:
+    saved, batch = meta.get("world_size", 1), meta["train_config"].get("batch_size", run.cfg.batch_size)
+    if saved != run.world.size:                                # a step draws ranks x B rows from one generator
+        same = saved * batch == run.world.size * run.cfg.batch_size
         say(f"note: the checkpoint was made by {saved} process(es) and {run.world.size} continue: each step now "
-            f"takes {run.world.size} x {run.cfg.batch_size} sequences (before: {saved} x {run.cfg.batch_size}), "
-            f"so the data order from here on differs from a run that kept {saved}")
+            f"takes {run.world.size} x {run.cfg.batch_size} sequences (before: {saved} x {batch}), " +
+            ("the same rows as before" if same else "so the data order from here on differs from the run's"))
 
 
 # ----------------------------------------------------------------------------
@@ -309,15 +312,16 @@ def evaluate(run, it, log, final=False):
 
 def _snapshot_due(run, it, final):
     """--snapshots N spread over the run: at the first evaluation at or past each of the fractions 0, 1/(N-1),
-    ..., 1 of --max_iters (of --max_time when it is set), the final evaluation always among them."""
+    ..., 1 of --max_iters (of --max_time when it is set), the final evaluation always among them (a resumed run
+    that raised --max_iters adds its own end to the N it took before)."""
     n, cfg = run.cfg.snapshots, run.cfg
     if n == 0 or run.model.num_params() > checkpoint.MAX_SNAPSHOT_PARAMS:
         return False
-    taken = sum(i < it for i in checkpoint.snapshot_iters(cfg.out_dir))
-    if taken >= n:
-        return False
     if final or n == 1:
         return final
+    taken = sum(i < it for i in checkpoint.snapshot_iters(cfg.out_dir))
+    if taken >= n - 1:                                       # the last of the N is the final evaluation's
+        return False
     progress = run.elapsed / cfg.max_time if cfg.max_time else it / max(1, cfg.max_iters)
     return progress >= taken / (n - 1)
 
@@ -418,6 +422,19 @@ def _load_resume(cfg, path, given):
                 and hasattr(cfg, k):
             setattr(cfg, k, v)
     return ckpt
+
+
+def _start_over(out_dir):
+    """A new run (no --resume) in an out_dir that holds another: the old log and snapshots go, as its checkpoints
+    are replaced, so that the curve, the report and the snapshots are this run's alone."""
+    log = os.path.join(out_dir, "log.jsonl")
+    rows = os.path.getsize(log) if os.path.exists(log) else 0
+    gone = checkpoint.remove_snapshots(out_dir)
+    if rows or gone:
+        say(f"note: {out_dir} held a run (its log.jsonl and {gone} snapshot(s)): this new run replaces its log, "
+            "snapshots and checkpoints; --resume would have continued it")
+    if os.path.exists(log):
+        os.remove(log)
 
 
 def _truncate_log(log_path, start):

@@ -50,7 +50,7 @@ def model_flops(c, V=65):
 
 class MiniStep:
     def __init__(self, c, backend, threads, seed=0, bf16=False):
-        self.backend = backends.select(backend, threads=threads, verbose=False)
+        backends.select(backend, threads=threads, verbose=False)
         cfg = GPTConfig(vocab_size=65, block_size=c["block_size"], n_layer=c["n_layer"], n_head=c["n_head"],
                         n_embd=c["n_embd"], bias=False)
         self.model = GPT(cfg, np.random.default_rng(seed), bf16=bf16)

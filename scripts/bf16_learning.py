@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_util import cpu_line, revision, write_keeping_notes  # noqa: E402
+from bench_util import command, cpu_line, revision, write_keeping_notes  # noqa: E402
 from minigpt import backends, layers, model  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -172,11 +172,11 @@ def main():
                 results[name, seed, dtype] = run(out_dir, flags + ["--dtype", dtype, "--seed", str(seed)], args, read)
     bisected = bisect(args, seeds, results, read) if args.bisect else []
     lines = ["# bf16 against float32: the same runs, the same seeds", "",
-             f"Measured by `python scripts/bf16_learning.py --seeds {args.seeds} --backend {args.backend} --threads "
-             f"{args.threads}{' --bisect' if args.bisect else ''}` at {revision(ROOT)} on {cpu_line()}, {time.strftime('%Y-%m-%d')}. Each pair trains "
+             f"Measured by `{command('bf16_learning.py')}` at {revision(ROOT)} on {cpu_line()}, "
+             f"{time.strftime('%Y-%m-%d')}. Each pair trains "
              "from the same seed (the same initial weights and batches), once with float32 products and once with "
              "`--dtype bf16`; the score is the loss over the whole validation split at the end (each of its "
-             "111,539 targets once)."
+             "targets once)."
              + (f" Read from an earlier invocation's finished runs in {args.work_dir} (trained by an earlier invocation "
                 f"of this script on this machine; git log names the revision of that report): {', '.join(read)}." if read else ""), "",
              "| recipe | seed | float32 | bf16 | bf16 - float32 |", "|---|---:|---:|---:|---:|"]

@@ -474,3 +474,24 @@ def test_checkpoints_from_before_the_speedrun_options_still_resume(tmp_path):
     res = train(cfg, given=cfg.given)
     losses = [[r["loss"] for r in read_log(x["log"]) if r["kind"] == "train"] for x in (straight, res)]
     assert losses[0] == losses[1] and len(losses[0]) == 8
+
+
+def test_a_new_run_in_a_used_out_dir_replaces_the_old_runs_log_and_snapshots(tmp_path, capsys):
+    """Without --resume, a run in an out_dir that holds another starts over there: its log and snapshots are
+    its own (the old run's go, as its checkpoints are replaced), and it says so."""
+    first = train(tiny_cfg(tmp_path, max_iters=12, eval_interval=4, snapshots=3))
+    assert checkpoint.snapshot_iters(str(tmp_path / "out")) == [0, 8, 12]
+    capsys.readouterr()
+    second = train(tiny_cfg(tmp_path, max_iters=6, eval_interval=3, snapshots=2, seed=7))
+    assert "held a run" in capsys.readouterr().out
+    assert [r["iter"] for r in read_log(second["log"]) if r["kind"] == "train"] == list(range(6))
+    assert checkpoint.snapshot_iters(str(tmp_path / "out")) == [0, 6]
+    assert first["log"] == second["log"]
+
+
+def test_a_resumed_run_that_raises_max_iters_snapshots_its_end(tmp_path):
+    """--snapshots N are spread over the first run; resuming with a higher --max_iters adds the new end."""
+    train(tiny_cfg(tmp_path, max_iters=8, eval_interval=4, snapshots=3))
+    assert checkpoint.snapshot_iters(str(tmp_path / "out")) == [0, 4, 8]
+    train(tiny_cfg(tmp_path, max_iters=16, eval_interval=4, snapshots=3, resume=True))
+    assert checkpoint.snapshot_iters(str(tmp_path / "out")) == [0, 4, 8, 16]
