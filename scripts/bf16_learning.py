@@ -1,7 +1,7 @@
 """Does bf16 learn as well as float32? Trains each recipe in float32 and in bf16 from the same seed and compares
 the whole-split validation loss at the end; writes reports/bf16.md.
 
-    python scripts/bf16_learning.py [--seeds 1337] [--backend native] [--work_dir /tmp/minigpt-bf16]
+    python scripts/bf16_learning.py [--seeds 1337] [--bisect 1337] [--backend native] [--work_dir /tmp/minigpt-bf16]
 
 Recipes: config S as `scripts/train_shakespeare.py` runs it by default (2000 iterations), and the speedrun's two
 recipes, round 1 (Muon, batch 32) and round 3 (`--preset speedrun`: + the embeddings' lr x 10), over a fixed
@@ -9,11 +9,11 @@ recipes, round 1 (Muon, batch 32) and round 3 (`--preset speedrun`: + the embedd
 fixed count, not a time budget, so that both dtypes take the same steps on any CPU and only the precision
 differs. A run whose work_dir already holds a finished log is read, not trained again.
 
---bisect looks for where round 3's gap comes from: per seed, bf16 runs that keep one group of products in
-float32, grouped by layer (the tied head, attention's two products, the blocks' Linears; each forward and
-backward) and by role (the forward's products, the weight gradients', the input gradients'), and a float32
-control that sums in another order (the native library's portable C path, MINIGPT_ISA=generic), which
-shows how far two float32 runs of the same math drift apart by rounding alone.
+--bisect SEEDS looks for where round 3's gap comes from: for each of those seeds, bf16 runs that keep one
+group of products in float32, grouped by layer (the tied head, attention's two products, the blocks' Linears;
+each forward and backward) and by role (the forward's products, the weight gradients', the input gradients'),
+and a float32 control that sums in another order (the native library's portable C path, MINIGPT_ISA=generic),
+which shows how far two float32 runs of the same math drift apart by rounding alone.
 """
 import argparse
 import json
@@ -160,17 +160,21 @@ def main():
     ap.add_argument("--data", default="", help="the text (default: the training script's tiny Shakespeare)")
     ap.add_argument("--work_dir", default="/tmp/minigpt-bf16", help="out_dirs of the runs (kept: a rerun reads them)")
     ap.add_argument("--out", default=os.path.join(ROOT, "reports", "bf16.md"))
-    ap.add_argument("--bisect", action="store_true", help="also bisect round 3's gap by groups of products "
+    ap.add_argument("--bisect", default="", metavar="SEEDS", help="comma list of --seeds whose round-3 gap is "
+                    "bisected by groups of products "
                     f"({', '.join(GROUPS)}) and run a float32 control summed in another order")
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
+    bisected_seeds = [int(s) for s in args.bisect.split(",")] if args.bisect else []
+    if not set(bisected_seeds) <= set(seeds):
+        ap.error(f"--bisect {args.bisect}: each seed it bisects must be among --seeds {args.seeds}")
     results, read = {}, []
     for name, (tag, flags) in RECIPES.items():
         for seed in seeds:
             for dtype in ("float32", "bf16"):
                 out_dir = os.path.join(args.work_dir, f"{tag}_{dtype}" + (f"_{seed}" if seed != 1337 else ""))
                 results[name, seed, dtype] = run(out_dir, flags + ["--dtype", dtype, "--seed", str(seed)], args, read)
-    bisected = bisect(args, seeds, results, read) if args.bisect else []
+    bisected = bisect(args, bisected_seeds, results, read) if bisected_seeds else []
     lines = ["# bf16 against float32: the same runs, the same seeds", "",
              f"Measured by `{command('bf16_learning.py')}` at {revision(ROOT)} on {cpu_line()}, "
              f"{time.strftime('%Y-%m-%d')}. Each pair trains "
