@@ -128,7 +128,7 @@ def bisect(args, seeds, results, read):
         ("float32", None, None)] + ([("float32, portable C sums", "control", {"MINIGPT_ISA": "generic"})]
                                      if args.backend == "native" else [])   # the same sums on the others
     lines = ["", f"## Bisecting {BISECTED}", "",
-             "Whole-split val of bf16 runs that keep one group of products in float32 (forward and backward), "
+             "Whole-split val of bf16 runs that keep one group of products in float32, "
              "beside full bf16 and float32, and a float32 control run on the native library's portable C path "
              "(`MINIGPT_ISA=generic`): the same math with its float32 sums rounded in another order.", "",
              "| seed | " + " | ".join(c[0] for c in cols) + " |", "|---:|" + "---:|" * len(cols)]
@@ -151,8 +151,8 @@ def bisect(args, seeds, results, read):
         lines.append("| mean | " + " | ".join("({:+.4f}; {:+.4f})".format(*np.mean(gaps[c[0]], axis=0))
                                               for c in cols) + " |")
     lines += ["", "In brackets: minus float32 of the same seed, at the end (whole-split val) and over the last "
-              "quarter of the steps (training loss, paired: the same batches). Two splits of the same products, each group "
-              "forward and backward: by layer, " + "; ".join(
+              "quarter of the steps (training loss, paired: the same batches). Two splits of the same products: by "
+              "layer, each group forward and backward, " + "; ".join(
                   f"{g}: {what}" for g, what in (("head", "the tied head's lnf wte^T"),
                                                  ("attention", "attention's q k^T and att v"),
                                                  ("linears", "the blocks' c_attn, attn.c_proj, c_fc and mlp.c_proj")))
