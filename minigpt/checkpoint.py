@@ -169,19 +169,23 @@ SNAPSHOT_DIR = "snapshots"
 MAX_SNAPSHOT_PARAMS = 20_000_000                                   # 40 MB a snapshot: above, runs keep none
 
 
-def snapshot_iters(out_dir):
-    """Iterations of the snapshots in out_dir/snapshots/, sorted."""
+def _snapshot_names(out_dir):
+    """{iteration: file name} of the snapshots in out_dir/snapshots/ (iter_<it>.npz)."""
     d = os.path.join(out_dir, SNAPSHOT_DIR)
     names = os.listdir(d) if os.path.isdir(d) else []
-    return sorted(int(n[5:-4]) for n in names if n.startswith("iter_") and n.endswith(".npz") and n[5:-4].isdigit())
+    return {int(n[5:-4]): n for n in names if n.startswith("iter_") and n.endswith(".npz") and n[5:-4].isdigit()}
+
+
+def snapshot_iters(out_dir):
+    """Iterations of the snapshots in out_dir/snapshots/, sorted."""
+    return sorted(_snapshot_names(out_dir))
 
 
 def remove_snapshots(out_dir):
-    """Delete out_dir/snapshots/iter_*.npz (a new run there starts its own); -> how many went."""
-    d = os.path.join(out_dir, SNAPSHOT_DIR)
-    names = [n for n in os.listdir(d) if n.startswith("iter_") and n.endswith(".npz")] if os.path.isdir(d) else []
+    """Delete out_dir/snapshots/iter_<it>.npz (a new run there starts its own); -> how many went."""
+    names = _snapshot_names(out_dir).values()
     for n in names:
-        os.remove(os.path.join(d, n))
+        os.remove(os.path.join(out_dir, SNAPSHOT_DIR, n))
     return len(names)
 
 

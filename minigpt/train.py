@@ -428,10 +428,10 @@ def _start_over(out_dir):
     """A new run (no --resume) in an out_dir that holds another: the old log and snapshots go, as its checkpoints
     are replaced, so that the curve, the report and the snapshots are this run's alone."""
     log = os.path.join(out_dir, "log.jsonl")
-    rows = os.path.getsize(log) if os.path.exists(log) else 0
+    logged = os.path.exists(log) and os.path.getsize(log) > 0
     gone = checkpoint.remove_snapshots(out_dir)
-    if rows or gone:
-        say(f"note: {out_dir} held a run (its log.jsonl and {gone} snapshot(s)): this new run replaces its log, "
+    if logged or gone:
+        say(f"note: {out_dir} held a run (a log.jsonl, {gone} snapshot(s)): this new run replaces its log, "
             "snapshots and checkpoints; --resume would have continued it")
     if os.path.exists(log):
         os.remove(log)

@@ -37,10 +37,11 @@ RECIPES = {"config S, 2000 iterations": ("S", []),                    # name: (o
                "R3", ROUND1 + ["--embed_lr_ratio", "10"] + FIXED)}
 BISECTED = "speedrun round 3 (+ embedding lr x 10), 1219 iterations"
 # --bisect: two ways to split a bf16 step's products into groups, each group kept float32 in one run
-LAYERS = {"head": (model.GPT, ("head_forward", "head_backward")),              # lnf wte^T
-          "attention": (layers, ("attention_forward", "attention_backward")),  # q k^T, att v
-          "linears": (layers, ("linear_forward", "linear_backward", "linear_gelu_forward",
-                               "linear_gelu_backward", "linear_relu2_forward"))}   # c_attn, c_proj, c_fc, mlp.c_proj
+LAYERS = {  # group: (owner, the functions that run its products, what they are)
+    "head": (model.GPT, ("head_forward", "head_backward"), "the tied head's lnf wte^T"),
+    "attention": (layers, ("attention_forward", "attention_backward"), "attention's q k^T and att v"),
+    "linears": (layers, ("linear_forward", "linear_backward", "linear_gelu_forward", "linear_gelu_backward",
+                         "linear_relu2_forward"), "the blocks' c_attn, attn.c_proj, c_fc and mlp.c_proj")}
 ROLES = {"forward": "the forward's products",
          "weight-gradients": "the backward's products into a weight's gradient (those that accumulate: dW += x^T dy)",
          "input-gradients": "the backward's other products (dx = dy W^T, and attention's dq, dk, dv, datt)"}
@@ -83,19 +84,20 @@ def keep_float32(*groups):
             finally:
                 _now[key] = before
         setattr(owner, name, run_noted)
-    for layer, (owner, names) in LAYERS.items():
+    for layer, (owner, names, _) in LAYERS.items():
         for name in names:
             noting(owner, name, "layer", layer)
     noting(model.GPT, "backward", "backward", True)
     kept = set(groups)
 
     def product(name):
-        def run(self, a, b, ta=False, tb=False, out=None, acc=False, bf16=None, _fn=getattr(backends.Ops, name)):
+        def in_kept_precision(self, a, b, ta=False, tb=False, out=None, acc=False, bf16=None,
+                              _fn=getattr(backends.Ops, name)):
             role = ("weight-gradients" if acc else "input-gradients") if _now["backward"] else "forward"
             if bf16 is None and (_now["layer"] in kept or role in kept):
                 bf16 = False
             return _fn(self, a, b, ta, tb, out, acc, bf16)
-        setattr(backends.Ops, name, run)
+        setattr(backends.Ops, name, in_kept_precision)
     product("matmul")
     product("bmm")
 
@@ -152,11 +154,8 @@ def bisect(args, seeds, results, read):
                                               for c in cols) + " |")
     lines += ["", "In brackets: minus float32 of the same seed, at the end (whole-split val) and over the last "
               "quarter of the steps (training loss, paired: the same batches). Two splits of the same products: by "
-              "layer, each group forward and backward, " + "; ".join(
-                  f"{g}: {what}" for g, what in (("head", "the tied head's lnf wte^T"),
-                                                 ("attention", "attention's q k^T and att v"),
-                                                 ("linears", "the blocks' c_attn, attn.c_proj, c_fc and mlp.c_proj")))
-              + "; and by role, " + "; ".join(f"{g}: {what}" for g, what in ROLES.items()) + "."]
+              "layer, each group forward and backward, "
+              + "; ".join(f"{g}: {what}" for g, (*_, what) in LAYERS.items()) + "; and by role, " + "; ".join(f"{g}: {what}" for g, what in ROLES.items()) + "."]
     return lines
 
 

@@ -276,7 +276,7 @@ def test_the_bisections_groups_split_every_product_and_each_changes_the_step():
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import bf16_learning as bl
     sys.path.pop(0)
-    patched = [(owner, name) for owner, names in bl.LAYERS.values() for name in names] + [
+    patched = [(owner, name) for owner, names, _ in bl.LAYERS.values() for name in names] + [
         (GPT, "backward"), (backends.Ops, "matmul"), (backends.Ops, "bmm")]
     saved = [(owner, name, getattr(owner, name)) for owner, name in patched]
 
