@@ -31,8 +31,10 @@ def esc(text):
 
 
 def shown(piece):
-    """A token's text made visible: newlines, tabs and spaces as symbols."""
-    return piece.replace("\n", "\u21b5").replace("\t", "\u21e5").replace(" ", "\u2423") or "\u2205"
+    """A token's text made visible: newlines, tabs and spaces as symbols; other control characters (a byte-level
+    BPE's first ids), which the fonts have no glyph for, as \\xNN."""
+    piece = piece.replace("\n", "\u21b5").replace("\t", "\u21e5").replace(" ", "\u2423")
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in piece) or "\u2205"
 
 
 # ----------------------------------------------------------------------------

@@ -98,6 +98,15 @@ def run_dir(tmp_path_factory):
     return tmp / "out", res
 
 
+def test_token_labels_are_printable():
+    """Labels show whitespace as symbols and other control characters (byte-level BPE's ids 0-31) as \\xNN: the
+    fonts of the page and the plots have no glyph for them."""
+    from minigpt.report_page import shown
+    assert shown("a b\n\t") == "a\u2423b\u21b5\u21e5" and shown("") == "\u2205"
+    assert shown("\x00\x1b\x7f") == "\\x00\\x1b\\x7f"
+    assert all(shown(chr(i)).isprintable() for i in range(256))
+
+
 def test_training_keeps_the_snapshots_it_was_asked_for(run_dir):
     out, _ = run_dir
     assert checkpoint.snapshot_iters(str(out)) == [0, 8, 12]             # fractions 0, 1/2 (first eval past), end
