@@ -9,6 +9,8 @@
               (mgk_amx.inc)
      AVX2     6x16 tile of ymm FMAs, mgk_gemm_generic.inc compiled for avx2,fma
      generic  4x16 tile, mgk_gemm_generic.inc compiled for the baseline (SSE2 on x86-64; any CPU elsewhere)
+   A test build (-DMGK_EMULATE_AVX512) runs both AVX-512 paths on the scalar intrinsics of mgk_avx512_emu.h, so
+   that CPUs without AVX-512 test them (tests/test_native_emulated.py).
    No -ffast-math: the packed paths sum plain (fused) multiply-adds in k order (vdpbf16ps and AMX tiles add the
    two products of each k-pair in the instruction's own order). The few-rows path (small_*) sums a transposed
    op(B) in vector-lane partials, and a product split over k between threads (ksplit) adds the threads' partial
@@ -28,7 +30,10 @@
 #endif
 #include "mgk.h"
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(MGK_NO_SIMD)
-#include <immintrin.h>     /* each intrinsic carries its own target attribute; used only under the pragma below */
+#include <immintrin.h>     /* each intrinsic carries its own target attribute; used only under the pragmas below */
+#ifdef MGK_EMULATE_AVX512  /* the test build (tests/test_native_emulated.py): AVX-512 intrinsics as scalar lanes */
+#include "mgk_avx512_emu.h"
+#endif
 #endif
 
 #define MR 8       /* micro-tile rows: 8x32 = 16 zmm accumulators */
@@ -159,8 +164,21 @@ int mgk_bgemm_ref(int ta, int tb, int M, int N, int K, const float *A, int lda, 
 #if defined(__x86_64__) && (__GNUC__ >= 11 || defined(__clang__))
 #define MGK_BF16 1         /* the avx512bf16 and amx paths: their intrinsics and cpuid names need GCC 11 */
 #endif
+/* The AVX-512 regions' targets. The test build -DMGK_EMULATE_AVX512 compiles them for AVX2+FMA instead, on the
+   scalar intrinsics of mgk_avx512_emu.h, and reports avx512bf16 as this CPU's path (mgk_cpu_isa); it has no amx
+   path, whose tiles the tests run on the scalar tile emulation below (mgk_amx_emulated). */
+#ifdef MGK_EMULATE_AVX512
+#define TARGET_AVX512 _Pragma("GCC target(\"avx2,fma\")")
+#define TARGET_AVX512BF16 TARGET_AVX512
+#else
+#define TARGET_AVX512 _Pragma("GCC target(\"avx512f,avx512dq,avx512vl,avx512bw,avx2,fma\")")
+#define TARGET_AVX512BF16 _Pragma("GCC target(\"avx512f,avx512dq,avx512vl,avx512bw,avx512bf16,avx2,fma\")")
+#if defined(MGK_BF16)
+#define MGK_AMX 1
+#endif
+#endif
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")
+TARGET_AVX512
 
 /* ----------------------------------------------------------------------------
    packing. dst[c*ldd + r] = src[r*lds + c] for an 8x8 block: unpack pairs, then quads, then 128-bit halves */
@@ -295,7 +313,7 @@ static void kernel_8x16(int kc, const float *ap, const float *bp, float *c, long
    rate (best_isa; vdpbf16ps is reported at about 2x on AMD Zen 4 and half on Intel Xeons). */
 #ifdef MGK_BF16
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512dq,avx512vl,avx512bw,avx512bf16,avx2,fma")
+TARGET_AVX512BF16
 
 /* a packed fp32 panel [kc][w] -> [ceil(kc/2)][w] 32-bit words, in place (row p is written after rows 2p, 2p+1
    are read): word (p, j) holds bf16(x[2p][j]) in its low half and bf16(x[2p+1][j]) (0 past kc) in its high half */
@@ -361,7 +379,7 @@ static void peak_job_dp(void *arg, int tid, int nt)
 #endif
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")
+TARGET_AVX512
 
 /* ----------------------------------------------------------------------------
    one thread's block C[m0:m1, n0:n1] of one product: loops jc (NC) > pc (KC) > ic (MC) > jr (32) > ir (8).
@@ -642,7 +660,7 @@ static void small_block_avx2(const job_t *g, const float *A, const float *B, flo
    any worker thread starts, and a refusal means no amx path. GCC's tile intrinsics are asm that names no memory
    operand, so TILE_LOAD/TILE_STORE and the config carry a compiler memory barrier: what the code wrote (packs,
    scratch, config) is in memory before a tile reads it, and what a tile stores is read after. */
-#ifdef MGK_BF16
+#ifdef MGK_AMX
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,avx512vl,avx512bw,avx512bf16,amx-tile,amx-bf16,avx2,fma")
 #define BARRIER() __asm__ volatile("" ::: "memory")
@@ -788,6 +806,8 @@ static const struct isa_gemm ISA_GEMM[] = {
     {"avx512", MR, NR, MR, NR, gemm_block, gemm_block, peak_job, NULL, 2 * 16 * 16, 0},
 #ifdef MGK_BF16
     {"avx512bf16", MR, NR, MR, NR, gemm_block, gemm_block_dp, peak_job, peak_job_dp, 2 * 16 * 16, 2 * 24 * 32},
+#endif
+#ifdef MGK_AMX
     {"amx", MR, NR, 32, 32, gemm_block, gemm_block_amx_amx, peak_job, peak_job_amx, 2 * 16 * 16,
      4 * 2 * 16 * 16 * 32 / 8},
 #endif
@@ -873,7 +893,7 @@ static int amx_allowed(void)
     static int allowed = -1;
     if (allowed < 0) {
         allowed = 0;
-#if defined(__linux__)
+#if defined(__linux__) && defined(MGK_AMX)
         if (__builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16"))
             allowed = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
 #endif
@@ -886,6 +906,14 @@ int mgk_cpu_isa(void)
 {
 #ifdef MGK_X86
     __builtin_cpu_init();   /* libgcc also checks that the OS saves the ymm/zmm state (XCR0) */
+#ifdef MGK_EMULATE_AVX512
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+#ifdef MGK_BF16
+        return MGK_ISA_AVX512BF16;          /* the test build: the AVX-512 paths run on AVX2 (see the top) */
+#else
+        return MGK_ISA_AVX512;
+#endif
+#endif
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))

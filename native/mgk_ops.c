@@ -44,11 +44,16 @@ typedef void (*job_fn)(const void *args, int tid, int nt);
 /* VARIANTS(op, args_t) compiles op##_body three times and makes op##_fns[isa]; the body is always_inline, so
    each copy is vectorized for its own target. */
 #ifdef OPS_X86
+#ifdef MGK_EMULATE_AVX512  /* the test build of mgk.c's AVX-512 paths: no AVX-512 instruction here either */
+#define TARGET_AVX512 "avx2,fma"
+#else
+#define TARGET_AVX512 "avx512f,avx512dq,avx512bw,avx512vl,avx2,fma"
+#endif
 #define VARIANTS(op, A)                                                                                 \
     static void op##_generic(const void *a, int tid, int nt) { op##_body((const A *)a, tid, nt); }     \
     __attribute__((target("avx2,fma")))                                                                \
     static void op##_avx2(const void *a, int tid, int nt) { op##_body((const A *)a, tid, nt); }        \
-    __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma")))                             \
+    __attribute__((target(TARGET_AVX512)))                                                             \
     static void op##_avx512(const void *a, int tid, int nt) { op##_body((const A *)a, tid, nt); }      \
     static const job_fn op##_fns[3] = {op##_generic, op##_avx2, op##_avx512};
 #else

@@ -19,7 +19,7 @@ GEMM = "minigpt/backends/numba_gemm.py"
 TL, TM, TO = "tests/test_layers.py", "tests/test_model.py", "tests/test_ops.py"
 TRAIN, DATA, TD = "minigpt/train.py", "minigpt/data.py", "tests/test_distributed.py"
 TT, OPT, TMU = "tests/test_train.py", "minigpt/optim.py", "tests/test_muon.py"
-TB = "tests/test_bf16.py"
+TB, TE = "tests/test_bf16.py", "tests/test_native_emulated.py"
 
 # (file, exact text (must occur once), replacement, the test that must fail)
 M = [
@@ -124,6 +124,13 @@ M = [
         f"{TB}::test_amx_path_on_emulated_tiles_matches_the_emulation"),
     ("native/mgk_amx.inc", "TILE_LOAD(5, ap + 16 * (long)kp + k, kp * 2);", "TILE_LOAD(5, ap + 16 * (long)kp, kp * 2);",
         f"{TB}::test_amx_path_on_emulated_tiles_matches_the_emulation"),
+    # the avx512 and avx512bf16 micro-kernels, caught on any AVX2 CPU by their emulated build
+    ("native/mgk.c", "if (NV == 2) acc[i][1] = _mm512_fmadd_ps(a, b1, acc[i][1]);",
+        "if (NV == 2) acc[i][1] = _mm512_fmadd_ps(a, b0, acc[i][1]);", f"{TE}::test_native_tests_pass_on_the_emulated_avx512_paths"),
+    ("native/mgk.c", "DP(if (dp) (nr > 16 ? kernel_dp_8x32 : kernel_dp_8x16)((kc + 1) / 2,",
+        "DP(if (dp) (nr > 16 ? kernel_dp_8x32 : kernel_dp_8x16)(kc / 2,", f"{TE}::test_native_tests_pass_on_the_emulated_avx512_paths"),
+    ("native/mgk.c", "__m512bh b1 = NV == 2 ? (__m512bh)_mm512_loadu_si512(bp + 16) : b0;",
+        "__m512bh b1 = NV == 2 ? (__m512bh)_mm512_loadu_si512(bp) : b0;", f"{TE}::test_native_tests_pass_on_the_emulated_avx512_paths"),
     # Muon's momentum warm-up and the embeddings' lr (issue 24)
     (OPT, "return (1.0 - frac) * 0.85 + frac * self.momentum", "return self.momentum",
         f"{TMU}::test_muon_momentum_warmup_matches_float64_reference"),
