@@ -149,12 +149,12 @@ def attention_forward(y, att, qkv, n_head, start=0, kv=None, mask=None, attd=Non
         kc[:, :, start:start + T], vc[:, :, start:start + T] = k, v
         k, v = kc[:, :, :start + T], vc[:, :, :start + T]          # (B, nh, Tk, hs), Tk = start + T
     att = att[..., :start + T]                                    # (B, nh, T, Tk)
-    ops.bmm(q, k, tb=True, out=att)                               # s = q k^T
+    ops.bmm(q, k, tb=True, out=att, causal="out", start=start)    # s = q k^T, but past the diagonal (0 there)
     ops.causal_softmax(att, 1.0 / math.sqrt(C3 // (3 * n_head)), start)   # att = softmax(s / sqrt(hs)), causal
     if mask is not None:
         att = np.multiply(att, mask, out=attd)                    # attd = att * mask
     (yh,) = heads(y, n_head)                                      # heads side by side in y (B, T, C)
-    ops.bmm(att, v, out=yh)                                       # y = att v  (B, nh, T, hs)
+    ops.bmm(att, v, out=yh, causal="a", start=start)              # y = att v  (B, nh, T, hs)
     return y
 
 
@@ -163,14 +163,14 @@ def attention_backward(dqkv, datt, dy, qkv, att, n_head, mask=None, attd=None):
     q, k, v = heads(qkv, n_head, 3)                               # (B, nh, T, hs)
     dq, dk, dv = heads(dqkv, n_head, 3)                           # views of dqkv
     (dyh,) = heads(dy, n_head)
-    ops.bmm(att if mask is None else attd, dyh, ta=True, out=dv)  # fwd: y = attd v -> dv = attd^T dy
-    ops.bmm(dyh, v, tb=True, out=datt)                            #                    dattd = dy v^T
+    ops.bmm(att if mask is None else attd, dyh, ta=True, out=dv, causal="a")   # fwd: y = attd v -> dv = attd^T dy
+    ops.bmm(dyh, v, tb=True, out=datt, causal="out")              #                    dattd = dy v^T, past: 0
     if mask is not None:
         datt *= mask                                              # fwd: attd = att * mask
     scale = 1.0 / math.sqrt(q.shape[-1])
     ops.causal_softmax_backward(att, datt, scale)                 # fwd: att = softmax(scale s) -> ds, in place
-    ops.bmm(datt, k, out=dq)                                      # fwd: s = q k^T -> dq = ds k
-    ops.bmm(datt, q, ta=True, out=dk)                             #                   dk = ds^T q
+    ops.bmm(datt, k, out=dq, causal="a")                          # fwd: s = q k^T -> dq = ds k
+    ops.bmm(datt, q, ta=True, out=dk, causal="a")                 #                   dk = ds^T q
     return dqkv
 
 

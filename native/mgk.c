@@ -69,7 +69,29 @@ typedef struct {
     int small;     /* AVX-512 or AVX2, few rows, A not transposed with B: the unpacked path (small_any) */
     int ksplit;    /* small, one product, op(B) = B: threads split K, each its own partial sum (see run) */
     int bf16;      /* round both operands to bfloat16 while packing (mgk_bgemm*) */
+    int causal, start;   /* 0, or MGK_CAUSAL_OUT / MGK_CAUSAL_A with the diagonal's offset (mgk_gemm_causal) */
 } job_t;
+
+/* mgk_gemm_causal's skipping, for the micro-tile of rows i0..i0+mr and columns j0.. in the k block pc..pc+kc:
+   returns 0 when the tile is past the diagonal (MGK_CAUSAL_OUT: zeroed after, see zero_future), else sets
+   [*k0, *k1) to the part of the block that op(A)'s rows can hold nonzeros in (MGK_CAUSAL_A; all of it else) */
+static inline int causal_tile(const job_t *g, int i0, int mr, int j0, int pc, int kc, int *k0, int *k1)
+{
+    *k0 = 0;
+    *k1 = kc;
+    if (g->causal == MGK_CAUSAL_OUT)
+        return j0 <= i0 + mr - 1 + g->start;
+    if (g->causal == MGK_CAUSAL_A) {
+        if (g->ta) {                                      /* op(A)[i, k] = A[k, i]: zero for k < i - start */
+            int lo = i0 - g->start - pc;
+            *k0 = lo < 0 ? 0 : lo < kc ? lo : kc;
+        } else {                                          /* op(A)[i, k] = A[i, k]: zero for k > i + start */
+            int hi = i0 + mr + g->start - pc;
+            *k1 = hi < 0 ? 0 : hi < kc ? hi : kc;
+        }
+    }
+    return 1;
+}
 
 /* offset of item l of the batch, in floats, for outer/inner strides s1/s2 */
 static inline long long item(const job_t *g, int l, long long s1, long long s2)
@@ -404,14 +426,20 @@ static inline __attribute__((always_inline)) void gemm_loops(int dp, const job_t
                     if (g->bf16) round_bf16(ap + ir * kc, (long)MR * kc);
                 }
                 for (int jr = 0; jr < nc; jr += NR) {
-                    int nr = nc - jr < NR ? nc - jr : NR;
+                    int nr = nc - jr < NR ? nc - jr : NR, w = nr > 16 ? NR : 16;   /* w: the panel's width */
                     for (int ir = 0; ir < mc; ir += MR) {
                         float *c = C + (long)(ic + ir) * g->ldc + jc + jr;
-                        int mr = mc - ir < MR ? mc - ir : MR;
-                        DP(if (dp) (nr > 16 ? kernel_dp_8x32 : kernel_dp_8x16)((kc + 1) / 2, ap + ir * kc,
-                                                                               bp + jr * kc, c, g->ldc, mr, nr,
-                                                                               beta); else)
-                        (nr > 16 ? kernel_8x32 : kernel_8x16)(kc, ap + ir * kc, bp + jr * kc, c, g->ldc, mr, nr, beta);
+                        int mr = mc - ir < MR ? mc - ir : MR, k0, k1;
+                        if (!causal_tile(g, ic + ir, mr, jc + jr, pc, kc, &k0, &k1) || (k0 >= k1 && pc > 0))
+                            continue;                     /* causal: nothing to add here (k0 == k1: beta*C) */
+                        DP(if (dp) {                      /* k-pairs: the pairs that hold k0..k1 */
+                            int p0 = k0 / 2;
+                            (nr > 16 ? kernel_dp_8x32 : kernel_dp_8x16)((k1 + 1) / 2 - p0, ap + ir * kc + p0 * MR,
+                                                                        bp + jr * kc + p0 * w, c, g->ldc, mr, nr,
+                                                                        beta);
+                        } else)
+                        (nr > 16 ? kernel_8x32 : kernel_8x16)(k1 - k0, ap + ir * kc + k0 * MR, bp + jr * kc + k0 * w,
+                                                              c, g->ldc, mr, nr, beta);
                     }
                 }
             }
@@ -830,6 +858,15 @@ static void split(int n, int unit, int parts, int p, int *lo, int *hi)
     if (*hi > n) *hi = n;
 }
 
+/* MGK_CAUSAL_OUT: C[i, j] = 0 past the diagonal (j > start + i) in rows m0..m1, columns n0..n1 of one item */
+static void zero_future(const job_t *g, float *C, int m0, int m1, int n0, int n1)
+{
+    for (int i = m0; i < m1; i++) {
+        long j = (long)i + g->start + 1 > n0 ? (long)i + g->start + 1 : n0;
+        if (j < n1) memset(C + (long)i * g->ldc + j, 0, sizeof(float) * (size_t)(n1 - j));
+    }
+}
+
 static void run_job(void *arg, int tid, int nt)
 {
     job_t *g = arg;
@@ -857,12 +894,13 @@ static void run_job(void *arg, int tid, int nt)
         const float *A = g->A + item(g, l, g->sA, g->sA2), *B = g->B + item(g, l, g->sB, g->sB2);
         float *C = g->C + item(g, l, g->sC, g->sC2);
 #ifdef MGK_X86
-        if (g->small) {
-            small_any(g, A, B, C, n0, n1);
-            continue;
-        }
+        if (g->small)
+            small_any(g, A, B, C, n0, n1);       /* all rows; no causal skipping there */
+        else
 #endif
         (g->bf16 ? g->isa->bf16_block : g->isa->block)(g, A, B, C, m0, m1, n0, n1, bufs[tid][0], bufs[tid][1]);
+        if (g->causal == MGK_CAUSAL_OUT)
+            zero_future(g, C, m0, m1, n0, n1);
     }
 }
 
@@ -987,7 +1025,7 @@ static int plan(job_t *g)
     g->pm = 0; g->pn = 1;
     if (g->L >= nt && (g->L % nt == 0 || g->L >= 4 * nt)) return nt;
     if (g->small) {                            /* few rows: split K (each thread streams its own rows of B), */
-        g->ksplit = !g->tb && g->L == 1 && (long)g->M * g->N <= (long)KC * NC && g->K >= 64 * nt;
+        g->ksplit = !g->tb && g->L == 1 && (long)g->M * g->N <= (long)KC * NC && g->K >= 64 * nt && !g->causal;
         g->pm = 1; g->pn = nt;                 /* else the columns */
         return nt;
     }
@@ -1042,7 +1080,7 @@ int mgk_sgemm(int ta, int tb, int M, int N, int K, const float *A, int lda, cons
     return mgk_sgemm_batched(1, 1, ta, tb, M, N, K, A, lda, 0, 0, B, ldb, 0, 0, beta, C, ldc, 0, 0);
 }
 
-static int gemm_batched(int bf16, int L1, int L2, int ta, int tb, int M, int N, int K,
+static int gemm_batched(int bf16, int causal, int start, int L1, int L2, int ta, int tb, int M, int N, int K,
                         const float *A, int lda, long long sA1, long long sA2,
                         const float *B, int ldb, long long sB1, long long sB2,
                         float beta, float *C, int ldc, long long sC1, long long sC2)
@@ -1051,8 +1089,20 @@ static int gemm_batched(int bf16, int L1, int L2, int ta, int tb, int M, int N, 
         sB2 < 0 || sC2 < 0 || bad_args(ta, tb, M, N, K, A, lda, B, ldb, C, ldc))
         return MGK_EBADARG;
     job_t g = {NULL, ta != 0, tb != 0, M, N, K, lda, ldb, ldc, L1 * L2, A, B, C, beta, sA1, sB1, sC1, L2, sA2, sB2, sC2,
-               0, 1, M <= SMALL_M && !(ta && tb) && !bf16, 0, bf16};     /* bf16 always packs: rounding is there */
+               0, 1, M <= SMALL_M && !(ta && tb) && !bf16, 0, bf16, causal, start};   /* bf16 always packs: */
+                                                                                    /* rounding is there */
     return run(&g);
+}
+
+int mgk_gemm_causal(int causal, int start, int bf16, int L1, int L2, int ta, int tb, int M, int N, int K,
+                    const float *A, int lda, long long sA1, long long sA2,
+                    const float *B, int ldb, long long sB1, long long sB2,
+                    float beta, float *C, int ldc, long long sC1, long long sC2)
+{
+    if ((causal != MGK_CAUSAL_OUT && causal != MGK_CAUSAL_A) || start < 0 || (causal == MGK_CAUSAL_OUT && beta != 0.0f))
+        return MGK_EBADARG;
+    return gemm_batched(bf16 != 0, causal, start, L1, L2, ta, tb, M, N, K, A, lda, sA1, sA2, B, ldb, sB1, sB2, beta,
+                        C, ldc, sC1, sC2);
 }
 
 int mgk_sgemm_batched(int L1, int L2, int ta, int tb, int M, int N, int K,
@@ -1060,7 +1110,7 @@ int mgk_sgemm_batched(int L1, int L2, int ta, int tb, int M, int N, int K,
                       const float *B, int ldb, long long sB1, long long sB2,
                       float beta, float *C, int ldc, long long sC1, long long sC2)
 {
-    return gemm_batched(0, L1, L2, ta, tb, M, N, K, A, lda, sA1, sA2, B, ldb, sB1, sB2, beta, C, ldc, sC1, sC2);
+    return gemm_batched(0, 0, 0, L1, L2, ta, tb, M, N, K, A, lda, sA1, sA2, B, ldb, sB1, sB2, beta, C, ldc, sC1, sC2);
 }
 
 int mgk_bgemm_batched(int L1, int L2, int ta, int tb, int M, int N, int K,
@@ -1068,7 +1118,7 @@ int mgk_bgemm_batched(int L1, int L2, int ta, int tb, int M, int N, int K,
                       const float *B, int ldb, long long sB1, long long sB2,
                       float beta, float *C, int ldc, long long sC1, long long sC2)
 {
-    return gemm_batched(1, L1, L2, ta, tb, M, N, K, A, lda, sA1, sA2, B, ldb, sB1, sB2, beta, C, ldc, sC1, sC2);
+    return gemm_batched(1, 0, 0, L1, L2, ta, tb, M, N, K, A, lda, sA1, sA2, B, ldb, sB1, sB2, beta, C, ldc, sC1, sC2);
 }
 
 int mgk_bgemm(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,

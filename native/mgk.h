@@ -6,7 +6,7 @@
 #ifndef MGK_H
 #define MGK_H
 
-#define MGK_ABI      4   /* bumped when a signature changes; minigpt/backends/native.py refuses any other build */
+#define MGK_ABI      5   /* bumped when a signature changes; minigpt/backends/native.py refuses any other build */
 
 #define MGK_OK       0
 #define MGK_EBADARG -1   /* negative size, too small leading dimension, NULL pointer */
@@ -23,6 +23,19 @@ int mgk_sgemm_batched(int L1, int L2, int ta, int tb, int M, int N, int K,
                       const float *A, int lda, long long sA1, long long sA2,
                       const float *B, int ldb, long long sB1, long long sB2,
                       float beta, float *C, int ldc, long long sC1, long long sC2);
+/* attention's causal products: mgk_sgemm_batched (bf16: mgk_bgemm_batched) where every item involves the causal
+   T x Tk matrix of attention (query i sees keys 0..start+i), and the products of its known zeros are skipped:
+     MGK_CAUSAL_OUT  the result C is that matrix: entries with j > start + i are written 0, and the micro-tiles
+                     that hold only such entries are not computed (beta must be 0);
+     MGK_CAUSAL_A    the stored A is that matrix, zero where column > start + row (so op(A) = A^T is zero where
+                     k < row - start): each micro-tile multiplies only its rows' k range that can be nonzero.
+   The result equals the plain product's (but for the zeroed entries of MGK_CAUSAL_OUT), up to summation order. */
+#define MGK_CAUSAL_OUT 1
+#define MGK_CAUSAL_A   2
+int mgk_gemm_causal(int causal, int start, int bf16, int L1, int L2, int ta, int tb, int M, int N, int K,
+                    const float *A, int lda, long long sA1, long long sA2,
+                    const float *B, int ldb, long long sB1, long long sB2,
+                    float beta, float *C, int ldc, long long sC1, long long sC2);
 /* plain scalar loops, one thread: the reference the fast path is tested against */
 int mgk_sgemm_ref(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                   float beta, float *C, int ldc);

@@ -92,11 +92,11 @@ def keep_float32(*groups):
 
     def product(name):
         def in_kept_precision(self, a, b, ta=False, tb=False, out=None, acc=False, bf16=None,
-                              _fn=getattr(backends.Ops, name)):
+                              _fn=getattr(backends.Ops, name), **causal):
             role = ("weight-gradients" if acc else "input-gradients") if _now["backward"] else "forward"
             if bf16 is None and (_now["layer"] in kept or role in kept):
                 bf16 = False
-            return _fn(self, a, b, ta, tb, out, acc, bf16)
+            return _fn(self, a, b, ta, tb, out, acc, bf16, **causal)
         setattr(backends.Ops, name, in_kept_precision)
     product("matmul")
     product("bmm")

@@ -15,11 +15,14 @@ import tempfile
 
 L, MODEL = "minigpt/layers.py", "minigpt/model.py"
 SPEC, NK = "minigpt/backends/numpy_ops.py", "minigpt/backends/numba_kernels.py"
+BK = "minigpt/backends/__init__.py"
 GEMM = "minigpt/backends/numba_gemm.py"
 TL, TM, TO = "tests/test_layers.py", "tests/test_model.py", "tests/test_ops.py"
 TRAIN, DATA, TD = "minigpt/train.py", "minigpt/data.py", "tests/test_distributed.py"
 TT, OPT, TMU = "tests/test_train.py", "minigpt/optim.py", "tests/test_muon.py"
 TB, TE = "tests/test_bf16.py", "tests/test_native_emulated.py"
+EMU = f"{TE}::test_native_tests_pass_on_the_emulated_avx512_paths"
+CAUSAL = f"{TO}::test_causal_products_are_the_plain_products"
 
 # (file, exact text (must occur once), replacement, the test that must fail)
 M = [
@@ -73,7 +76,7 @@ M = [
     (SPEC, "dxhat -= dxhat.mean(-1, keepdims=True)", "dxhat -= 0.0",
         f"{TL}::test_layernorm_grad"),
     (SPEC, "datt *= np.multiply(att, float(scale), out=tmp)", "datt *= att", f"{TL}::test_attention_grad"),
-    (SPEC, "np.triu(np.ones((T, Tk), bool), k=start + 1)", "np.triu(np.ones((T, Tk), bool), k=start + 2)",
+    (BK, "np.triu(np.ones((T, Tk), bool), k=start + 1)", "np.triu(np.ones((T, Tk), bool), k=start + 2)",
         f"{TL}::test_attention_is_causal"),
     (SPEC, "dlogits[np.arange(targets.size), targets] -= scale", "dlogits[np.arange(targets.size), targets] -= 1.0",
         f"{TL}::test_cross_entropy_grad"),
@@ -126,11 +129,16 @@ M = [
         f"{TB}::test_amx_path_on_emulated_tiles_matches_the_emulation"),
     # the avx512 and avx512bf16 micro-kernels, caught on any AVX2 CPU by their emulated build
     ("native/mgk.c", "if (NV == 2) acc[i][1] = _mm512_fmadd_ps(a, b1, acc[i][1]);",
-        "if (NV == 2) acc[i][1] = _mm512_fmadd_ps(a, b0, acc[i][1]);", f"{TE}::test_native_tests_pass_on_the_emulated_avx512_paths"),
-    ("native/mgk.c", "DP(if (dp) (nr > 16 ? kernel_dp_8x32 : kernel_dp_8x16)((kc + 1) / 2,",
-        "DP(if (dp) (nr > 16 ? kernel_dp_8x32 : kernel_dp_8x16)(kc / 2,", f"{TE}::test_native_tests_pass_on_the_emulated_avx512_paths"),
+        "if (NV == 2) acc[i][1] = _mm512_fmadd_ps(a, b0, acc[i][1]);", EMU),
+    ("native/mgk.c", "kernel_dp_8x16)((k1 + 1) / 2 - p0,", "kernel_dp_8x16)(k1 / 2 - p0,", EMU),
     ("native/mgk.c", "__m512bh b1 = NV == 2 ? (__m512bh)_mm512_loadu_si512(bp + 16) : b0;",
-        "__m512bh b1 = NV == 2 ? (__m512bh)_mm512_loadu_si512(bp) : b0;", f"{TE}::test_native_tests_pass_on_the_emulated_avx512_paths"),
+        "__m512bh b1 = NV == 2 ? (__m512bh)_mm512_loadu_si512(bp) : b0;", EMU),
+    # causal products: the k ranges and tiles a causal bmm skips (the C code), and the specification's zeroing
+    ("native/mgk.c", "int hi = i0 + mr + g->start - pc;", "int hi = i0 + mr - 1 + g->start - pc;", CAUSAL),
+    ("native/mgk.c", "int lo = i0 - g->start - pc;", "int lo = i0 + 1 - g->start - pc;", CAUSAL),
+    ("native/mgk.c", "return j0 <= i0 + mr - 1 + g->start;", "return j0 < i0 + mr - 1 + g->start;", CAUSAL),
+    ("native/mgk.c", "int p0 = k0 / 2;", "int p0 = (k0 + 1) / 2;", EMU),
+    (BK, "np.copyto(out, 0, where=future(M, N, start))", "pass", CAUSAL),
     # Muon's momentum warm-up and the embeddings' lr (issue 24)
     (OPT, "return (1.0 - frac) * 0.85 + frac * self.momentum", "return self.momentum",
         f"{TMU}::test_muon_momentum_warmup_matches_float64_reference"),

@@ -16,6 +16,7 @@ from minigpt.backends import native
 from minigpt.backends.numpy_ops import round_bf16
 from minigpt.layers import heads
 from minigpt.model import GPT, GPTConfig
+from helpers import causal_products
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NATIVE = backends.why_unavailable("native")
@@ -171,6 +172,16 @@ def test_bf16_bmm_on_strided_head_views(kernel):
     close_to_emulation(yh, att, v)
     dk = kernel.bmm(att[..., ::2, :], q[..., ::2, :], ta=True, bf16=True)   # every other row: a stepped view
     close_to_emulation(dk, att[..., ::2, :], q[..., ::2, :], ta=True)
+
+
+def test_bf16_causal_products_match_the_emulation(kernel):
+    """Attention's causal products in bf16 (helpers.causal_products): the skipped tiles and k-pairs change
+    nothing but the zeroed future."""
+    for got, a, b, ta, tb, base, future in causal_products(kernel, np.random.default_rng(7), bf16=True):
+        if future is not None:
+            assert (got[..., future] == 0).all()
+            got = np.where(future, kernel.bmm(a, b, ta=ta, tb=tb, bf16=True), got)   # the plain product there
+        close_to_emulation(got, a, b, ta, tb, None if base is None else base.astype(np.float64))
 
 
 @pytest.mark.skipif(NATIVE is not None, reason=str(NATIVE))

@@ -10,6 +10,7 @@ from minigpt import backends
 from minigpt.backends import native
 from minigpt.layers import heads
 from minigpt.model import GPT, GPTConfig
+from helpers import causal_products
 
 
 REASON = backends.why_unavailable("native")
@@ -65,6 +66,18 @@ def test_bmm_on_head_views_every_path(path):
     path.bmm(att, v, out=yh)
     close(yh, att.astype(np.float64) @ v.astype(np.float64), T)
     assert np.isnan(y[:, :, C:]).all()
+
+
+def test_causal_products_every_path(path):
+    """The tiles and k ranges a causal product skips, on every path's own tile (helpers.causal_products)."""
+    for got, a, b, ta, tb, base, future in causal_products(path, np.random.default_rng(2)):
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        want = (a64.swapaxes(-1, -2) if ta else a64) @ (b64.swapaxes(-1, -2) if tb else b64)
+        want += 0 if base is None else base
+        if future is not None:
+            want[..., future] = 0
+            assert (got[..., future] == 0).all()
+        close(got, want, a.shape[-2] if ta else a.shape[-1])
 
 
 def test_gpt_step_every_path_matches_numpy():

@@ -19,6 +19,7 @@ import pytest
 from minigpt import backends
 from minigpt.backends import numpy_ops
 from minigpt.layers import heads
+from helpers import causal_products
 
 F32, F64 = np.float32, np.float64
 SPEC = numpy_ops.NumpyOps()                                     # the specification, run in float64
@@ -215,6 +216,26 @@ def test_bmm_on_views_matches_float64(use, name, dt, ta, tb):
         assert out_gaps() and a_gaps() and b_gaps(), f"{lead, ka, kb, ko}: a write outside a view"
         np.testing.assert_array_equal(av, a)
         close_gemm(ops.bmm(av, bv, ta=ta, tb=tb), ref, Kd)
+
+
+@pytest.mark.parametrize("name,dt", PRODUCTS)
+def test_causal_products_are_the_plain_products(use, name, dt):
+    """bmm(causal=...): "out" is the plain product with the future exactly 0 (whatever out held), "a" the plain
+    product of a causal a, stored as is or transposed, with acc too (helpers.causal_products)."""
+    for got, a, b, ta, tb, base, future in causal_products(use(name), np.random.default_rng(12)):
+        ref = SPEC.bmm(*f64(a, b), ta=ta, tb=tb) + (0 if base is None else base)
+        if future is not None:
+            ref[..., future] = 0
+            assert (got[..., future] == 0).all()
+        close_gemm(got, ref, a.shape[-2] if ta else a.shape[-1])
+
+
+def test_causal_products_refuse_what_they_cannot_mean():
+    a, b = np.ones((2, 4, 3), F32), np.ones((2, 3, 4), F32)
+    for kw in (dict(causal="b"), dict(causal="out", acc=True, out=np.zeros((2, 4, 4), F32)),
+               dict(causal="a", start=-1)):
+        with pytest.raises(ValueError, match="causal"):
+            SPEC.bmm(a, b, **kw)
 
 
 @pytest.mark.parametrize("name,dt", PRODUCTS)

@@ -12,6 +12,7 @@ packs. An explicitly requested backend that cannot run (or cannot run the model'
 BackendUnavailable; only "auto" chooses, and it says what it chose. This module also owns every thread count (set_threads).
 """
 import contextlib
+import functools
 import importlib
 import os
 import sys
@@ -40,6 +41,14 @@ def gemm_dims(a, b, ta, tb):
     return M, N, Ka
 
 
+@functools.lru_cache(maxsize=64)
+def future(T, Tk, start):
+    """(T, Tk) bool, True where key j is in query i's future (j > start + i): made once per (T, Tk, start)."""
+    mask = np.triu(np.ones((T, Tk), bool), k=start + 1)
+    mask.flags.writeable = False
+    return mask
+
+
 class Ops:
     """The ops of a training step; numpy_ops.py is the specification of each. Every array argument may be a
     strided view (but adamw's p, m, v); outputs are written (or, where it says +=, added into) in place, and an
@@ -62,13 +71,27 @@ class Ops:
             out = np.empty((M, N), np.result_type(a, b))
         return self._matmul(a, b, bool(ta), bool(tb), out, acc, _check_bf16(bf16, a, b, out))
 
-    def bmm(self, a, b, ta=False, tb=False, out=None, acc=False, bf16=None):
+    def bmm(self, a, b, ta=False, tb=False, out=None, acc=False, bf16=None, causal=None, start=0):
         """op(a) (..., M, K) @ op(b) (..., K, N) -> out (..., M, N) over equal leading dims; acc adds into out;
-        bf16 as matmul's."""
+        bf16 as matmul's. causal names what in this product is attention's causal matrix, in which query i sees
+        keys 0..start+i, so that a backend may skip its zeros: "out": the result (entries past the diagonal,
+        j > start + i, are written 0; not with acc); "a": the stored a (the caller promises its zeros past the
+        diagonal, and the result is the plain product)."""
         M, N, _ = _check_product(a, b, ta, tb, out, acc, batched=True)
+        if causal not in (None, "a", "out") or (causal == "out" and acc) or start < 0:
+            raise ValueError(f"bmm: causal={causal!r}, start={start}, acc={acc}: causal is None, 'a' or 'out' "
+                             "(not with acc), start >= 0")
         if out is None:
             out = np.empty((*a.shape[:-2], M, N), np.result_type(a, b))
-        return self._bmm(a, b, bool(ta), bool(tb), out, acc, _check_bf16(bf16, a, b, out))
+        bf16 = _check_bf16(bf16, a, b, out)
+        if causal is not None and self.skips_causal:          # the backend skips the zeros itself
+            return self._bmm(a, b, bool(ta), bool(tb), out, acc, bf16, causal=causal, start=start)
+        self._bmm(a, b, bool(ta), bool(tb), out, acc, bf16)
+        if causal == "out":
+            np.copyto(out, 0, where=future(M, N, start))
+        return out
+
+    skips_causal = False         # True: _bmm takes causal= and start= and skips the causal zeros (native)
 
     def _matmul(self, a, b, ta, tb, out, acc, bf16):     # checked by matmul; out exists; returns out
         raise NotImplementedError

@@ -27,7 +27,8 @@ from . import BackendUnavailable, Ops, check_float32, gemm_dims
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # minigpt/
 _ERRORS = {-1: "bad argument", -2: "out of memory", -3: "could not start a worker thread"}
 _i, _ll = ctypes.c_int, ctypes.c_longlong
-_ABI = 4                                                  # MGK_ABI in native/mgk.h
+_ABI = 5                                                  # MGK_ABI in native/mgk.h
+_CAUSAL = {"out": 1, "a": 2}                              # MGK_CAUSAL_OUT, MGK_CAUSAL_A in native/mgk.h
 _ndf32 = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
 
 
@@ -108,6 +109,7 @@ def _lib():
         getattr(lib, f).argtypes, getattr(lib, f).restype = lib.mgk_sgemm.argtypes, _i
     lib.mgk_bgemm_batched.argtypes = lib.mgk_sgemm_batched.argtypes
     lib.mgk_bgemm_batched.restype = _i
+    lib.mgk_gemm_causal.argtypes, lib.mgk_gemm_causal.restype = [_i] * 3 + lib.mgk_sgemm_batched.argtypes, _i
     lib.mgk_round_bf16.argtypes, lib.mgk_round_bf16.restype = [_ll, _f32, _f32], _i
     lib.mgk_isa_name.argtypes, lib.mgk_isa_name.restype = [_i], ctypes.c_char_p
     for f in ("mgk_cpu_isa", "mgk_isa"):
@@ -163,15 +165,21 @@ class NativeOps(Ops):
         _check(gemm(ta, tb, M, N, K, a, a.shape[1], b, b.shape[1], 1.0 if acc else 0.0, out, N), "gemm", a, b)
         return out
 
-    def _bmm(self, a, b, ta, tb, out, acc, bf16):                  # a (..., M, K), b (..., K, N) -> (..., M, N)
+    skips_causal = True                                            # mgk_gemm_causal skips the causal zeros
+
+    def _bmm(self, a, b, ta, tb, out, acc, bf16, causal=None, start=0):   # a (..., M, K), b (..., K, N) -> (..., M, N)
         check_float32(a, b, out, backend="native")
         M, N, K = gemm_dims(a, b, ta, tb)
         c = self._contiguous("bmm")                                 # only for views _matrices cannot walk
         A, B = _matrices(a) or _matrices(c.inp(a)), _matrices(b) or _matrices(c.inp(b))
         C = _matrices(out) or _matrices(c.inout(out) if acc else c.out(out))
         L1, L2 = _lead(a.shape[:-2])
-        gemm = self.lib.mgk_bgemm_batched if bf16 else self.lib.mgk_sgemm_batched
-        _check(gemm(L1, L2, ta, tb, M, N, K, *A, *B, 1.0 if acc else 0.0, *C), "batched gemm", a, b)
+        args = (L1, L2, ta, tb, M, N, K, *A, *B, 1.0 if acc else 0.0, *C)
+        if causal:
+            rc = self.lib.mgk_gemm_causal(_CAUSAL[causal], start, bf16, *args)
+        else:
+            rc = (self.lib.mgk_bgemm_batched if bf16 else self.lib.mgk_sgemm_batched)(*args)
+        _check(rc, "batched gemm", a, b)
         c.back()
         return out
 

@@ -7,26 +7,17 @@ arrays and in scratch kept per shape (Ops._tmp). That is also what makes it fast
 activation size costs more than the arithmetic on it here (glibc hands freed blocks back to the OS, so each
 new one is page-faulted in again). Scalars stay Python floats, so float32 is never computed in float64.
 """
-import functools
 import math
 
 import numpy as np
 
-from . import Ops
+from . import Ops, future
 
 GELU_C, GELU_A = math.sqrt(2.0 / math.pi), 0.044715
 
 
 def _t(x, flag):
     return x.swapaxes(-1, -2) if flag else x
-
-
-@functools.lru_cache(maxsize=64)
-def _future(T, Tk, start):
-    """(T, Tk) bool, True where key j is in query i's future (j > start + i): made once per (T, Tk, start)."""
-    future = np.triu(np.ones((T, Tk), bool), k=start + 1)
-    future.flags.writeable = False
-    return future
 
 
 def round_bf16(x, out, nan=None):
@@ -138,7 +129,7 @@ class NumpyOps(Ops):
         # scaled scores s, worked on in att itself, or for a view (att[..., :Tk]) in contiguous scratch (faster)
         s = att if att.flags.c_contiguous else self._tmp("softmax", att.shape, att.dtype)
         np.multiply(att, float(scale), out=s)
-        np.copyto(s, -np.inf, where=_future(T, Tk, start))          # query i sees keys 0..start+i; -inf, never -1e4
+        np.copyto(s, -np.inf, where=future(T, Tk, start))          # query i sees keys 0..start+i; -inf, never -1e4
         s -= s.max(-1, keepdims=True)                               # max-subtracted: exp never overflows
         np.exp(s, out=s)                                            # masked entries: exp(-inf) = exactly 0
         np.divide(s, s.sum(-1, keepdims=True), out=att)
