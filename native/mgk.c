@@ -72,25 +72,28 @@ typedef struct {
     int causal, start;   /* 0, or MGK_CAUSAL_OUT / MGK_CAUSAL_A with the diagonal's offset (mgk_gemm_causal) */
 } job_t;
 
-/* mgk_gemm_causal's skipping, for the micro-tile of rows i0..i0+mr and columns j0.. in the k block pc..pc+kc:
-   returns 0 when the tile is past the diagonal (MGK_CAUSAL_OUT: zeroed after, see zero_future), else sets
-   [*k0, *k1) to the part of the block that op(A)'s rows can hold nonzeros in (MGK_CAUSAL_A; all of it else) */
-static inline int causal_tile(const job_t *g, int i0, int mr, int j0, int pc, int kc, int *k0, int *k1)
+/* mgk_gemm_causal's skipping. causal_k: the part [*k0, *k1) of the k block pc..pc+kc in which rows i0..i0+mr of
+   op(A) can hold nonzeros (MGK_CAUSAL_A; all of it otherwise), widened to even ends (or kc), so that it is whole
+   k-pairs for vdpbf16ps; only that part of the row panel is packed and multiplied. */
+static inline void causal_k(const job_t *g, int i0, int mr, int pc, int kc, int *k0, int *k1)
 {
     *k0 = 0;
     *k1 = kc;
-    if (g->causal == MGK_CAUSAL_OUT)
-        return j0 <= i0 + mr - 1 + g->start;
-    if (g->causal == MGK_CAUSAL_A) {
-        if (g->ta) {                                      /* op(A)[i, k] = A[k, i]: zero for k < i - start */
-            int lo = i0 - g->start - pc;
-            *k0 = lo < 0 ? 0 : lo < kc ? lo : kc;
-        } else {                                          /* op(A)[i, k] = A[i, k]: zero for k > i + start */
-            int hi = i0 + mr + g->start - pc;
-            *k1 = hi < 0 ? 0 : hi < kc ? hi : kc;
-        }
+    if (g->causal != MGK_CAUSAL_A) return;
+    if (g->ta) {                                          /* op(A)[i, k] = A[k, i]: zero for k < i - start */
+        int lo = i0 - g->start - pc;
+        *k0 = lo <= 0 ? 0 : lo < kc ? lo & ~1 : kc;
+    } else {                                              /* op(A)[i, k] = A[i, k]: zero for k > i + start */
+        int hi = i0 + mr + g->start - pc;
+        *k1 = hi <= 0 ? 0 : hi + 1 < kc ? (hi + 1) & ~1 : kc;
     }
-    return 1;
+}
+
+/* MGK_CAUSAL_OUT: the micro-tile of rows i0..i0+mr at column j0 holds only entries past the diagonal (they are
+   zeroed after the product, by zero_future) */
+static inline int causal_past(const job_t *g, int i0, int mr, int j0)
+{
+    return g->causal == MGK_CAUSAL_OUT && j0 > i0 + mr - 1 + g->start;
 }
 
 /* offset of item l of the batch, in floats, for outer/inner strides s1/s2 */
@@ -420,26 +423,27 @@ static inline __attribute__((always_inline)) void gemm_loops(int dp, const job_t
             if (g->bf16) round_bf16(bp, b_panels(nc) * kc);
             for (int ic = m0; ic < m1; ic += MC) {
                 int mc = m1 - ic < MC ? m1 - ic : MC;
-                for (int ir = 0; ir < mc; ir += MR) {
-                    pack_a(g, A, ic + ir, mc - ir < MR ? mc - ir : MR, pc, kc, ap + ir * kc);
-                    DP(if (dp) pair_panel(ap + ir * kc, kc, MR); else)
-                    if (g->bf16) round_bf16(ap + ir * kc, (long)MR * kc);
+                for (int ir = 0; ir < mc; ir += MR) {    /* row panel ir: k0..k1 of it at ap + ir*kc + k0*MR */
+                    int mr = mc - ir < MR ? mc - ir : MR, k0, k1;
+                    causal_k(g, ic + ir, mr, pc, kc, &k0, &k1);
+                    float *a = ap + ir * kc + k0 * MR;
+                    pack_a(g, A, ic + ir, mr, pc + k0, k1 - k0, a);
+                    DP(if (dp) pair_panel(a, k1 - k0, MR); else)
+                    if (g->bf16) round_bf16(a, (long)MR * (k1 - k0));
                 }
                 for (int jr = 0; jr < nc; jr += NR) {
                     int nr = nc - jr < NR ? nc - jr : NR, w = nr > 16 ? NR : 16;   /* w: the panel's width */
                     for (int ir = 0; ir < mc; ir += MR) {
                         float *c = C + (long)(ic + ir) * g->ldc + jc + jr;
                         int mr = mc - ir < MR ? mc - ir : MR, k0, k1;
-                        if (!causal_tile(g, ic + ir, mr, jc + jr, pc, kc, &k0, &k1) || (k0 >= k1 && pc > 0))
+                        causal_k(g, ic + ir, mr, pc, kc, &k0, &k1);
+                        if (causal_past(g, ic + ir, mr, jc + jr) || (k0 == k1 && pc > 0))
                             continue;                     /* causal: nothing to add here (k0 == k1: beta*C) */
-                        DP(if (dp) {                      /* k-pairs: the pairs that hold k0..k1 */
-                            int p0 = k0 / 2;
-                            (nr > 16 ? kernel_dp_8x32 : kernel_dp_8x16)((k1 + 1) / 2 - p0, ap + ir * kc + p0 * MR,
-                                                                        bp + jr * kc + p0 * w, c, g->ldc, mr, nr,
-                                                                        beta);
-                        } else)
-                        (nr > 16 ? kernel_8x32 : kernel_8x16)(k1 - k0, ap + ir * kc + k0 * MR, bp + jr * kc + k0 * w,
-                                                              c, g->ldc, mr, nr, beta);
+                        const float *a = ap + ir * kc + k0 * MR;
+                        DP(if (dp) (nr > 16 ? kernel_dp_8x32 : kernel_dp_8x16)((k1 - k0 + 1) / 2, a,
+                                                                               bp + jr * kc + k0 / 2 * w, c, g->ldc,
+                                                                               mr, nr, beta); else)
+                        (nr > 16 ? kernel_8x32 : kernel_8x16)(k1 - k0, a, bp + jr * kc + k0 * w, c, g->ldc, mr, nr, beta);
                     }
                 }
             }

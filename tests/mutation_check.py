@@ -130,14 +130,14 @@ M = [
     # the avx512 and avx512bf16 micro-kernels, caught on any AVX2 CPU by their emulated build
     ("native/mgk.c", "if (NV == 2) acc[i][1] = _mm512_fmadd_ps(a, b1, acc[i][1]);",
         "if (NV == 2) acc[i][1] = _mm512_fmadd_ps(a, b0, acc[i][1]);", EMU),
-    ("native/mgk.c", "kernel_dp_8x16)((k1 + 1) / 2 - p0,", "kernel_dp_8x16)(k1 / 2 - p0,", EMU),
+    ("native/mgk.c", "kernel_dp_8x16)((k1 - k0 + 1) / 2, a,", "kernel_dp_8x16)((k1 - k0) / 2, a,", EMU),
     ("native/mgk.c", "__m512bh b1 = NV == 2 ? (__m512bh)_mm512_loadu_si512(bp + 16) : b0;",
         "__m512bh b1 = NV == 2 ? (__m512bh)_mm512_loadu_si512(bp) : b0;", EMU),
     # causal products: the k ranges and tiles a causal bmm skips (the C code), and the specification's zeroing
     ("native/mgk.c", "int hi = i0 + mr + g->start - pc;", "int hi = i0 + mr - 1 + g->start - pc;", CAUSAL),
     ("native/mgk.c", "int lo = i0 - g->start - pc;", "int lo = i0 + 1 - g->start - pc;", CAUSAL),
-    ("native/mgk.c", "return j0 <= i0 + mr - 1 + g->start;", "return j0 < i0 + mr - 1 + g->start;", CAUSAL),
-    ("native/mgk.c", "int p0 = k0 / 2;", "int p0 = (k0 + 1) / 2;", EMU),
+    ("native/mgk.c", "j0 > i0 + mr - 1 + g->start;", "j0 >= i0 + mr - 1 + g->start;", CAUSAL),
+    ("native/mgk.c", "*k0 = lo <= 0 ? 0 : lo < kc ? lo & ~1 : kc;", "*k0 = lo <= 0 ? 0 : lo < kc ? lo : kc;", EMU),
     (BK, "np.copyto(out, 0, where=future(M, N, start))", "pass", CAUSAL),
     # Muon's momentum warm-up and the embeddings' lr (issue 24)
     (OPT, "return (1.0 - frac) * 0.85 + frac * self.momentum", "return self.momentum",

@@ -11,6 +11,7 @@ or fails to load. The library runs on any CPU: it picks its AVX-512 (+ AMX tiles
 measures faster than fp32 FMAs, for bf16 products), AVX2+FMA or generic path by cpuid, and MINIGPT_ISA (one of
 ISAS) forces another one this CPU runs.
 bf16 products (matmul(..., bf16=True)) run mgk_bgemm*: the operands are rounded to bf16 as they are packed.
+Attention's causal products (bmm(..., causal=...)) run mgk_gemm_causal, which skips the causal matrix's zeros.
 MINIGPT_NATIVE_LIB=/path/to/lib overrides the location.
 """
 import ctypes
