@@ -1092,9 +1092,9 @@ static int gemm_batched(int bf16, int causal, int start, int L1, int L2, int ta,
     if (L1 < 0 || L2 < 1 || (long long)L1 * L2 > 0x7fffffff || sA1 < 0 || sB1 < 0 || sC1 < 0 || sA2 < 0 ||
         sB2 < 0 || sC2 < 0 || bad_args(ta, tb, M, N, K, A, lda, B, ldb, C, ldc))
         return MGK_EBADARG;
+    /* small: few rows skip packing, but bf16 always packs (the rounding is there) */
     job_t g = {NULL, ta != 0, tb != 0, M, N, K, lda, ldb, ldc, L1 * L2, A, B, C, beta, sA1, sB1, sC1, L2, sA2, sB2, sC2,
-               0, 1, M <= SMALL_M && !(ta && tb) && !bf16, 0, bf16, causal, start};   /* bf16 always packs: */
-                                                                                    /* rounding is there */
+               0, 1, M <= SMALL_M && !(ta && tb) && !bf16, 0, bf16, causal, start};
     return run(&g);
 }
 

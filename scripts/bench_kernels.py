@@ -7,6 +7,7 @@ and would slow whichever backend runs next). Text after the NOTES marker in an e
 Run:  flock /tmp/minigpt-bench.lock python scripts/bench_kernels.py --threads 2
 """
 import argparse
+import functools
 import time
 
 import numpy as np
@@ -21,32 +22,37 @@ from minigpt.backends.native import isa as native_isa
 # the products of one training step, and a timer
 
 def step_shapes(batch, block, n_embd, n_head, vocab, n_layer):
-    """[(name, L, M, N, K, ta, tb, count)]: every product of one forward+backward, count = uses per step."""
+    """[(name, L, M, N, K, ta, tb, count, causal)]: every product of one forward+backward, count = uses per step;
+    causal: how layers.py runs attention's products (bmm causal=); each also has a plain row, count 0, beside it."""
     R, C, Cx, hs, nl = batch * block, n_embd, 4 * n_embd, n_embd // n_head, n_layer
     out = []
     for name, n_in, n_out in (("c_attn", C, 3 * C), ("attn.c_proj", C, C), ("c_fc", C, Cx), ("mlp.c_proj", Cx, C)):
-        out += [(f"{name} fwd x@W", 1, R, n_out, n_in, False, False, nl),
-                (f"{name} dX dy@W^T", 1, R, n_in, n_out, False, True, nl),
-                (f"{name} dW x^T@dy", 1, n_in, n_out, R, True, False, nl)]
+        out += [(f"{name} fwd x@W", 1, R, n_out, n_in, False, False, nl, None),
+                (f"{name} dX dy@W^T", 1, R, n_in, n_out, False, True, nl, None),
+                (f"{name} dW x^T@dy", 1, n_in, n_out, R, True, False, nl, None)]
     L, T = batch * n_head, block
-    out += [("attn q@k^T", L, T, T, hs, False, True, nl), ("attn att@v", L, T, hs, T, False, False, nl),
-            ("attn d(att) dy@v^T", L, T, T, hs, False, True, nl), ("attn dv att^T@dy", L, T, hs, T, True, False, nl),
-            ("attn dq ds@k", L, T, hs, T, False, False, nl), ("attn dk ds^T@q", L, T, hs, T, True, False, nl)]
-    return out + [("lm_head fwd x@wte^T", 1, R, vocab, C, False, True, 1),
-                  ("lm_head dX dl@wte", 1, R, C, vocab, False, False, 1),
-                  ("lm_head dW dl^T@x", 1, vocab, C, R, True, False, 1)]
+    for name, M, N, K, ta, tb, causal in (("q@k^T", T, T, hs, False, True, "out"), ("att@v", T, hs, T, False, False, "a"),
+                                          ("d(att) dy@v^T", T, T, hs, False, True, "out"),
+                                          ("dv att^T@dy", T, hs, T, True, False, "a"),
+                                          ("dq ds@k", T, hs, T, False, False, "a"), ("dk ds^T@q", T, hs, T, True, False, "a")):
+        out += [(f"attn {name}", L, M, N, K, ta, tb, nl, causal), (f"attn {name}, plain", L, M, N, K, ta, tb, 0, None)]
+    return out + [("lm_head fwd x@wte^T", 1, R, vocab, C, False, True, 1, None),
+                  ("lm_head dX dl@wte", 1, R, C, vocab, False, False, 1, None),
+                  ("lm_head dW dl^T@x", 1, vocab, C, R, True, False, 1, None)]
 
 
-def time_product(L, M, N, K, ta, tb, min_time=0.2, warmup=2, min_calls=5, rng=None, bf16=False):
+def time_product(L, M, N, K, ta, tb, min_time=0.2, warmup=2, min_calls=5, rng=None, bf16=False, causal=None):
     """Seconds of each timed call of op(a) @ op(b) on the selected backend (after warm-up), into a preallocated
     out: ops.matmul for L = 1, ops.bmm over a (L, M, N) batch otherwise (contiguous operands); bf16 products
-    with bf16=True."""
+    with bf16=True; causal: bmm's causal= (for "a", a is made causal: zero past the diagonal)."""
     rng = rng or np.random.default_rng(0)
     lead = (L,) if L > 1 else ()
     a = rng.standard_normal((*lead, K, M) if ta else (*lead, M, K), dtype=np.float32)
     b = rng.standard_normal((*lead, N, K) if tb else (*lead, K, N), dtype=np.float32)
+    if causal == "a":
+        a[..., backends.future(*a.shape[-2:], 0)] = 0
     out = np.empty((*lead, M, N), np.float32)
-    f = ops.bmm if lead else ops.matmul
+    f = functools.partial(ops.bmm, causal=causal) if lead else ops.matmul
     for _ in range(warmup):
         f(a, b, ta, tb, out, bf16=bf16)
     times, t_end = [], time.perf_counter() + min_time
@@ -81,6 +87,8 @@ def main():
     p.add_argument("--min_time", type=float, default=0.25, help="seconds of timed calls per backend, shape and round")
     p.add_argument("--out", default="reports/kernels.md", help="the report (its notes below the marker are kept)")
     p.add_argument("--bf16", type=int, default=1, help="1: also time native's bf16 products (column 'native bf16')")
+    p.add_argument("--match", default="", help="time only the products whose name starts with this text (e.g. "
+                   "'attn ': attention's)")
     args = p.parse_args()
 
     names = sorted(backends.available(), key=lambda b: b == "numpy")  # numpy (OpenBLAS via np.matmul) last in a round
@@ -89,38 +97,43 @@ def main():
         names.insert(names.index("native") + 1, "native bf16")        # bf16 products on the native path in use
     lines = ["# Kernel benchmark: GFLOP/s per matmul shape of one training step", "",
              f"`flock /tmp/minigpt-bench.lock python scripts/bench_kernels.py --threads {args.threads} "
-             f"--configs {args.configs} --rounds {args.rounds} --min_time {args.min_time}` on {cpu_line()}, "
+             f"--configs {args.configs} --rounds {args.rounds} --min_time {args.min_time}"
+             + (f" --match '{args.match}'" if args.match else "") + (" --bf16 0" if not args.bf16 else "")
+             + f"` on {cpu_line()}, "
              f"{time.strftime('%Y-%m-%d %H:%M')}. Threads: {args.threads} for every backend. "
              "fp32 FMA peak (register-only loop on the same threads), GFLOP/s: {PEAK}."
              + (f" bf16 peak: {bf16_peak:.0f} GFLOP/s on native's {native_isa()} path ({BF16_ON.get(native_isa(), BF16_ELSE)})."
                 if "native bf16" in names else ""),
              "Each entry: median over rounds of the median call time (after warm-up calls; at least 5 calls, 3 for "
-             "products over 1 GFLOP); GFLOP/s = 2·L·M·N·K / t. 'best calls': the fastest call of each, less hit by noise.", ""]
+             "products over 1 GFLOP); GFLOP/s = 2·L·M·N·K / t. 'best calls': the fastest call of each, less hit by noise. "
+             "Attention's products run causal, as a step runs them (bmm causal=: native skips the causal matrix's "
+             "zeros, numpy and numba compute the full product and zero the future), with the full product's flops "
+             "counted; the ', plain' rows beside them are the plain products, left out of the step's sum.", ""]
     step_rate = {}
     for cfg in args.configs.split(","):
-        shapes = step_shapes(**CONFIGS[cfg])
+        shapes = [s for s in step_shapes(**CONFIGS[cfg]) if s[0].startswith(args.match)]
         t, tmin = {b: [] for b in names}, {b: [] for b in names}
-        for name, L, M, N, Kd, ta, tb, count in shapes:
+        for name, L, M, N, Kd, ta, tb, count, causal in shapes:
             runs = {b: [] for b in names}
             for _ in range(args.rounds):
                 for b in names:
                     backends.select(b.split()[0], threads=args.threads, verbose=False)
                     big = L * M * N * Kd > 5e8                         # config M: a few calls of ~0.1 s each suffice
                     runs[b].append(time_product(L, M, N, Kd, ta, tb, args.min_time, 1 if big else 2, 3 if big else 5,
-                                                bf16=b.endswith("bf16")))
+                                                bf16=b.endswith("bf16"), causal=causal))
                     if b == "numpy":
                         time.sleep(0.3)        # OpenBLAS workers spin ~0.1 s after a call: let them sleep first
             for b in names:
                 t[b].append(float(np.median([np.median(r) for r in runs[b]])))
                 tmin[b].append(float(min(r.min() for r in runs[b])))
             print(cfg, name, " ".join(f"{b} {2e-9 * L * M * N * Kd / t[b][-1]:.1f}" for b in names), flush=True)
-        flops, counts = np.array([2.0 * L * M * N * Kd for _, L, M, N, Kd, *_ in shapes]), np.array([s[-1] for s in shapes])
+        flops, counts = np.array([2.0 * L * M * N * Kd for _, L, M, N, Kd, *_ in shapes]), np.array([s[7] for s in shapes])
         gf = {b: flops / np.array(t[b]) / 1e9 for b in names}
         lines += [f"## Config {cfg}: {CONFIGS[cfg]}", "",
                   "| product | L x M x N x K | " + " | ".join(names) + " | " +
                   " | ".join(f"{b}/numpy" for b in names if b != "numpy") + " |",
                   "|---|---|" + "---:|" * (2 * len(names) - 1)]
-        for i, (name, L, M, N, Kd, ta, tb, count) in enumerate(shapes):
+        for i, (name, L, M, N, Kd, ta, tb, count, causal) in enumerate(shapes):
             lines.append(f"| {name} | {L}x{M}x{N}x{Kd} | " + " | ".join(f"{gf[b][i]:.1f}" for b in names) + " | " +
                          " | ".join(f"{gf[b][i] / gf['numpy'][i]:.2f}" for b in names if b != "numpy") + " |")
         geo = {b: float(np.exp(np.log(gf[b]).mean())) for b in names}

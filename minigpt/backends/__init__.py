@@ -84,14 +84,14 @@ class Ops:
         if out is None:
             out = np.empty((*a.shape[:-2], M, N), np.result_type(a, b))
         bf16 = _check_bf16(bf16, a, b, out)
-        if causal is not None and self.skips_causal:          # the backend skips the zeros itself
+        if causal is not None and self.own_causal:            # the backend does it itself
             return self._bmm(a, b, bool(ta), bool(tb), out, acc, bf16, causal=causal, start=start)
         self._bmm(a, b, bool(ta), bool(tb), out, acc, bf16)
         if causal == "out":
             np.copyto(out, 0, where=future(M, N, start))
         return out
 
-    skips_causal = False         # True: _bmm takes causal= and start= and skips the causal zeros (native)
+    own_causal = False           # True: _bmm takes causal= and start= (native skips the zeros, numba zeroes the future)
 
     def _matmul(self, a, b, ta, tb, out, acc, bf16):     # checked by matmul; out exists; returns out
         raise NotImplementedError

@@ -166,7 +166,7 @@ class NativeOps(Ops):
         _check(gemm(ta, tb, M, N, K, a, a.shape[1], b, b.shape[1], 1.0 if acc else 0.0, out, N), "gemm", a, b)
         return out
 
-    skips_causal = True                                            # mgk_gemm_causal skips the causal zeros
+    own_causal = True                                              # mgk_gemm_causal skips the causal zeros
 
     def _bmm(self, a, b, ta, tb, out, acc, bf16, causal=None, start=0):   # a (..., M, K), b (..., K, N) -> (..., M, N)
         check_float32(a, b, out, backend="native")

@@ -227,6 +227,14 @@ def causal_softmax_fwd(att, scale, start):                 # scores -> probabili
 
 
 @njit(parallel=True, **_JIT)
+def zero_future(out, start):                                # causal bmm "out": row i's keys past start+i -> 0
+    L, T, Tk = out.shape
+    for l in prange(L):
+        for i in range(T):
+            out[l, i, min(start + i + 1, Tk):] = 0.0
+
+
+@njit(parallel=True, **_JIT)
 def causal_softmax_bwd(att, g, scale, start):              # g: d(att) -> d(scores), in place, (L, T, Tk)
     L, T, Tk = att.shape
     scale = att.dtype.type(scale)

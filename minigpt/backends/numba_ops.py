@@ -53,7 +53,9 @@ class NumbaOps(Ops):
         self._bmm(a[None], b[None], ta, tb, out[None], acc, bf16)
         return out                                                 # out itself, not a view of it
 
-    def _bmm(self, a, b, ta, tb, out, acc, bf16):                 # a (..., M, K), b (..., K, N) -> (..., M, N)
+    own_causal = True                                              # causal "out": zeroed by a kernel
+
+    def _bmm(self, a, b, ta, tb, out, acc, bf16, causal=None, start=0):   # a (..., M, K), b (..., K, N) -> (..., M, N)
         check_float32(a, b, out, backend=self.name)
         M, N, K = gemm_dims(a, b, ta, tb)
         L = math.prod(a.shape[:-2])                                 # not -1: an empty stack has no size to infer it
@@ -62,7 +64,10 @@ class NumbaOps(Ops):
         if bf16:                                                    # bf16 operands by the specification's
             a, b = bf16_operands(self, a, b)                        # formula; the float32 GEMM sums exact products
         a3, b3 = c.inp(a).reshape(L, *a.shape[-2:]), c.inp(b).reshape(L, *b.shape[-2:])
-        G.gemm(a3, b3, (c.inout(out) if acc else c.out(out)).reshape(L, M, N), ta, tb, acc, nt)
+        out3 = (c.inout(out) if acc else c.out(out)).reshape(L, M, N)
+        G.gemm(a3, b3, out3, ta, tb, acc, nt)                       # the full product: no causal skipping here
+        if causal == "out":
+            NK.zero_future(out3, start)
         c.back()
         return out
 
