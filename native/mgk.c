@@ -408,8 +408,10 @@ TARGET_AVX512
 
 /* ----------------------------------------------------------------------------
    one thread's block C[m0:m1, n0:n1] of one product: loops jc (NC) > pc (KC) > ic (MC) > jr (32) > ir (8).
-   dp: bf16 products on vdpbf16ps (the packs folded into k-pairs); else fp32 FMAs, on rounded packs for bf16 */
-static inline __attribute__((always_inline)) void gemm_loops(int dp, const job_t *g, const float *A,
+   dp: bf16 products on vdpbf16ps (the packs folded into k-pairs); else fp32 FMAs, on rounded packs for bf16.
+   causal: a causal product (mgk_gemm_causal) packs and multiplies only the k range of causal_k, and skips the
+   tiles of causal_past. Both are constants in each caller, so the plain product compiles without them. */
+static inline __attribute__((always_inline)) void gemm_loops(int dp, int causal, const job_t *g, const float *A,
                                                              const float *B, float *C, int m0, int m1, int n0,
                                                              int n1, float *ap, float *bp)
 {
@@ -424,8 +426,8 @@ static inline __attribute__((always_inline)) void gemm_loops(int dp, const job_t
             for (int ic = m0; ic < m1; ic += MC) {
                 int mc = m1 - ic < MC ? m1 - ic : MC;
                 for (int ir = 0; ir < mc; ir += MR) {    /* row panel ir: k0..k1 of it at ap + ir*kc + k0*MR */
-                    int mr = mc - ir < MR ? mc - ir : MR, k0, k1;
-                    causal_k(g, ic + ir, mr, pc, kc, &k0, &k1);
+                    int mr = mc - ir < MR ? mc - ir : MR, k0 = 0, k1 = kc;
+                    if (causal) causal_k(g, ic + ir, mr, pc, kc, &k0, &k1);
                     float *a = ap + ir * kc + k0 * MR;
                     pack_a(g, A, ic + ir, mr, pc + k0, k1 - k0, a);
                     DP(if (dp) pair_panel(a, k1 - k0, MR); else)
@@ -435,10 +437,12 @@ static inline __attribute__((always_inline)) void gemm_loops(int dp, const job_t
                     int nr = nc - jr < NR ? nc - jr : NR, w = nr > 16 ? NR : 16;   /* w: the panel's width */
                     for (int ir = 0; ir < mc; ir += MR) {
                         float *c = C + (long)(ic + ir) * g->ldc + jc + jr;
-                        int mr = mc - ir < MR ? mc - ir : MR, k0, k1;
-                        causal_k(g, ic + ir, mr, pc, kc, &k0, &k1);
-                        if (causal_past(g, ic + ir, mr, jc + jr) || (k0 == k1 && pc > 0))
-                            continue;                     /* causal: nothing to add here (k0 == k1: beta*C) */
+                        int mr = mc - ir < MR ? mc - ir : MR, k0 = 0, k1 = kc;
+                        if (causal) {
+                            causal_k(g, ic + ir, mr, pc, kc, &k0, &k1);
+                            if (causal_past(g, ic + ir, mr, jc + jr) || (k0 == k1 && pc > 0))
+                                continue;                 /* nothing to add here (k0 == k1 at pc 0: beta*C) */
+                        }
                         const float *a = ap + ir * kc + k0 * MR;
                         DP(if (dp) (nr > 16 ? kernel_dp_8x32 : kernel_dp_8x16)((k1 - k0 + 1) / 2, a,
                                                                                bp + jr * kc + k0 / 2 * w, c, g->ldc,
@@ -455,14 +459,20 @@ static inline __attribute__((always_inline)) void gemm_loops(int dp, const job_t
 static void gemm_block(const job_t *g, const float *A, const float *B, float *C, int m0, int m1, int n0, int n1,
                        float *ap, float *bp)
 {
-    gemm_loops(0, g, A, B, C, m0, m1, n0, n1, ap, bp);
+    if (g->causal)                                        /* a constant in each: the plain loops stay plain */
+        gemm_loops(0, 1, g, A, B, C, m0, m1, n0, n1, ap, bp);
+    else
+        gemm_loops(0, 0, g, A, B, C, m0, m1, n0, n1, ap, bp);
 }
 
 #ifdef MGK_BF16
 static void gemm_block_dp(const job_t *g, const float *A, const float *B, float *C, int m0, int m1, int n0, int n1,
                           float *ap, float *bp)
 {
-    gemm_loops(1, g, A, B, C, m0, m1, n0, n1, ap, bp);
+    if (g->causal)
+        gemm_loops(1, 1, g, A, B, C, m0, m1, n0, n1, ap, bp);
+    else
+        gemm_loops(1, 0, g, A, B, C, m0, m1, n0, n1, ap, bp);
 }
 #endif
 #undef DP
