@@ -95,7 +95,8 @@ def main():
     peak_before, bf16_peak = peak(names, args.threads), peak(names, args.threads, bf16=True)
     if "native" in names and args.bf16:
         names.insert(names.index("native") + 1, "native bf16")        # bf16 products on the native path in use
-    lines = ["# Kernel benchmark: GFLOP/s per matmul shape of one training step", "",
+    lines = ["# Kernel benchmark: GFLOP/s per matmul shape of one training step"
+             + (f" (the products named '{args.match}...')" if args.match else ""), "",
              f"`flock /tmp/minigpt-bench.lock python scripts/bench_kernels.py --threads {args.threads} "
              f"--configs {args.configs} --rounds {args.rounds} --min_time {args.min_time}"
              + (f" --match '{args.match}'" if args.match else "") + (" --bf16 0" if not args.bf16 else "")

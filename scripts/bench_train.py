@@ -344,7 +344,7 @@ def write_report(a, results, have_torch, where, peak, failed, parent_rss):
     if BASE in where:
         w = where[BASE]
         lines += ["", f"Baseline (`{BASE}` rows): {w['tree']} at {w['rev']}; its children run that tree's own "
-                  f"scripts/bench_train.py with cwd and PYTHONPATH set to it (checked: they import {w['minigpt']}), "
+                  f"scripts/bench_train.py with cwd and PYTHONPATH set to it (checked: they import `{w['minigpt']}`), "
                   "alternating with this tree's children in every round, each backend's before right after its after. "
                   f"Backends that load there: {', '.join(w['backends'])}."]
         missing = [n for n in where[""]["backends"] if n not in w["backends"]]
