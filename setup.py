@@ -13,7 +13,8 @@ from setuptools.command.build_ext import build_ext
 # one by cpuid at run time, so one build runs on any x86-64, and sums stay plain IEEE (fused) multiply-adds.
 # -fno-math-errno: sqrtf need not set errno, so loops that call it vectorize (AdamW in mgk_ops.c); no value changes.
 MGK = Extension("minigpt._mgk", sources=["native/mgk.c", "native/mgk_pool.c", "native/mgk_ops.c"],
-                depends=["native/mgk.h", "native/mgk_gemm_generic.inc", "native/mgk_amx.inc", "native/mgk_ops.h"],
+                depends=["native/mgk.h", "native/mgk_gemm_generic.inc", "native/mgk_amx.inc", "native/mgk_small.inc",
+                         "native/mgk_ops.h"],
                 include_dirs=["native"], extra_compile_args=["-O3", "-pthread", "-std=gnu11", "-fno-math-errno"],
                 extra_link_args=["-pthread"])
 

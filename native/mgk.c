@@ -9,6 +9,7 @@
               (mgk_amx.inc)
      AVX2     6x16 tile of ymm FMAs, mgk_gemm_generic.inc compiled for avx2,fma
      generic  4x16 tile, mgk_gemm_generic.inc compiled for the baseline (SSE2 on x86-64; any CPU elsewhere)
+   Products of at most SMALL_M rows (decoding) skip packing on AVX-512 and AVX2 (mgk_small.inc, fp32 only).
    A test build (-DMGK_EMULATE_AVX512) runs both AVX-512 paths on the scalar intrinsics of mgk_avx512_emu.h, so
    that CPUs without AVX-512 test them (tests/test_native_emulated.py).
    No -ffast-math: the packed paths sum plain (fused) multiply-adds in k order (vdpbf16ps and AMX tiles add the
@@ -478,96 +479,20 @@ static void gemm_block_dp(const job_t *g, const float *A, const float *B, float 
 #undef DP
 
 /* ----------------------------------------------------------------------------
-   few rows (M <= SMALL_M, e.g. one decoding step per sample): no packing, which would cost as much as the
-   product. C[i, n0:n1] is read straight from op(A) rows and B; every tile keeps mr x 64 sums in registers. */
-static inline __attribute__((always_inline)) void small_nn_rows(int mr, const job_t *g, const float *A,
-                                                                const float *B, float *C, int n0, int n1)
-{
-    /* k outer, columns inner: B is read row by row, contiguously (a column-tile order would jump a whole row
-       of B per k and defeat the prefetcher); the mr rows of C[:, n0:n1] stay in L1 as accumulators */
-    long sa_i = g->ta ? 1 : g->lda, sa_k = g->ta ? g->lda : 1;   /* op(A)[i,k] = A[i*sa_i + k*sa_k] */
-    __m512 vb = _mm512_set1_ps(g->beta);
-    for (int i = 0; i < mr; i++)
-        for (int j = n0; j < n1; j += 16) {
-            __mmask16 m = n1 - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n1 - j)) - 1);
-            float *c = C + (long)i * g->ldc + j;
-            __m512 r = g->beta == 0.0f ? _mm512_setzero_ps() : _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(m, c));
-            _mm512_mask_storeu_ps(c, m, r);
-        }
-    int k = 0;
-    for (; k + 4 <= g->K; k += 4) {                       /* four rows of B per pass: a quarter of the C traffic */
-        const float *b = B + (long)k * g->ldb;
-        __m512 a[4][4];
-        for (int i = 0; i < mr; i++)
-            for (int u = 0; u < 4; u++) a[i][u] = _mm512_set1_ps(A[i * sa_i + (k + u) * sa_k]);
-        for (int j = n0; j < n1; j += 16) {
-            __mmask16 m = n1 - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n1 - j)) - 1);
-            __m512 bv[4];
-            for (int u = 0; u < 4; u++) bv[u] = _mm512_maskz_loadu_ps(m, b + u * g->ldb + j);
-            for (int i = 0; i < mr; i++) {
-                float *c = C + (long)i * g->ldc + j;
-                __m512 r = _mm512_maskz_loadu_ps(m, c);
-                for (int u = 0; u < 4; u++) r = _mm512_fmadd_ps(a[i][u], bv[u], r);   /* k order kept */
-                _mm512_mask_storeu_ps(c, m, r);
-            }
-        }
-    }
-    for (; k < g->K; k++) {
-        const float *b = B + (long)k * g->ldb;
-        for (int i = 0; i < mr; i++) {
-            __m512 a = _mm512_set1_ps(A[i * sa_i + k * sa_k]);
-            for (int j = n0; j < n1; j += 16) {
-                __mmask16 m = n1 - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n1 - j)) - 1);
-                float *c = C + (long)i * g->ldc + j;
-                _mm512_mask_storeu_ps(c, m, _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m, b + j), _mm512_maskz_loadu_ps(m, c)));
-            }
-        }
-    }
-}
-
-/* op(B) = B^T: C[i,j] = dot(op(A) row i, B row j), both contiguous in k when A is not transposed */
-static inline __attribute__((always_inline)) void small_nt_tile(int mr, const job_t *g, const float *A,
-                                                                const float *B, float *c, int j)
-{
-    __m512 acc[4];
-    for (int i = 0; i < 4; i++) acc[i] = _mm512_setzero_ps();
-    const float *b = B + (long)j * g->ldb;
-    for (int k = 0; k < g->K; k += 16) {
-        __mmask16 m = g->K - k >= 16 ? 0xFFFF : (__mmask16)((1u << (g->K - k)) - 1);
-        __m512 bv = _mm512_maskz_loadu_ps(m, b + k);
-        for (int i = 0; i < mr; i++)
-            acc[i] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, A + (long)i * g->lda + k), bv, acc[i]);
-    }
-    for (int i = 0; i < mr; i++) {
-        float *ci = c + (long)i * g->ldc + j, s = _mm512_reduce_add_ps(acc[i]);
-        *ci = g->beta == 0.0f ? s : s + g->beta * *ci;
-    }
-}
-
-static void small_block(const job_t *g, const float *A, const float *B, float *C, int n0, int n1)
-{
-    for (int i0 = 0; i0 < g->M; i0 += 4) {
-        int mr = g->M - i0 < 4 ? g->M - i0 : 4;
-        const float *a = A + (long)i0 * (g->ta ? 1 : g->lda);
-        float *c = C + (long)i0 * g->ldc;
-        if (g->tb) {
-            for (int j = n0; j < n1; j++)
-                switch (mr) {          /* constant mr: the row loops unroll */
-                case 4: small_nt_tile(4, g, a, B, c, j); break;
-                case 3: small_nt_tile(3, g, a, B, c, j); break;
-                case 2: small_nt_tile(2, g, a, B, c, j); break;
-                default: small_nt_tile(1, g, a, B, c, j);
-                }
-            continue;
-        }
-        switch (mr) {
-        case 4: small_nn_rows(4, g, a, B, c, n0, n1); break;
-        case 3: small_nn_rows(3, g, a, B, c, n0, n1); break;
-        case 2: small_nn_rows(2, g, a, B, c, n0, n1); break;
-        default: small_nn_rows(1, g, a, B, c, n0, n1);
-        }
-    }
-}
+   few rows (M <= SMALL_M): mgk_small.inc with zmm vectors; tails are masked loads and stores */
+#define SV(name) name##_avx512
+#define SV_W 16
+#define SV_VEC __m512
+#define SV_ZERO() _mm512_setzero_ps()
+#define SV_SET1(x) _mm512_set1_ps(x)
+#define SV_MUL(a, b) _mm512_mul_ps(a, b)
+#define SV_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define SV_MASK __mmask16
+#define SV_TAIL(left) ((left) >= 16 ? 0xFFFF : (__mmask16)((1u << (left)) - 1))
+#define SV_LD(p, m) _mm512_maskz_loadu_ps(m, p)
+#define SV_ST(p, v, m) _mm512_mask_storeu_ps(p, m, v)
+#define SV_HSUM(v) _mm512_reduce_add_ps(v)
+#include "mgk_small.inc"
 
 /* peak: 16 independent FMA chains per thread (latency 4 x 2 ports needs >= 8), registers only */
 static void peak_job(void *arg, int tid, int nt)
@@ -595,105 +520,31 @@ static void peak_job(void *arg, int tid, int nt)
 #undef GV_MR
 #undef GV_NR
 
-/* few rows on AVX2: small_nn_rows / small_nt_tile above, with ymm vectors. AVX2 has no mask registers: tails
-   use vmaskmovps (a lane moves where its int is negative), full vectors plain loads and stores, because masked
-   stores are microcoded and slow on AMD (Zen 3: the masked-everywhere form ran 3x slower) */
+/* few rows on AVX2: mgk_small.inc with ymm vectors. AVX2 has no mask registers: tails use vmaskmovps (a lane
+   moves where its int is negative), full vectors plain loads and stores, because masked stores are microcoded
+   and slow on AMD (Zen 3: the masked-everywhere form ran 3x slower) */
 static const int lane_mask[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
 static inline __m256i tail8(int left) { return _mm256_loadu_si256((const __m256i *)(lane_mask + 8 - left)); }
-#define LD8(p, j, n1) ((n1) - (j) >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps((p), tail8((n1) - (j))))
-#define ST8(p, v, j, n1) do { if ((n1) - (j) >= 8) _mm256_storeu_ps((p), (v)); \
-                              else _mm256_maskstore_ps((p), tail8((n1) - (j)), (v)); } while (0)
-
-static inline __attribute__((always_inline)) void small_nn_rows_avx2(int mr, const job_t *g, const float *A,
-                                                                     const float *B, float *C, int n0, int n1)
-{
-    long sa_i = g->ta ? 1 : g->lda, sa_k = g->ta ? g->lda : 1;   /* op(A)[i,k] = A[i*sa_i + k*sa_k] */
-    __m256 vb = _mm256_set1_ps(g->beta);
-    for (int i = 0; i < mr; i++)
-        for (int j = n0; j < n1; j += 8) {
-            float *c = C + (long)i * g->ldc + j;
-            ST8(c, g->beta == 0.0f ? _mm256_setzero_ps() : _mm256_mul_ps(vb, LD8(c, j, n1)), j, n1);
-        }
-    int k = 0;
-    for (; k + 4 <= g->K; k += 4) {                       /* four rows of B per pass, as the AVX-512 path */
-        const float *b = B + (long)k * g->ldb;
-        __m256 a[4][4];
-        for (int i = 0; i < mr; i++)
-            for (int u = 0; u < 4; u++) a[i][u] = _mm256_set1_ps(A[i * sa_i + (k + u) * sa_k]);
-        for (int j = n0; j < n1; j += 8) {
-            __m256 bv[4];
-            for (int u = 0; u < 4; u++) bv[u] = LD8(b + u * g->ldb + j, j, n1);
-            for (int i = 0; i < mr; i++) {
-                float *c = C + (long)i * g->ldc + j;
-                __m256 r = LD8(c, j, n1);
-                for (int u = 0; u < 4; u++) r = _mm256_fmadd_ps(a[i][u], bv[u], r);   /* k order kept */
-                ST8(c, r, j, n1);
-            }
-        }
-    }
-    for (; k < g->K; k++) {
-        const float *b = B + (long)k * g->ldb;
-        for (int i = 0; i < mr; i++) {
-            __m256 a = _mm256_set1_ps(A[i * sa_i + k * sa_k]);
-            for (int j = n0; j < n1; j += 8) {
-                float *c = C + (long)i * g->ldc + j;
-                ST8(c, _mm256_fmadd_ps(a, LD8(b + j, j, n1), LD8(c, j, n1)), j, n1);
-            }
-        }
-    }
-}
-
 static inline float hsum8(__m256 v)
 {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
 }
-
-static inline __attribute__((always_inline)) void small_nt_tile_avx2(int mr, const job_t *g, const float *A,
-                                                                     const float *B, float *c, int j)
-{
-    __m256 acc[4];
-    for (int i = 0; i < 4; i++) acc[i] = _mm256_setzero_ps();
-    const float *b = B + (long)j * g->ldb;
-    for (int k = 0; k < g->K; k += 8) {
-        __m256 bv = LD8(b + k, k, g->K);
-        for (int i = 0; i < mr; i++)
-            acc[i] = _mm256_fmadd_ps(LD8(A + (long)i * g->lda + k, k, g->K), bv, acc[i]);
-    }
-    for (int i = 0; i < mr; i++) {
-        float *ci = c + (long)i * g->ldc + j, s = hsum8(acc[i]);
-        *ci = g->beta == 0.0f ? s : s + g->beta * *ci;
-    }
-}
-
-#undef LD8
-#undef ST8
-
-static void small_block_avx2(const job_t *g, const float *A, const float *B, float *C, int n0, int n1)
-{
-    for (int i0 = 0; i0 < g->M; i0 += 4) {
-        int mr = g->M - i0 < 4 ? g->M - i0 : 4;
-        const float *a = A + (long)i0 * (g->ta ? 1 : g->lda);
-        float *c = C + (long)i0 * g->ldc;
-        if (g->tb) {
-            for (int j = n0; j < n1; j++)
-                switch (mr) {
-                case 4: small_nt_tile_avx2(4, g, a, B, c, j); break;
-                case 3: small_nt_tile_avx2(3, g, a, B, c, j); break;
-                case 2: small_nt_tile_avx2(2, g, a, B, c, j); break;
-                default: small_nt_tile_avx2(1, g, a, B, c, j);
-                }
-            continue;
-        }
-        switch (mr) {
-        case 4: small_nn_rows_avx2(4, g, a, B, c, n0, n1); break;
-        case 3: small_nn_rows_avx2(3, g, a, B, c, n0, n1); break;
-        case 2: small_nn_rows_avx2(2, g, a, B, c, n0, n1); break;
-        default: small_nn_rows_avx2(1, g, a, B, c, n0, n1);
-        }
-    }
-}
+#define SV(name) name##_avx2
+#define SV_W 8
+#define SV_VEC __m256
+#define SV_ZERO() _mm256_setzero_ps()
+#define SV_SET1(x) _mm256_set1_ps(x)
+#define SV_MUL(a, b) _mm256_mul_ps(a, b)
+#define SV_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define SV_MASK int                        /* the floats left in the row: a full vector from 8 on */
+#define SV_TAIL(left) (left)
+#define SV_LD(p, m) ((m) >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps((p), tail8(m)))
+#define SV_ST(p, v, m) do { if ((m) >= 8) _mm256_storeu_ps((p), (v)); \
+                            else _mm256_maskstore_ps((p), tail8(m), (v)); } while (0)
+#define SV_HSUM(v) hsum8(v)
+#include "mgk_small.inc"
 #pragma GCC pop_options
 
 /* ----------------------------------------------------------------------------
@@ -764,7 +615,7 @@ static void peak_job_amx(void *arg, int tid, int nt)
 static void small_any(const job_t *g, const float *A, const float *B, float *C, int n0, int n1)
 {
     if (mgk_isa() >= MGK_ISA_AVX512)
-        small_block(g, A, B, C, n0, n1);
+        small_block_avx512(g, A, B, C, n0, n1);
     else
         small_block_avx2(g, A, B, C, n0, n1);
 }

@@ -133,6 +133,13 @@ M = [
     ("native/mgk.c", "kernel_dp_8x16)((k1 - k0 + 1) / 2, a,", "kernel_dp_8x16)((k1 - k0) / 2, a,", EMU),
     ("native/mgk.c", "__m512bh b1 = NV == 2 ? (__m512bh)_mm512_loadu_si512(bp + 16) : b0;",
         "__m512bh b1 = NV == 2 ? (__m512bh)_mm512_loadu_si512(bp) : b0;", EMU),
+    # the few-rows path (mgk_small.inc, on AVX2 here; AVX-512 by the emulated build): op(B) = B^T tiles and tails
+    ("native/mgk_small.inc", "acc[i * nj + q] = SV_FMA(av[i], bv, acc[i * nj + q]);",
+        "acc[i * nj] = SV_FMA(av[i], bv, acc[i * nj]);", f"{TO}::test_few_rows_match_float64"),
+    ("native/mgk_small.inc", "for (; j < n1; j++) SV(small_nt_tile)", "for (; j + 1 < n1; j++) SV(small_nt_tile)",
+        f"{TO}::test_few_rows_match_float64"),
+    ("native/mgk_small.inc", "for (int u = 0; u < 4; u++) bv[u] = SV_LD(b + u * g->ldb + j, m);",
+        "for (int u = 0; u < 4; u++) bv[u] = SV_LD(b + j, m);", EMU),
     # causal products: the k ranges and tiles a causal bmm skips (the C code), and the specification's zeroing
     ("native/mgk.c", "int hi = i0 + mr + g->start - pc;", "int hi = i0 + mr - 1 + g->start - pc;", CAUSAL),
     ("native/mgk.c", "int lo = i0 - g->start - pc;", "int lo = i0 + 1 - g->start - pc;", CAUSAL),

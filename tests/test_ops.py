@@ -135,8 +135,8 @@ def test_matmul_matches_float64(use, name, dt, ta, tb, acc):
 @pytest.mark.parametrize("name,dt", PRODUCTS)
 @pytest.mark.parametrize("ta,tb", FLAGS)
 def test_few_rows_match_float64(use, name, dt, ta, tb):
-    # decoding multiplies 1..num_samples rows by a weight matrix: native has an unpacked path for these;
-    # widths cross its 64-column tiles, and the large ones are split over threads
+    # decoding multiplies 1..num_samples rows by a weight matrix: native has an unpacked path for these (M <= 4);
+    # widths cross its vectors and its tiles of 2-8 columns (op(B) = B^T), and the large ones are split over threads
     ops = use(name)
     rng = np.random.default_rng(2)
     for M, N, Kd in itertools.product((1, 2, 3, 5), (1, 63, 65, 130, 1536), (1, 17, 384)):
