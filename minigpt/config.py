@@ -83,7 +83,8 @@ class TrainConfig(ModelShape):
     # data and output
     data: str = setting("data/tinyshakespeare.txt", "UTF-8 text to train on (train_shakespeare.py downloads the "
                                                     "default when it is missing)")
-    out_dir: str = setting("out", "directory for log.jsonl, the checkpoints and the loss curve")
+    out_dir: str = setting("out", "directory for log.jsonl, the checkpoints, snapshots/, the loss curve and "
+                                    "report.html")
     plot: str = setting("loss_curve.png", "loss-curve PNG made at the end: a bare name goes in --out_dir, a path "
                                           "is used as is, '' for none (train_shakespeare.py only)")
     report: bool = setting(True, "write out_dir/report.html at the end: what the model learned (python -m "
@@ -131,7 +132,8 @@ class TrainConfig(ModelShape):
     seed: int = setting(1337, "seeds the init, dropout, batches and evaluation batches")
     # execution
     backend: str = setting(default_backend, "auto | numpy | numba | native; $MINIGPT_BACKEND sets the default")
-    threads: int = setting(0, "threads for the backend and BLAS (0: all CPUs)")
+    threads: int = setting(0, "threads of the backend's pools (0: all CPUs, or CPUs / ranks on this machine under "
+                                  "mpiexec); BLAS gets them on numpy, 1 thread otherwise")
     dtype: str = setting("float32", "float32 | bf16: bf16 rounds the operands of every product (the Linears, the "
                                     "LM head, attention's two) to bfloat16 and sums in float32; weights, gradients, "
                                     "optimizer state, LayerNorm, softmax, loss and checkpoints stay float32")
@@ -225,7 +227,7 @@ def check_dtype(dtype):
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 _TYPES = {"bool": bool, "int": int, "float": float, "str": str}   # annotations that are strings (PEP 563)
 _METAVAR = {bool: "BOOL", int: "INT", float: "FLOAT", str: "STR"}
-_EPILOG = ("Each setting is --key VALUE or --key=VALUE (dashes or underscores also work: --n-layer).\n"
+_EPILOG = ("Each setting is --key VALUE or --key=VALUE (dashes or underscores also work: {dashed}).\n"
            "A true/false setting alone means true; it also takes true/false, 1/0, yes/no, on/off.")
 
 
@@ -273,7 +275,9 @@ def make_parser(cls=TrainConfig, prog=None, description=None, defaults=None):
     """The argparse parser of dataclass cls: one --name per field, its help line and default in --help
     (`defaults` replace the field's). No argparse defaults (SUPPRESS): the namespace holds exactly what was
     typed, which is what .given needs."""
-    p = _Parser(prog=prog, usage="%(prog)s [--key VALUE ...]", description=description, epilog=_EPILOG,
+    dashed = next(("--" + f.name.replace("_", "-") for f in fields(cls) if "_" in f.name), "--key-name")
+    p = _Parser(prog=prog, usage="%(prog)s [--key VALUE ...]", description=description,
+                epilog=_EPILOG.format(dashed=dashed),
                 allow_abbrev=False, formatter_class=_formatter)
     for f in fields(cls):
         typ = _TYPES.get(f.type, f.type)

@@ -6,16 +6,18 @@ what one process with --batch_size N*B would draw), runs forward and backward on
 by 1/N, and one Allreduce sums the gradients in place: they live in one flat buffer, the model's grad_memory
 (a second, of two numbers, sums the loss and "a rank was signalled"). Every rank then clips and applies
 the same update to the same weights, so the replicas stay equal without ever sending weights. Only rank 0
-writes the log, checkpoints, plot and sample.
+writes the log, checkpoints, snapshots, plot, sample and report.
 
 One process never imports mpi4py: world() returns a World of size 1 whose collectives do nothing. mpiexec is
 recognised by the variables its launcher sets (PMI_SIZE: MPICH, Intel MPI, Slurm; OMPI_COMM_WORLD_SIZE: Open MPI).
 
 Faults. A rank that dies makes mpiexec stop the others (MPICH's Hydra kills them and names the dead process). An
-error on one rank only is printed there and aborts the whole job (MPI_Abort), because the others would wait
-forever for it in the next collective; an error that every rank meets the same way (a bad setting, a diverged
-loss, anything agree() settled) exits normally. A SIGINT/SIGTERM, which mpiexec forwards to every rank, rides
-along in the loss's Allreduce, so all ranks stop after the same step and rank 0 saves once.
+error the ranks settle together exits normally, with status 2 on every rank: a bad setting, a diverged loss,
+anything agree() or check() settled (such as a data file missing on one rank: every rank raises it as "on rank
+N: ..."). Any other exception on one rank is printed there and aborts the whole job (MPI_Abort), because the
+others would wait forever for it in the next collective. A SIGINT/SIGTERM, which mpiexec forwards to every rank,
+rides along in the step's second Allreduce (the loss's), so all ranks stop after the same step and rank 0 saves
+once.
 """
 import os
 import shutil
@@ -153,9 +155,6 @@ class MPIWorld(World):
         sys.stderr.write(f"[rank {self.rank}] " + "".join(traceback.format_exception(kind, value, tb)))
         self.fail(1)
 
-
-# ----------------------------------------------------------------------------
-# gradients in one buffer
 
 # ----------------------------------------------------------------------------
 # leaving with an error

@@ -12,8 +12,9 @@
    Products of at most SMALL_M rows (decoding) skip packing on AVX-512 and AVX2 (mgk_small.inc, fp32 only).
    A test build (-DMGK_EMULATE_AVX512) runs both AVX-512 paths on the scalar intrinsics of mgk_avx512_emu.h, so
    that CPUs without AVX-512 test them (tests/test_native_emulated.py).
-   No -ffast-math: the packed paths sum plain (fused) multiply-adds in k order (vdpbf16ps and AMX tiles add the
-   two products of each k-pair in the instruction's own order). The few-rows path (small_*) sums a transposed
+   No -ffast-math: the packed paths sum plain (fused) multiply-adds in k order within each KC-deep block, and add
+   each block's sums into C (vdpbf16ps and AMX tiles add the two products of each k-pair in the instruction's own
+   order). The few-rows path (small_*) sums a transposed
    op(B) in vector-lane partials, and a product split over k between threads (ksplit) adds the threads' partial
    sums: the same value up to float32 summation order, which depends on the path and the thread count.
    bfloat16 products (mgk_bgemm*, mgk.h): both operands are rounded to bf16 as they are packed, and the exact
@@ -54,6 +55,8 @@
 #endif
 _Static_assert(KC >= 32 && KC % 32 == 0 && MC % 32 == 0 && NC % 32 == 0,
                "the amx packs pad k, rows and columns to 32 inside the fp32 paths' buffers");
+_Static_assert(MC % MR == 0 && MC % AVX2_MR == 0 && MC % 4 == 0,
+               "pack_a pads the last row panel to a whole tile inside the MC x KC buffer: MC is whole tiles of rows");
 #ifndef SMALL_M
 #define SMALL_M 4  /* products with at most this many rows skip packing (small_block) */
 #endif
@@ -996,7 +999,7 @@ int mgk_amx_emulated(int ta, int tb, int M, int N, int K, const float *A, int ld
                      float beta, float *C, int ldc)
 {
     if (bad_args(ta, tb, M, N, K, A, lda, B, ldb, C, ldc)) return MGK_EBADARG;
-    job_t g = {NULL, ta != 0, tb != 0, M, N, K, lda, ldb, ldc, 1, A, B, C, beta, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 1};
+    job_t g = {NULL, ta != 0, tb != 0, M, N, K, lda, ldb, ldc, 1, A, B, C, beta, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 1, 0, 0};
     float *abuf = aligned_alloc(64, sizeof(float) * MC * KC), *bbuf = aligned_alloc(64, sizeof(float) * KC * NC);
     int rc = abuf && bbuf ? MGK_OK : MGK_ENOMEM;
     if (rc == MGK_OK && M && N) {

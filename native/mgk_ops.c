@@ -63,9 +63,7 @@ typedef void (*job_fn)(const void *args, int tid, int nt);
 #endif
 
 /* ----------------------------------------------------------------------------
-   threads: one job at a time on mgk_pool (the pool runs one job at a time; mgk.c holds its own lock for the GEMM,
-   so an op and a GEMM must not run at once from two threads of the caller) */
-static pthread_mutex_t ops_mu = PTHREAD_MUTEX_INITIALIZER;
+   threads: mgk_pool runs one job at a time, whoever calls (an op or a GEMM, from any thread of the caller) */
 
 typedef struct { job_fn fn; const void *args; unsigned int csr; } par_t;
 
@@ -86,7 +84,7 @@ static void par_job(void *p, int tid, int nt)
 static void run(const job_fn *fns, const void *args, long long ps, long long units)
 {
     int isa = mgk_isa();
-    job_fn fn = fns[isa < MGK_ISA_AVX512 ? isa : MGK_ISA_AVX512];   /* avx512bf16 runs the AVX-512 ops */
+    job_fn fn = fns[isa < MGK_ISA_AVX512 ? isa : MGK_ISA_AVX512];   /* avx512bf16 and amx run the AVX-512 ops */
     int nt = ps >= PAR_MIN_PS ? mgk_get_num_threads() : 1;
     if (nt > units) nt = (int)units;
     if (nt <= 1) { fn(args, 0, 1); return; }
@@ -94,9 +92,7 @@ static void run(const job_fn *fns, const void *args, long long ps, long long uni
 #ifdef OPS_X86
     j.csr = _mm_getcsr();
 #endif
-    pthread_mutex_lock(&ops_mu);
     int rc = mgk_pool_run(par_job, &j, nt);
-    pthread_mutex_unlock(&ops_mu);
     if (rc != MGK_OK) fn(args, 0, 1);         /* no worker could start: the caller does it all */
 }
 

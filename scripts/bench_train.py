@@ -211,7 +211,8 @@ print(json.dumps({"minigpt": minigpt.__file__, "backends": names, "peak": peak, 
 
 def probe(tree, peak_threads=0):
     """{minigpt: the package file a child in `tree` imports, backends: the ones that load there, peak: native
-    fp32 GFLOP/s on peak_threads (0: not measured)}, from a child process: the parent imports neither numba nor
+    fp32 GFLOP/s on peak_threads, bf16_peak: its bf16-product GFLOP/s, isa: its MGK_ISA_* number (the three None
+    when peak_threads is 0 or native does not load)}, from a child process: the parent imports neither numba nor
     torch, so it stays small (a child's ru_maxrss includes the RSS of the parent that spawned it).
     Exits if the child would not import tree's own minigpt."""
     r = subprocess.run([sys.executable, "-c", PROBE, str(int(peak_threads))], cwd=tree,
@@ -339,7 +340,8 @@ def write_report(a, results, have_torch, where, peak, failed, parent_rss):
              "then the median step; the table gives the median over rounds (per-round medians in brackets). A step is "
              "forward + backward + clip + AdamW, float32 (bf16 rows: see below), bias off, vocab 65, same initial weights "
              "and batch. "
-             "Peak RSS is that process's maximum resident set (it imports numpy and numba; PyTorch's also imports torch); "
+             "Peak RSS is that process's maximum resident set (it imports numpy, numba only in the numba rows, torch in "
+             "PyTorch's); "
              f"it includes the spawning parent's, {parent_rss:.0f} MiB here, so values near that say nothing."]
     if BASE in where:
         w = where[BASE]

@@ -47,7 +47,7 @@ def main(argv):
         result = train(cfg, given=cfg.given, fetch=lambda path: path == DEFAULT_DATA and download(path))
     except UserError as e:
         return distributed.exit_status(e, exit_code(e))
-    if result["interrupted"] or not distributed.world().root:     # under mpiexec rank 0 plots and samples
+    if result["interrupted"] or not distributed.world().root:     # under mpiexec rank 0 plots, samples, reports
         return 0
     if cfg.plot_path():
         label = os.path.basename(os.path.abspath(cfg.out_dir))

@@ -8,10 +8,11 @@ The products walk strided views in place (rows of contiguous floats, up to two b
 take C-contiguous arrays, so a view goes through per-shape scratch (Ops._contiguous), as does a view the
 products cannot walk. backend() raises BackendUnavailable with the reason and the fix if the library is missing
 or fails to load. The library runs on any CPU: it picks its AVX-512 (+ AMX tiles, or AVX512_BF16 where vdpbf16ps
-measures faster than fp32 FMAs, for bf16 products), AVX2+FMA or generic path by cpuid, and MINIGPT_ISA (one of
+measures at least 1.2x the fp32 FMAs' rate, for bf16 products), AVX2+FMA or generic path by cpuid, and MINIGPT_ISA (one of
 ISAS) forces another one this CPU runs.
 bf16 products (matmul(..., bf16=True)) run mgk_bgemm*: the operands are rounded to bf16 as they are packed.
-Attention's causal products (bmm(..., causal=...)) run mgk_gemm_causal, which skips the causal matrix's zeros.
+Attention's causal products (bmm(..., causal=...)) run mgk_gemm_causal, which skips the causal matrix's zeros on
+its packed paths (mgk.h says which).
 MINIGPT_NATIVE_LIB=/path/to/lib overrides the location.
 """
 import ctypes
@@ -37,7 +38,8 @@ class _f32(_ndf32):
     """ndpointer(float32, C_CONTIGUOUS) with a cheaper conversion: numpy's from_param goes through
     arr.ctypes and ctypes.cast (~3-4 us per array here, most of a small call's overhead); byref of a
     buffer view is ~0.5 us. Anything unusual (wrong dtype/layout, read-only, empty) takes numpy's path,
-    which performs the same checks and raises the same errors."""
+    which performs the same dtype and layout checks and raises the same errors; it lets a read-only array
+    through, as inputs may be (the ops' outputs are arrays the layers and the Ops own)."""
 
     @classmethod
     def from_param(cls, obj):
@@ -166,7 +168,7 @@ class NativeOps(Ops):
         _check(gemm(ta, tb, M, N, K, a, a.shape[1], b, b.shape[1], 1.0 if acc else 0.0, out, N), "gemm", a, b)
         return out
 
-    own_causal = True                                              # mgk_gemm_causal skips the causal zeros
+    own_causal = True                                              # mgk_gemm_causal zeroes the future itself
 
     def _bmm(self, a, b, ta, tb, out, acc, bf16, causal=None, start=0):   # a (..., M, K), b (..., K, N) -> (..., M, N)
         check_float32(a, b, out, backend="native")
