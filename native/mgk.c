@@ -58,7 +58,7 @@ _Static_assert(KC >= 32 && KC % 32 == 0 && MC % 32 == 0 && NC % 32 == 0,
 _Static_assert(MC % MR == 0 && MC % AVX2_MR == 0 && MC % 4 == 0,
                "pack_a pads the last row panel to a whole tile inside the MC x KC buffer: MC is whole tiles of rows");
 #ifndef SMALL_M
-#define SMALL_M 4  /* products with at most this many rows skip packing (small_block) */
+#define SMALL_M 8  /* products with at most this many rows skip packing (mgk_small.inc): decoding, a few samples */
 #endif
 
 struct isa_gemm;

@@ -25,7 +25,7 @@ int mgk_sgemm_batched(int L1, int L2, int ta, int tb, int M, int N, int K,
                       float beta, float *C, int ldc, long long sC1, long long sC2);
 /* attention's causal products: mgk_sgemm_batched (bf16: mgk_bgemm_batched) where every item involves the causal
    T x Tk matrix of attention (query i sees keys 0..start+i), and the packed paths (fp32 on every ISA, and the
-   vdpbf16ps kernel) skip the products of its known zeros; the few-rows path (M <= 4) and the amx path compute
+   vdpbf16ps kernel) skip the products of its known zeros; the few-rows path (M <= 8) and the amx path compute
    the full product:
      MGK_CAUSAL_OUT  the result C is that matrix: entries with j > start + i are written 0, and the micro-tiles
                      that hold only such entries are not computed (beta must be 0);

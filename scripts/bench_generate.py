@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from bench_util import cpu_line
+from bench_util import command, cpu_line, revision, write_keeping_notes
 from minigpt import backends
 from minigpt.model import GPT, GPTConfig
 from minigpt.sample import generate
@@ -63,6 +63,9 @@ def measure(a):
     return rows, policy
 
 
+NOTES = "<!-- notes: hand-written text below this line is kept when the script rewrites the report -->"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--backends", default="auto", help="comma list, one table each")
@@ -72,8 +75,8 @@ def main():
     ap.add_argument("--out", default="reports/generation.md")
     a = ap.parse_args()
     lines = ["# Generation speed: KV cache vs full recomputation", "",
-             f"Command: `python scripts/bench_generate.py --backends {a.backends} --repeats {a.repeats} "
-             f"--new_tokens {a.new_tokens} --prompt_len {a.prompt_len}` on {cpu_line()}.",
+             f"Command: `{command('bench_generate.py')}` on {cpu_line()}, {time.strftime('%Y-%m-%d %H:%M')}, "
+             f"at {revision()}.",
              f"{a.new_tokens} new tokens from a {a.prompt_len}-token prompt, random weights, temperature 0.8; "
              f"tokens/s counts every sample of the batch; median of {a.repeats} runs."]
     for name in a.backends.split(","):
@@ -97,8 +100,7 @@ def main():
               f"after the prompt's prefill {fits} steps decode one position from the cache and the other "
               f"{a.new_tokens - 1 - fits} recompute the window, so the speed-up there is small by "
               f"design; at block 256, {max(0, a.prompt_len + a.new_tokens - 1 - 256)} steps go past the block."]
-    with open(a.out, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    write_keeping_notes(a.out, "\n".join(lines), NOTES)
     print(f"wrote {a.out}")
 
 

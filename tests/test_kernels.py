@@ -19,7 +19,7 @@ from test_ops import F32, F64, FAST, FLAGS, REASONS, close_gemm, operands, randn
 @pytest.mark.parametrize("name", FAST)
 def test_same_bits_for_any_thread_count(name):
     # each C element is summed by one thread in k order, and each row of a row op by one thread, so threads
-    # change speed, not bits (products of <= 4 rows on native split K over threads instead: the few-rows test)
+    # change speed, not bits (products of <= 8 rows on native split K over threads instead: the few-rows test)
     rng = np.random.default_rng(2)
     a, b, _ = operands(rng, 129, 65, 300, False, True)
     q, k, _ = operands(rng, 64, 64, 16, False, True, (4, 4))

@@ -135,11 +135,11 @@ def test_matmul_matches_float64(use, name, dt, ta, tb, acc):
 @pytest.mark.parametrize("name,dt", PRODUCTS)
 @pytest.mark.parametrize("ta,tb", FLAGS)
 def test_few_rows_match_float64(use, name, dt, ta, tb):
-    # decoding multiplies 1..num_samples rows by a weight matrix: native has an unpacked path for these (M <= 4);
+    # decoding multiplies 1..num_samples rows by a weight matrix: native has an unpacked path for these (M <= 8);
     # widths cross its vectors and its tiles of 2-8 columns (op(B) = B^T), and the large ones are split over threads
     ops = use(name)
     rng = np.random.default_rng(2)
-    for M, N, Kd in itertools.product((1, 2, 3, 5), (1, 63, 65, 130, 1536), (1, 17, 384)):
+    for M, N, Kd in itertools.product((1, 2, 3, 5, 8, 9), (1, 63, 65, 130, 1536), (1, 17, 384)):
         a, b, ref = operands(rng, M, N, Kd, ta, tb)
         out = randn(rng, (M, N), F32)
         close_gemm(ops.matmul(a, b, ta=ta, tb=tb, out=out.copy(), acc=True), ref + out, Kd)
