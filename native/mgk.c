@@ -206,15 +206,15 @@ int mgk_bgemm_ref(int ta, int tb, int M, int N, int K, const float *A, int lda, 
 #define MGK_AMX 1
 #endif
 #endif
-#pragma GCC push_options
-TARGET_AVX512
 
 /* ----------------------------------------------------------------------------
-   packing. dst[c*ldd + r] = src[r*lds + c] for an 8x8 block: unpack pairs, then quads, then 128-bit halves */
-static inline void tr8x8(const float *src, long lds, float *dst, long ldd)
+   packing. The 8x8 transposes of the AVX-512 and AVX2 packs, in place, up to their 128-bit halves: r[i] = row
+   i -> r[c] holds rows 0-3 of column c in its low half and of column c+4 in its high half, r[4+c] rows 4-7 (c < 4) */
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+static inline __attribute__((always_inline)) void transpose_quads(__m256 r[8])
 {
-    __m256 r[8], t[8];
-    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + i * lds);
+    __m256 t[8];
     for (int i = 0; i < 8; i += 2) {
         t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);          /* a0 b0 a1 b1 | a4 b4 a5 b5 */
         t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);      /* a2 b2 a3 b3 | a6 b6 a7 b7 */
@@ -225,6 +225,18 @@ static inline void tr8x8(const float *src, long lds, float *dst, long ldd)
             r[i + 2 * h] = _mm256_castpd_ps(_mm256_unpacklo_pd(x, y));      /* a0 b0 c0 d0 | a4 .. d4 */
             r[i + 2 * h + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(x, y));  /* a1 b1 c1 d1 | a5 .. d5 */
         }
+}
+#pragma GCC pop_options
+
+#pragma GCC push_options
+TARGET_AVX512
+
+/* dst[c*ldd + r] = src[r*lds + c] for an 8x8 block */
+static inline void tr8x8(const float *src, long lds, float *dst, long ldd)
+{
+    __m256 r[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + i * lds);
+    transpose_quads(r);
     for (int c = 0; c < 4; c++) {                        /* column c from r[c] (rows 0-3) and r[4+c] (rows 4-7) */
         _mm256_storeu_ps(dst + c * ldd, _mm256_permute2f128_ps(r[c], r[4 + c], 0x20));
         _mm256_storeu_ps(dst + (c + 4) * ldd, _mm256_permute2f128_ps(r[c], r[4 + c], 0x31));
@@ -513,15 +525,35 @@ static void peak_job(void *arg, int tid, int nt)
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+/* ap[c*6 + i] = a[i*lda + c] for 6 rows by 8 columns: the AVX2 tile's pack of op(A) = A, 8 k at a time. Rows 6
+   and 7 of the transpose are zeros, and each column's 6 floats are stored as 4 + 2 (no masked store) */
+static inline __attribute__((always_inline)) void tr6x8(const float *a, long lda, float *ap)
+{
+    __m256 r[8];
+    for (int i = 0; i < 6; i++) r[i] = _mm256_loadu_ps(a + i * lda);
+    r[6] = r[7] = _mm256_setzero_ps();
+    transpose_quads(r);
+    for (int c = 0; c < 4; c++) {
+        _mm_storeu_ps(ap + 6 * c, _mm256_castps256_ps128(r[c]));
+        _mm_storel_pi((__m64 *)(ap + 6 * c + 4), _mm256_castps256_ps128(r[4 + c]));
+        _mm_storeu_ps(ap + 6 * (c + 4), _mm256_extractf128_ps(r[c], 1));
+        _mm_storel_pi((__m64 *)(ap + 6 * (c + 4) + 4), _mm256_extractf128_ps(r[4 + c], 1));
+    }
+}
+
 #define GV(name) name##_avx2
 #define GV_W 8
 #define GV_MR AVX2_MR
 #define GV_NR AVX2_NR
+#if AVX2_MR == 6
+#define GV_PACK_ROWS8(a, lda, ap) tr6x8(a, lda, ap)
+#endif
 #include "mgk_gemm_generic.inc"
 #undef GV
 #undef GV_W
 #undef GV_MR
 #undef GV_NR
+#undef GV_PACK_ROWS8
 
 /* few rows on AVX2: mgk_small.inc with ymm vectors. AVX2 has no mask registers: tails use vmaskmovps (a lane
    moves where its int is negative), full vectors plain loads and stores, because masked stores are microcoded
