@@ -226,13 +226,9 @@ static inline __attribute__((always_inline)) void transpose_quads(__m256 r[8])
             r[i + 2 * h + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(x, y));  /* a1 b1 c1 d1 | a5 .. d5 */
         }
 }
-#pragma GCC pop_options
-
-#pragma GCC push_options
-TARGET_AVX512
 
 /* dst[c*ldd + r] = src[r*lds + c] for an 8x8 block */
-static inline void tr8x8(const float *src, long lds, float *dst, long ldd)
+static inline __attribute__((always_inline)) void tr8x8(const float *src, long lds, float *dst, long ldd)
 {
     __m256 r[8];
     for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + i * lds);
@@ -242,6 +238,10 @@ static inline void tr8x8(const float *src, long lds, float *dst, long ldd)
         _mm256_storeu_ps(dst + (c + 4) * ldd, _mm256_permute2f128_ps(r[c], r[4 + c], 0x31));
     }
 }
+#pragma GCC pop_options
+
+#pragma GCC push_options
+TARGET_AVX512
 
 /* one row-panel of op(A): rows i0..i0+mr (mr <= MR) by k0..k0+kc -> ap[k*MR + i], zero rows beyond mr */
 static void pack_a(const job_t *g, const float *A, int i0, int mr, int k0, int kc, float *ap)
@@ -546,14 +546,16 @@ static inline __attribute__((always_inline)) void tr6x8(const float *a, long lda
 #define GV_MR AVX2_MR
 #define GV_NR AVX2_NR
 #if AVX2_MR == 6
-#define GV_PACK_ROWS8(a, lda, ap) tr6x8(a, lda, ap)
+#define GV_PACK_A8(a, lda, ap) tr6x8(a, lda, ap)
 #endif
+#define GV_PACK_BT8(b, ldb, bp, ldp) tr8x8(b, ldb, bp, ldp)
 #include "mgk_gemm_generic.inc"
 #undef GV
 #undef GV_W
 #undef GV_MR
 #undef GV_NR
-#undef GV_PACK_ROWS8
+#undef GV_PACK_A8
+#undef GV_PACK_BT8
 
 /* few rows on AVX2: mgk_small.inc with ymm vectors. AVX2 has no mask registers: tails use vmaskmovps (a lane
    moves where its int is negative), full vectors plain loads and stores, because masked stores are microcoded

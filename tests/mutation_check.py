@@ -140,12 +140,14 @@ M = [
         f"{TO}::test_few_rows_match_float64"),
     ("native/mgk_small.inc", "for (int u = 0; u < 4; u++) bv[u] = SV_LD(b + u * g->ldb + j, m);",
         "for (int u = 0; u < 4; u++) bv[u] = SV_LD(b + j, m);", EMU),
-    # the AVX2 pack of op(A) = A (6 rows by 8 k in registers), and the transpose steps it shares with AVX-512's
+    # the AVX2 packs of op(A) = A (6 rows by 8 k in registers) and op(B) = B^T, and the transposes they share with AVX-512's
     ("native/mgk.c", "_mm_storel_pi((__m64 *)(ap + 6 * (c + 4) + 4), _mm256_extractf128_ps(r[4 + c], 1));",
         "_mm_storel_pi((__m64 *)(ap + 6 * (c + 4) + 4), _mm256_extractf128_ps(r[c], 1));",
         f"{TO}::test_matmul_matches_float64"),
-    ("native/mgk_gemm_generic.inc", "GV_PACK_ROWS8(A + (long)i0 * g->lda + k0 + k, g->lda",
-        "GV_PACK_ROWS8(A + (long)i0 * g->lda + k0, g->lda", f"{TO}::test_matmul_matches_float64"),
+    ("native/mgk_gemm_generic.inc", "GV_PACK_A8(A + (long)i0 * g->lda + k0 + k, g->lda",
+        "GV_PACK_A8(A + (long)i0 * g->lda + k0, g->lda", f"{TO}::test_matmul_matches_float64"),
+    ("native/mgk_gemm_generic.inc", "GV_PACK_BT8(b + k, g->ldb, bp + k * GV_NR + j, GV_NR);",
+        "GV_PACK_BT8(b + k, g->ldb, bp + k * GV_NR, GV_NR);", f"{TO}::test_matmul_matches_float64"),
     ("native/mgk.c", "r[i + 2 * h + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(x, y));",
         "r[i + 2 * h + 1] = _mm256_castpd_ps(_mm256_unpacklo_pd(x, y));", EMU),
     # causal products: the k ranges and tiles a causal bmm skips (the C code), and the specification's zeroing
