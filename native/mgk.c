@@ -45,15 +45,20 @@
 #endif
 #define NR 32      /* micro-tile columns: two zmm vectors */
 #ifndef KC
-#define KC 256     /* depth of one packed block: a 32-wide B panel (32 KB) stays in L1 */
+#define KC 256     /* depth of one packed block (AVX-512, generic, amx): a 32-wide B panel (32 KB) stays in L1 */
 #endif
+#ifndef AVX2_KC
+#define AVX2_KC 384  /* AVX2's depth: a 16-wide B panel is 24 KB, and a K of 384 or 1536 makes fewer passes over C
+                        than with 256 (on Zen 3, config M's products 7-16% faster) */
+#endif
+#define KC_MAX (KC > AVX2_KC ? KC : AVX2_KC)   /* the depth of the per-thread pack buffers */
 #ifndef MC
 #define MC 192     /* rows of A packed at once (192 KB, in L2) */
 #endif
 #ifndef NC
 #define NC 2048    /* columns of B packed at once */
 #endif
-_Static_assert(KC >= 32 && KC % 32 == 0 && MC % 32 == 0 && NC % 32 == 0,
+_Static_assert(KC >= 32 && KC % 32 == 0 && MC % 32 == 0 && NC % 32 == 0 && AVX2_KC >= 8,
                "the amx packs pad k, rows and columns to 32 inside the fp32 paths' buffers");
 _Static_assert(MC % MR == 0 && MC % AVX2_MR == 0 && MC % 4 == 0,
                "pack_a pads the last row panel to a whole tile inside the MC x KC buffer: MC is whole tiles of rows");
@@ -545,6 +550,7 @@ static inline __attribute__((always_inline)) void tr6x8(const float *a, long lda
 #define GV_W 8
 #define GV_MR AVX2_MR
 #define GV_NR AVX2_NR
+#define GV_KC AVX2_KC
 #if AVX2_MR == 6
 #define GV_PACK_A8(a, lda, ap) tr6x8(a, lda, ap)
 #endif
@@ -554,6 +560,7 @@ static inline __attribute__((always_inline)) void tr6x8(const float *a, long lda
 #undef GV_W
 #undef GV_MR
 #undef GV_NR
+#undef GV_KC
 #undef GV_PACK_A8
 #undef GV_PACK_BT8
 
@@ -662,11 +669,13 @@ static void small_any(const job_t *g, const float *A, const float *B, float *C, 
 #define GV_W 4
 #define GV_MR 4
 #define GV_NR 16
+#define GV_KC KC
 #include "mgk_gemm_generic.inc"
 #undef GV
 #undef GV_W
 #undef GV_MR
 #undef GV_NR
+#undef GV_KC
 
 /* ----------------------------------------------------------------------------
    mgk_amx.inc once more, on a scalar emulation of the tile instructions (plain C, any CPU): the tests run the
@@ -750,7 +759,7 @@ static inline int tile_n(const job_t *g) { return g->bf16 ? g->isa->bf16_nr : g-
 
 /* ----------------------------------------------------------------------------
    threading: split the batch over threads, or each product over a pm x pn grid of tile-aligned blocks */
-static float *bufs[256][2];            /* per thread id: packed A (MC x KC), packed B (KC x NC); allocated once */
+static float *bufs[256][2];            /* per thread id: packed A (MC x KC_MAX), packed B (KC_MAX x NC); allocated once */
 
 static void split(int n, int unit, int parts, int p, int *lo, int *hi)
 {
@@ -953,7 +962,7 @@ static int run(job_t *g)
     int nt = plan(g), rc = MGK_OK;
     for (int t = 0; t < nt && rc == MGK_OK; t++)
         for (int b = 0; b < 2; b++)
-            if (!bufs[t][b] && !(bufs[t][b] = aligned_alloc(64, sizeof(float) * KC * (b ? NC : MC))))
+            if (!bufs[t][b] && !(bufs[t][b] = aligned_alloc(64, sizeof(float) * KC_MAX * (b ? NC : MC))))
                 rc = MGK_ENOMEM;
     if (rc == MGK_OK) {
 #ifdef MGK_X86

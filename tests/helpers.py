@@ -33,9 +33,9 @@ def tiny_cfg(tmp_path, **kw):
 
 
 # (batch dims, T, start, hs): one row, KV-cache offsets (an odd one starts a tile's k range mid-pair on the
-# vdpbf16ps path), more rows than a k block (KC = 256), head views
+# vdpbf16ps path), more rows than a k block (256 deep, 384 on AVX2), head views
 CAUSAL = [((3,), 17, 0, 7), ((2, 3), 64, 0, 32), ((4,), 5, 3, 9), ((1,), 1, 40, 16), ((2,), 130, 0, 33),
-          ((1,), 300, 0, 5), ((3,), 7, 2, 1), ((2,), 21, 3, 5), ((2, 3), 19, 4, "heads")]
+          ((1,), 400, 0, 5), ((3,), 7, 2, 1), ((2,), 21, 3, 5), ((2, 3), 19, 4, "heads")]
 
 
 def causal_products(ops, rng, bf16=None):
