@@ -151,6 +151,8 @@ M = [
         "GV_PACK_A8(A + (long)i0 * g->lda + k0, g->lda", f"{TO}::test_matmul_matches_float64"),
     ("native/mgk_gemm_generic.inc", "memcpy(ap + k * GV_MR, a, sizeof(float) * GV_MR);",
         "memcpy(ap + k * GV_MR, a + 1, sizeof(float) * GV_MR);", f"{TO}::test_matmul_matches_float64"),
+    ("native/mgk_gemm_generic.inc", "memcpy(bp + k * GV_NR, b, sizeof(float) * GV_NR);",
+        "memcpy(bp + k * GV_NR, b + 1, sizeof(float) * GV_NR);", f"{TO}::test_matmul_matches_float64"),
     ("native/mgk_gemm_generic.inc", "GV_PACK_BT8(b + k, g->ldb, bp + k * GV_NR + j, GV_NR);",
         "GV_PACK_BT8(b + k, g->ldb, bp + k * GV_NR, GV_NR);", f"{TO}::test_matmul_matches_float64"),
     ("native/mgk.c", "r[i + 2 * h + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(x, y));",
