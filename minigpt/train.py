@@ -7,10 +7,10 @@ carry every state that the next step reads, so a resumed run is bit-identical to
 validation split (whole_split_loss), in nats per token and bits per character.
 The parts: setup (settings, backend, tokenizer, data, model, optimizer; it removes the temporary files a run
 killed while saving left in out_dir), restore (--resume), loop (with evaluate and step).
-Run it with scripts/train_shakespeare.py (which also downloads the text, plots the loss curve, samples and writes report.html) or
-`python -m minigpt.train --data PATH ...` (training only); --help lists every setting. Under `mpiexec -n N` it
-trains data-parallel (minigpt/distributed.py): each rank takes its slice of every batch, one Allreduce sums the
-gradients, and rank 0 alone prints and writes.
+Run it with scripts/train_shakespeare.py (which also downloads the text, plots the loss curve, samples and writes
+report.html) or `python -m minigpt.train --data PATH ...` (training only); --help lists every setting. Under
+`mpiexec -n N` it trains data-parallel (minigpt/distributed.py): each rank takes its slice of every batch, one
+Allreduce sums the gradients, and rank 0 alone prints and writes.
 """
 import json
 import math

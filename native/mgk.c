@@ -12,11 +12,11 @@
    Products of at most SMALL_M rows (decoding) skip packing on AVX-512 and AVX2 (mgk_small.inc, fp32 only).
    A test build (-DMGK_EMULATE_AVX512) runs both AVX-512 paths on the scalar intrinsics of mgk_avx512_emu.h, so
    that CPUs without AVX-512 test them (tests/test_native_emulated.py).
-   No -ffast-math: the packed paths sum plain (fused) multiply-adds in k order within each KC-deep block, and add
-   each block's sums into C (vdpbf16ps and AMX tiles add the two products of each k-pair in the instruction's own
-   order). The few-rows path (small_*) sums a transposed
-   op(B) in vector-lane partials, and a product split over k between threads (ksplit) adds the threads' partial
-   sums: the same value up to float32 summation order, which depends on the path and the thread count.
+   No -ffast-math: the packed paths sum plain (fused) multiply-adds in k order within each k block (KC deep,
+   AVX2_KC on AVX2), and add each block's sums into C (vdpbf16ps and AMX tiles add the two products of each
+   k-pair in the instruction's own order). The few-rows path (small_*) sums a transposed op(B) in vector-lane
+   partials, and a product split over k between threads (ksplit) adds the threads' partial sums: the same value
+   up to float32 summation order, which depends on the path and the thread count.
    bfloat16 products (mgk_bgemm*, mgk.h): both operands are rounded to bf16 as they are packed, and the exact
    products are summed in float32. generic, avx2 and avx512 round their fp32 packs (bf16 values are floats whose
    low 16 bits are zero); the avx512bf16 path turns its packs into k-pairs for vdpbf16ps, and amx packs straight
@@ -49,7 +49,7 @@
 #endif
 #ifndef AVX2_KC
 #define AVX2_KC 384  /* AVX2's depth: a 16-wide B panel is 24 KB, and a K of 384 or 1536 makes fewer passes over C
-                        than with 256 (on Zen 3, config M's products 7-16% faster) */
+                        than with 256 (on Zen 3, config M's products with op(A) = A 4-14% faster) */
 #endif
 #define KC_MAX (KC > AVX2_KC ? KC : AVX2_KC)   /* the depth of the per-thread pack buffers */
 #ifndef MC
@@ -58,10 +58,10 @@
 #ifndef NC
 #define NC 2048    /* columns of B packed at once */
 #endif
-_Static_assert(KC >= 32 && KC % 32 == 0 && MC % 32 == 0 && NC % 32 == 0 && AVX2_KC >= 8,
+_Static_assert(KC >= 32 && KC % 32 == 0 && MC % 32 == 0 && NC % 32 == 0,
                "the amx packs pad k, rows and columns to 32 inside the fp32 paths' buffers");
 _Static_assert(MC % MR == 0 && MC % AVX2_MR == 0 && MC % 4 == 0,
-               "pack_a pads the last row panel to a whole tile inside the MC x KC buffer: MC is whole tiles of rows");
+               "pack_a pads the last row panel to a whole tile inside the MC x KC_MAX buffer: MC is whole tiles of rows");
 #ifndef SMALL_M
 #define SMALL_M 8  /* products with at most this many rows skip packing (mgk_small.inc): decoding, a few samples */
 #endif
@@ -759,7 +759,7 @@ static inline int tile_n(const job_t *g) { return g->bf16 ? g->isa->bf16_nr : g-
 
 /* ----------------------------------------------------------------------------
    threading: split the batch over threads, or each product over a pm x pn grid of tile-aligned blocks */
-static float *bufs[256][2];            /* per thread id: packed A (MC x KC_MAX), packed B (KC_MAX x NC); allocated once */
+static float *bufs[256][2];   /* per thread id: packed A (MC x KC_MAX), packed B (KC_MAX x NC); allocated once */
 
 static void split(int n, int unit, int parts, int p, int *lo, int *hi)
 {

@@ -8,8 +8,8 @@ The products walk strided views in place (rows of contiguous floats, up to two b
 take C-contiguous arrays, so a view goes through per-shape scratch (Ops._contiguous), as does a view the
 products cannot walk. backend() raises BackendUnavailable with the reason and the fix if the library is missing
 or fails to load. The library runs on any CPU: it picks its AVX-512 (+ AMX tiles, or AVX512_BF16 where vdpbf16ps
-measures at least 1.2x the fp32 FMAs' rate, for bf16 products), AVX2+FMA or generic path by cpuid, and MINIGPT_ISA (one of
-ISAS) forces another one this CPU runs.
+measures at least 1.2x the fp32 FMAs' rate, for bf16 products), AVX2+FMA or generic path by cpuid, and
+MINIGPT_ISA (one of ISAS) forces another one this CPU runs.
 bf16 products (matmul(..., bf16=True)) run mgk_bgemm*: the operands are rounded to bf16 as they are packed.
 Attention's causal products (bmm(..., causal=...)) run mgk_gemm_causal, which skips the causal matrix's zeros on
 its packed paths (mgk.h says which).

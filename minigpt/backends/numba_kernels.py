@@ -5,8 +5,9 @@ these with contiguous arrays. Imported after numba_gemm.py, which sets numba's e
 Every kernel compiles for float32 (training) and float64; tests/test_ops.py holds the float64 ones to the
 float64 specification (to 1e-12), the one the finite-difference tests check. numba here has no SVML: np.exp/np.tanh in @njit are scalar libm calls that also stop vectorisation,
 so float32 exp is inline (_exp32: range reduction + polynomial); float64 keeps math.exp/math.tanh, exact.
-fastmath stays off (sums stay plain IEEE, as everywhere in minigpt), so a loop carrying a running sum never vectorises: row sums go through _sum8
-(8 interleaved lanes), and wide loops are written as axpys over a contiguous last axis.
+fastmath stays off (sums stay plain IEEE, as everywhere in minigpt), so a loop carrying a running sum never
+vectorises: row sums go through _sum8 (8 interleaved lanes), and wide loops are written as axpys over a
+contiguous last axis.
 """
 import math
 
