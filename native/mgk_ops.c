@@ -244,10 +244,12 @@ BODY float exp_fast(float x)
 #define GELU_A 0.044715f
 
 /* y = 0.5 v (1 + tanh u), u = c (v + a v^3), and dy/dv, from one exp: 0.5 (1 + tanh u) = s = 1 / (1 + e^{-2u})
-   (no cancellation where tanh u ~ -1), 0.5 (1 - tanh^2 u) = 2 s (1 - s), 1 - s = e s when e <= 1 */
-BODY void gelu_fast(float v, float *y, float *d)
+   (no cancellation where tanh u ~ -1), 0.5 (1 - tanh^2 u) = 2 s (1 - s), 1 - s = e s when e <= 1.
+   gelu_arg gives -2u, and gelu_from_exp the rest from e = exp_fast(-2u). */
+BODY float gelu_arg(float v) { return -2.0f * GELU_C * (v + GELU_A * v * v * v); }
+
+BODY void gelu_from_exp(float v, float e, float *y, float *d)
 {
-    float e = exp_fast(-2.0f * GELU_C * (v + GELU_A * v * v * v));
     float s = 1.0f / (1.0f + e);
     float sm = pick(e > 1.0f, 1.0f - s, e * s);                     /* 1 - s, accurate at both ends */
     float xk = v * s * sm;                                          /* x s (1 - s), 0 for large |v| */
@@ -353,20 +355,32 @@ int mgk_layernorm_bwd(long long N, int C, const float *dy, const float *x, const
 
 typedef struct { long long N; int H; const float *x, *b; float *y, *d; } gelu_fwd_t;
 
+/* One element's GELU is a chain of ~50 dependent operations (the exp and a divide inside it), and a loop over
+   whole elements ran at the latency of that chain: the CPU's scheduler holds only a few elements' worth in
+   flight. So a row goes through in chunks, one stage at a time over the chunk (v = x + b, -2u, exp, the rest),
+   each stage a loop of short independent chains; the same operations on each element, so the same bits. */
+#define GELU_CHUNK 64
+
 BODY void gelu_fwd_body(const gelu_fwd_t *a, int tid, int nt)
 {
     const long long H = a->H;
     const float *b = a->b;
     long long lo, hi;
     span(a->N, tid, nt, 1, &lo, &hi);
-    for (long long i = lo; i < hi; i++) {
-        const float *x = a->x + i * H;
-        float *y = a->y + i * H, *d = a->d + i * H;
-        if (b)
-            for (long long j = 0; j < H; j++) gelu_fast(x[j] + b[j], &y[j], &d[j]);
-        else
-            for (long long j = 0; j < H; j++) gelu_fast(x[j], &y[j], &d[j]);
-    }
+    for (long long i = lo; i < hi; i++)
+        for (long long j0 = 0; j0 < H; j0 += GELU_CHUNK) {
+            const float *x = a->x + i * H + j0;
+            float *y = a->y + i * H + j0, *d = a->d + i * H + j0;
+            int n = H - j0 < GELU_CHUNK ? (int)(H - j0) : GELU_CHUNK;
+            float v[GELU_CHUNK], e[GELU_CHUNK];                     /* x may be y itself: read before written */
+            if (b)
+                for (int j = 0; j < n; j++) v[j] = x[j] + b[j0 + j];
+            else
+                for (int j = 0; j < n; j++) v[j] = x[j];
+            for (int j = 0; j < n; j++) e[j] = gelu_arg(v[j]);
+            for (int j = 0; j < n; j++) e[j] = exp_fast(e[j]);
+            for (int j = 0; j < n; j++) gelu_from_exp(v[j], e[j], &y[j], &d[j]);
+        }
 }
 VARIANTS(gelu_fwd, gelu_fwd_t)
 

@@ -4,9 +4,10 @@ alike. Prints GFLOP/s per product and the ratio (after / before); for kernel wor
 shared machine are too noisy to show a few per cent.
 
     python setup.py build_ext --inplace   (in a checkout of the old commit: its minigpt/_mgk*.so is BEFORE)
-    python scripts/bench_gemm_ab.py BEFORE.so AFTER.so [--config M] [--threads 2] [--calls 9] [--rows 0]
+    python scripts/bench_gemm_ab.py BEFORE.so AFTER.so [--config M] [--threads 2] [--calls 9] [--rows 0] [--ops]
 
 --rows N (1-8) times N-row products against the step's weights (decoding) instead of the step's own products.
+--ops times the step's ops built on exp (GELU forward, causal softmax forward) and exp itself, in ns per element.
 """
 import argparse
 import ctypes
@@ -17,12 +18,17 @@ import numpy as np
 from bench_util import cpu_line
 
 CONFIGS = {"S": (12 * 64, 128), "M": (64 * 256, 384)}             # (rows of a step's activations, n_embd)
+ATTENTION = {"S": (12 * 4, 64), "M": (64 * 6, 256)}                # (batch * heads, block) of attention's matrices
 
 
 def load(path, threads):
     lib = ctypes.CDLL(path)
     P = ctypes.c_void_p
     lib.mgk_sgemm.argtypes = [ctypes.c_int] * 5 + [P, ctypes.c_int, P, ctypes.c_int, ctypes.c_float, P, ctypes.c_int]
+    LL, I = ctypes.c_longlong, ctypes.c_int
+    lib.mgk_gelu_fwd.argtypes = [LL, I, P, P, P, P]
+    lib.mgk_exp.argtypes = [LL, P, P]
+    lib.mgk_causal_softmax_fwd.argtypes = [LL, I, I, I, ctypes.c_float, P]
     lib.mgk_set_num_threads(threads)
     return lib
 
@@ -38,6 +44,35 @@ def products(config, rows):
             + [(1, 0, i, o, R, 1.0) for o, i in shapes])
 
 
+def ops(config, rng):
+    """(name, elements, call(lib)) of the step's ops whose cost is the exp, at the config's shapes. The softmax
+    runs in place on its own output again and again: probabilities, so every call does the same work."""
+    R, C = CONFIGS[config]
+    L, T = ATTENTION[config]
+    x, b = rng.standard_normal((R, 4 * C)).astype(np.float32), rng.standard_normal(4 * C).astype(np.float32)
+    y, d = np.empty_like(x), np.empty_like(x)
+    att = rng.standard_normal((L, T, T)).astype(np.float32)
+    p = lambda a: a.ctypes.data                                      # noqa: E731
+    return [(f"GELU forward {R}x{4 * C}", x.size, lambda lib: lib.mgk_gelu_fwd(R, 4 * C, p(x), p(b), p(y), p(d))),
+            (f"exp {x.size}", x.size, lambda lib: lib.mgk_exp(x.size, p(x), p(y))),
+            (f"causal softmax {L}x{T}x{T}", att.size,
+             lambda lib: lib.mgk_causal_softmax_fwd(L, T, T, 0, 0.125, p(att)))]
+
+
+def side_by_side(libs, call, calls, reps):
+    """median seconds of one call(lib) for each lib, the libs' turns alternating"""
+    for lib in libs:                                                 # warm-up: threads started, pages touched
+        call(lib)
+    times = [[], []]
+    for c in range(calls):
+        for b in ((0, 1) if c % 2 == 0 else (1, 0)):                # alternate which build goes first
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                call(libs[b])
+            times[b].append((time.perf_counter() - t0) / reps)
+    return [np.median(t) for t in times]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("before")
@@ -47,30 +82,27 @@ def main():
     ap.add_argument("--calls", type=int, default=9, help="calls of each build per product (median)")
     ap.add_argument("--rows", type=int, default=0, choices=range(9), metavar="0-8",
                     help="1-8: decoding's few-row products instead")
+    ap.add_argument("--ops", action="store_true", help="the ops built on exp (GELU, causal softmax) instead")
     a = ap.parse_args()
     libs = [load(a.before, a.threads), load(a.after, a.threads)]
     rng = np.random.default_rng(0)
     print(f"{cpu_line()}; {a.threads} threads; before {a.before}, after {a.after}; median of {a.calls} calls each")
+    if a.ops:
+        print("| op | before ns/element | after ns/element | before / after |\n|---|---:|---:|---:|")
+        for name, n, call in ops(a.config, rng):
+            t = side_by_side(libs, call, a.calls, max(1, int(2e6 // n)))
+            print(f"| {name} | {t[0] / n * 1e9:.3f} | {t[1] / n * 1e9:.3f} | {t[0] / t[1]:.3f} |", flush=True)
+        return
     print("| product (ta tb M x N x K) | before GFLOP/s | after GFLOP/s | after / before |\n|---|---:|---:|---:|")
     for ta, tb, M, N, K, beta in products(a.config, a.rows):
         x = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
         w = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
         out = np.zeros((M, N), np.float32)
         reps = max(1, int(2e8 // (2 * M * N * K)))                  # small products: several calls per timing
-        for lib in libs:                                             # warm-up: threads started, pages touched
-            lib.mgk_sgemm(ta, tb, M, N, K, x.ctypes.data, x.shape[1], w.ctypes.data, w.shape[1], beta,
-                          out.ctypes.data, N)
-        times = [[], []]
-        for c in range(a.calls):
-            for b in ((0, 1) if c % 2 == 0 else (1, 0)):            # alternate which build goes first
-                t0 = time.perf_counter()
-                for _ in range(reps):
-                    libs[b].mgk_sgemm(ta, tb, M, N, K, x.ctypes.data, x.shape[1], w.ctypes.data, w.shape[1],
-                                      beta, out.ctypes.data, N)
-                times[b].append((time.perf_counter() - t0) / reps)
-        g = [2 * M * N * K / np.median(t) / 1e9 for t in times]
+        call = lambda lib: lib.mgk_sgemm(ta, tb, M, N, K, x.ctypes.data, x.shape[1], w.ctypes.data,  # noqa: E731
+                                         w.shape[1], beta, out.ctypes.data, N)
+        g = [2 * M * N * K / t / 1e9 for t in side_by_side(libs, call, a.calls, reps)]
         print(f"| {ta:d} {tb:d} {M}x{N}x{K} | {g[0]:.1f} | {g[1]:.1f} | {g[1] / g[0]:.3f} |", flush=True)
-
 
 if __name__ == "__main__":
     main()
