@@ -90,7 +90,8 @@ class TrainConfig(ModelShape):
     report: bool = setting(True, "write out_dir/report.html at the end: what the model learned (python -m "
                                  "minigpt.report; train_shakespeare.py only)")
     snapshots: int = setting(5, "weights kept in out_dir/snapshots/ (float16) at this many points of the run, for "
-                                "the report's 'how training changed it' (0: none; skipped above 20M parameters)")
+                                "the report's 'how training changed it'; taken at evaluations, so fewer when the "
+                                "run has fewer (0: none; skipped above 20M parameters)")
     resume: bool = setting(False, "continue from out_dir/ckpt_last.npz; settings not typed again come from it")
     preset: str = setting("", "a named set of defaults that typed settings override: "
                               + ", ".join(f"{k} ({', '.join(f'{n}={v}' for n, v in d.items())})"
@@ -98,7 +99,7 @@ class TrainConfig(ModelShape):
     init_from: str = setting("", "a transformers GPT-2 directory to fine-tune (config.json, model.safetensors, "
                                  "tokenizer.json; a Hugging Face cache snapshot works): the model's shape and "
                                  "tokenizer come from it, and --preset finetune's defaults apply (block 64, batch "
-                                 "4 x 8, lr 3e-5, 20 iterations: sized for a 124M model on a laptop)")
+                                 "4 x 8, lr 3e-5, 20 iterations: sized for a 124M model on 2 cores)")
     tokenizer: str = setting("char", "char: one token per character | bpe: byte-level BPE trained on the training "
                                      "split (minigpt/bpe.py)")
     vocab_size: int = setting(512, "tokens of the BPE vocabulary (with --tokenizer bpe): 256 bytes + merges")

@@ -89,14 +89,17 @@ def split_text(text):
 class Dataset:
     """Text split 90/10 into train and val (split_text), each encoded; batch() draws (x, y), y shifted by one."""
 
-    def __init__(self, text, tokenizer, block_size, source="text"):
+    def __init__(self, text, tokenizer, block_size, source="text", fixed_block=False):
+        """fixed_block: block_size is a resumed model's (the error then offers no smaller --block_size)."""
         texts = dict(zip(("train", "val"), split_text(text)))
         self.splits = {k: tokenizer.encode(t) for k, t in texts.items()}        # (N,) uint16 each
         for split, arr in self.splits.items():
             if len(arr) < block_size + 1:
-                raise UserError(f"{source}: the {split} split has {len(arr)} tokens but block_size "
-                                f"{block_size} needs at least {block_size + 1}; use a longer text "
-                                f"(about {10 * (block_size + 1)} characters or more) or a smaller --block_size")
+                whose = " (the resumed model's)" if fixed_block else ""
+                smaller = "" if fixed_block else " or a smaller --block_size"
+                raise UserError(f"{source}: the {split} split has {len(arr)} tokens but block_size {block_size}"
+                                f"{whose} needs at least {block_size + 1}; use a longer text (about "
+                                f"{10 * (block_size + 1)} characters or more){smaller}")
 
     def batch(self, split, batch_size, block_size, rng, rank=0, ranks=1):
         """(x, y) int32 (B, T) drawn from split with rng; y is x shifted by one token. With ranks > 1 (data

@@ -20,27 +20,39 @@ _DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "BF16": None}
 
 
 def read_safetensors(path):
-    """{name: float32 array} of a .safetensors file (F32, F16, F64 or BF16 tensors)."""
+    """{name: float32 array} of a .safetensors file (F32, F16, F64 or BF16 tensors): an 8-byte header length, a
+    JSON header {name: {dtype, shape, data_offsets}}, then the raw bytes. A damaged file is a UserError."""
+    bad = f"{path} is not a valid safetensors file"
     try:
         with open(path, "rb") as f:
             n = struct.unpack("<Q", f.read(8))[0]
+            if n > os.path.getsize(path) - 8:
+                raise ValueError(f"its header length {n} runs past the end of the file")
             header = json.loads(f.read(n))
             data = f.read()
     except (OSError, struct.error, ValueError) as e:
-        raise UserError(f"{path} is not a readable safetensors file ({type(e).__name__}: {e})") from None
+        raise UserError(f"{bad} ({type(e).__name__}: {e}); download it again") from None
+    if not isinstance(header, dict):
+        raise UserError(f"{bad} (its header is not a JSON object); download it again")
     out = {}
     for name, t in header.items():
         if name == "__metadata__":
             continue
-        a, b = t["data_offsets"]
-        raw = data[a:b]
-        if t["dtype"] == "BF16":                                  # the top 16 bits of a float32
-            arr = (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32)
-        elif t["dtype"] in _DTYPES:
-            arr = np.frombuffer(raw, _DTYPES[t["dtype"]]).astype(np.float32, copy=False)   # F32: no copy
-        else:
-            raise UserError(f"{path}: tensor {name} is {t['dtype']}; only float tensors load here")
-        out[name] = arr.reshape(t["shape"])
+        try:
+            a, b = t["data_offsets"]
+            dtype, shape = t["dtype"], tuple(t["shape"])
+            if not 0 <= a <= b <= len(data):
+                raise ValueError(f"its bytes {a}..{b} lie outside the file's {len(data)}")
+            raw = data[a:b]
+            if dtype == "BF16":                                       # the top 16 bits of a float32
+                arr = (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32)
+            elif dtype in _DTYPES:
+                arr = np.frombuffer(raw, _DTYPES[dtype]).astype(np.float32, copy=False)   # F32: no copy
+            else:
+                raise UserError(f"{path}: tensor {name} is {dtype}; only float tensors load here")
+            out[name] = arr.reshape(shape)
+        except (KeyError, TypeError, ValueError) as e:
+            raise UserError(f"{bad} (tensor {name!r}: {type(e).__name__}: {e}); download it again") from None
     return out
 
 

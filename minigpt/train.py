@@ -27,7 +27,7 @@ from .bpe import BPETokenizer
 from .tokenizer import tokenizer_from_json
 from .data import CharTokenizer, Dataset, load_text, split_text
 from .evaluate import estimate_loss, whole_split_loss
-from .model import GPT
+from .model import GPT, activation_shapes, gradient_shapes, parameter_shapes
 from .optim import AdamW, Muon, clip_grad_norm, get_lr
 
 
@@ -40,9 +40,24 @@ class StoppedTwice(UserError):
     everywhere = False                          # under mpiexec a rank may meet it alone (distributed.exit_status)
 
 
+class OutOfMemory(UserError):
+    """numpy could not allocate an array of the model, its optimizer state or a step's activations."""
+    everywhere = False                          # under mpiexec a rank may meet it alone
+
+
 def exit_code(e):
     """The command's exit status for a UserError: 3 diverged, 130 stopped by a second signal, else 2."""
     return 3 if isinstance(e, Diverged) else 130 if isinstance(e, StoppedTwice) else 2
+
+
+def interrupted_status(result):
+    """The command's exit status after a run stopped by a signal and saved: 128 + the signal's number (130 for
+    SIGINT, 143 for SIGTERM), as a shell reports a command a signal stopped, so `train && sample` stops too;
+    130 on the ranks that stopped because another rank had the signal. 0 for a run that finished."""
+    name = result["interrupted"]
+    if not name:
+        return 0
+    return 128 + signal.Signals[name] if name in signal.Signals.__members__ else 130
 
 
 def train(cfg, given=None, fetch=None):
@@ -50,7 +65,10 @@ def train(cfg, given=None, fetch=None):
     come from the checkpoint, and a typed model setting must match it. given=None (a config built in code):
     on --resume only the model's shape comes from the checkpoint, every other setting is cfg's.
     fetch(path), if given, is called when the data file is missing (the script's download)."""
-    return loop(setup(cfg, given, fetch))
+    try:
+        return loop(setup(cfg, given, fetch))
+    except MemoryError as e:                   # past _check_memory's estimate: still one line, not a traceback
+        raise OutOfMemory(f"out of memory ({e}); lower --batch_size, --block_size, --n_embd or --n_layer") from None
 
 
 # ----------------------------------------------------------------------------
@@ -114,12 +132,23 @@ def _last_path(cfg):
 
 
 def setup(cfg, given=None, fetch=None):
-    """Check cfg, select the backend, make out_dir and build the Run (see train() for given and fetch).
-    Under mpiexec rank 0 alone reads the checkpoint, makes out_dir and downloads; every rank builds the rest."""
+    """Check cfg, select the backend, make out_dir and build the Run (see train() for given and fetch); only
+    then, with every setting checked, does a new run clear an old one's files from out_dir (_tidy). Under
+    mpiexec rank 0 alone reads the checkpoint, makes out_dir, downloads and tidies; every rank builds the rest.
+    An out_dir this call made is removed again, if still empty, when a setting turns out wrong."""
     world = distributed.world()
-    ckpt, settings = world.agree(_prepare, cfg, given, fetch)
-    vars(cfg).update(settings)                                # rank 0's settings (the checkpoint's) everywhere
-    return world.check(_build, cfg, ckpt, world)
+    made = world.root and not os.path.exists(cfg.out_dir)
+    try:
+        ckpt, settings = world.agree(_prepare, cfg, given, fetch)
+        vars(cfg).update(settings)                            # rank 0's settings (the checkpoint's) everywhere
+        run = world.check(_build, cfg, ckpt, world)
+    except UserError:
+        if made and os.path.isdir(cfg.out_dir) and not os.listdir(cfg.out_dir):
+            os.rmdir(cfg.out_dir)
+        raise
+    if world.root:
+        _tidy(cfg, ckpt is None)
+    return run
 
 
 def _prepare(cfg, given, fetch):
@@ -131,16 +160,22 @@ def _prepare(cfg, given, fetch):
     if given is not None and "vocab_size" in given and cfg.tokenizer != "bpe":
         raise UserError(f"--vocab_size sets the size of a BPE vocabulary, but this run's tokenizer is "
                         f"{cfg.tokenizer}; add --tokenizer bpe (a new run) or drop --vocab_size")
-    _ensure_writable(cfg.out_dir)
-    stale = checkpoint.remove_stale(cfg.out_dir)               # rank 0 only: the one process that saves there
-    if ckpt is None:
-        _start_over(cfg.out_dir)
+    if fetch is not None and not os.path.exists(cfg.data):
+        fetch(cfg.data)
+    load_text(cfg.data)                                        # a missing or unusable text fails before out_dir
+    _ensure_writable(cfg.out_dir)                              # is made (read again by _build, on every rank)
+    return ckpt, dict(vars(cfg))
+
+
+def _tidy(cfg, new_run):
+    """Rank 0, after setup checked everything: the temporary files of a run killed while saving go, and a new
+    run clears the old one's files (_start_over)."""
+    stale = checkpoint.remove_stale(cfg.out_dir)
+    if new_run:
+        _start_over(cfg)
     if stale:
         say(f"note: removed {len(stale)} temporary checkpoint file(s) that a run killed while saving left in "
             f"{cfg.out_dir} ({', '.join(n for n, _ in stale)}: {sum(b for _, b in stale) / 2 ** 20:.1f} MB)")
-    if fetch is not None and not os.path.exists(cfg.data):
-        fetch(cfg.data)
-    return ckpt, dict(vars(cfg))
 
 
 def _apply_pretrained(cfg, given):
@@ -167,8 +202,9 @@ def _build(cfg, ckpt, world):
     text = load_text(cfg.data)
     pretrained = gpt2.load_gpt2(cfg.init_from, cfg.block_size) if cfg.init_from and not ckpt else None
     tok = pretrained[2] if pretrained else make_tokenizer(cfg, text, ckpt)
-    data = Dataset(text, tok, cfg.block_size, source=cfg.data)
+    data = Dataset(text, tok, cfg.block_size, source=cfg.data, fixed_block=bool(ckpt))
     vocab = pretrained[0].vocab_size if pretrained else ckpt[0]["model_config"]["vocab_size"] if ckpt else tok.vocab_size
+    _check_memory(cfg, vocab, world)
     model = GPT(cfg.model_config(vocab), np.random.default_rng([cfg.seed, 0]), bf16=cfg.dtype == "bf16")
     if pretrained:
         checkpoint.load_params(model, pretrained[1], cfg.init_from)
@@ -181,6 +217,35 @@ def _build(cfg, ckpt, world):
     bf16 = ", bf16 products" if model.bf16 else ""
     say(f"model: {model.num_params():,} parameters, vocab {tok.vocab_size}, backend {backends.name()}{ranks}{bf16}")
     return run
+
+
+def _check_memory(cfg, vocab, world):
+    """A run that cannot fit is refused before numpy fails halfway through (or Linux kills the process): the
+    weights, gradients and two optimizer moments (float32), and one step's activations and their gradients at
+    (--batch_size, --block_size), times the processes on this machine, against the memory (swap included) that
+    /proc/meminfo says is available. Elsewhere no check."""
+    avail = _available_bytes()
+    if avail is None:
+        return
+    mc = cfg.model_config(vocab)
+    floats = lambda shapes: sum(math.prod(s) for s in shapes.values())             # noqa: E731
+    B, T = cfg.batch_size, cfg.block_size
+    need = 4 * (4 * floats(parameter_shapes(mc)) + floats(activation_shapes(mc, B, T, dropout=cfg.dropout > 0))
+                + floats(gradient_shapes(mc, B, T))) * world.local_size
+    if need > avail:
+        raise UserError(f"this run needs about {need / 2 ** 30:,.1f} GiB (weights, gradients, optimizer state and "
+                        f"one step's activations at --batch_size {B} --block_size {T}) but {avail / 2 ** 30:,.1f} "
+                        "GiB is available; lower --batch_size, --block_size, --n_embd or --n_layer")
+
+
+def _available_bytes():
+    """MemAvailable + SwapFree of /proc/meminfo in bytes; None where there is no such file."""
+    try:
+        with open("/proc/meminfo") as f:
+            kb = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in f)}
+        return 1024 * (kb["MemAvailable"] + kb.get("SwapFree", 0))
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 def make_optimizer(cfg, model):
@@ -388,6 +453,8 @@ class _StopFlag:
 
 
 def _ensure_writable(out_dir):
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise UserError(f"--out_dir {out_dir!r} is a file, not a directory; pass a directory (made if missing)")
     try:
         os.makedirs(out_dir, exist_ok=True)
         probe = os.path.join(out_dir, ".write-test")
@@ -424,17 +491,22 @@ def _load_resume(cfg, path, given):
     return ckpt
 
 
-def _start_over(out_dir):
-    """A new run (no --resume) in an out_dir that holds another: the old log and snapshots go, as its checkpoints
-    are replaced, so that the curve, the report and the snapshots are this run's alone."""
+def _start_over(cfg):
+    """A new run (no --resume) in an out_dir that holds another: the old log, snapshots, report and loss curve go,
+    as its checkpoints are replaced, so that what the directory shows is this run's alone (also when this run
+    makes no report or plot, or stops before it does)."""
+    out_dir = cfg.out_dir
     log = os.path.join(out_dir, "log.jsonl")
     logged = os.path.exists(log) and os.path.getsize(log) > 0
     gone = checkpoint.remove_snapshots(out_dir)
     if logged or gone:
         say(f"note: {out_dir} held a run (a log.jsonl, {gone} snapshot(s)): this new run replaces its log, "
-            "snapshots and checkpoints; --resume would have continued it")
-    if os.path.exists(log):
-        os.remove(log)
+            "snapshots, report, loss curve and checkpoints; --resume would have continued it")
+    made = ["report.html", "loss_curve.png", cfg.plot_path() or ""]          # the report, the default --plot, this
+    made = [os.path.join(out_dir, p) for p in made]                          # run's --plot (when inside out_dir)
+    for path in [log] + [p for p in made if os.path.dirname(os.path.abspath(p)) == os.path.abspath(out_dir)]:
+        if os.path.isfile(path):
+            os.remove(path)
 
 
 def _truncate_log(log_path, start):
@@ -476,10 +548,10 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     try:
         cfg = parse_args(argv, prog="python -m minigpt.train", description=DESCRIPTION)   # --help: SystemExit(0)
-        train(cfg, given=cfg.given)
+        result = train(cfg, given=cfg.given)
     except UserError as e:
         return distributed.exit_status(e, exit_code(e))
-    return 0
+    return interrupted_status(result)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from minigpt import backends, distributed
 from minigpt.config import UserError, parse_args
 from minigpt.report import ReportConfig, write_report
 from minigpt.sample import generate, start_text
-from minigpt.train import exit_code, train
+from minigpt.train import exit_code, interrupted_status, train
 from plot_losses import plot
 
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -29,13 +29,13 @@ DEFAULT_DATA = "data/tinyshakespeare.txt"
 
 def download(path):
     print(f"downloading tiny Shakespeare to {path} ...", flush=True)
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     try:
         with urllib.request.urlopen(URL, timeout=60) as r:
             body = r.read()
     except OSError as e:
         raise UserError(f"could not download {URL} ({e}); save it as {path} yourself, "
                         "or pass --data PATH to any UTF-8 text file") from None
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)           # only now: a failed download leaves nothing
     with open(path + ".part", "wb") as f:
         f.write(body)
     os.replace(path + ".part", path)
@@ -48,7 +48,7 @@ def main(argv):
     except UserError as e:
         return distributed.exit_status(e, exit_code(e))
     if result["interrupted"] or not distributed.world().root:     # under mpiexec rank 0 plots, samples, reports
-        return 0
+        return interrupted_status(result)                         # stopped by a signal (saved): 130 / 143
     if cfg.plot_path():
         label = os.path.basename(os.path.abspath(cfg.out_dir))
         print(f"loss curve: {plot([result['log']], cfg.plot_path(), labels=[label])}")

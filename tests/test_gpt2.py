@@ -75,6 +75,27 @@ def test_read_safetensors_reads_float16_and_bfloat16(tmp_path):
     np.testing.assert_array_equal(got["h"], a.astype(np.float16).astype(np.float32))
 
 
+@pytest.mark.parametrize("damage", ["random bytes", "header too long", "header not an object", "no offsets",
+                                    "offsets past the end", "wrong shape"])
+def test_a_damaged_safetensors_file_is_one_clear_error(tmp_path, damage):
+    def write(head, body=b"\0" * 48):
+        head = json.dumps(head).encode()
+        return len(head).to_bytes(8, "little") + head + body
+    ok = {"a": {"dtype": "F32", "shape": [3, 4], "data_offsets": [0, 48]}}
+    raw = {"random bytes": np.random.default_rng(0).bytes(1000),
+           "header too long": (10 ** 12).to_bytes(8, "little") + b"{}",
+           "header not an object": write(7),
+           "no offsets": write({"a": {"dtype": "F32", "shape": [3, 4]}}),
+           "offsets past the end": write({"a": {**ok["a"], "data_offsets": [0, 4800]}}),
+           "wrong shape": write({"a": {**ok["a"], "shape": [5, 4]}})}[damage]
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(raw)
+    with pytest.raises(UserError, match="not a valid safetensors file.*download it again"):
+        gpt2.read_safetensors(str(path))
+    path.write_bytes(write(ok))                                   # the same writer, undamaged: reads
+    assert gpt2.read_safetensors(str(path))["a"].shape == (3, 4)
+
+
 def test_transformers_model_loads_with_its_logits_and_greedy_tokens(gpt2_dir, tmp_path):
     """A GPT2LMHeadModel made by transformers (random weights, save_pretrained) gives the same logits in minigpt
     (1e-5 relative, float32) and the same greedy continuation, token for token."""

@@ -487,6 +487,68 @@ def test_a_new_run_in_a_used_out_dir_replaces_the_old_runs_log_and_snapshots(tmp
     assert [r["iter"] for r in read_log(second["log"]) if r["kind"] == "train"] == list(range(6))
     assert checkpoint.snapshot_iters(str(tmp_path / "out")) == [0, 6]
     assert first["log"] == second["log"]
+    for name in ("report.html", "loss_curve.png"):                  # the old run's report and default curve go
+        (tmp_path / "out" / name).write_text("the old run's")       # too, though this run (--plot '') makes none
+    train(tiny_cfg(tmp_path, max_iters=2, eval_interval=2))
+    assert sorted(os.listdir(tmp_path / "out")) == ["ckpt_best.npz", "ckpt_last.npz", "log.jsonl", "snapshots"]
+
+
+def _cli(tmp_path, *args):
+    """python -m minigpt.train's main on the tiny settings: (exit status, the `error:` lines of stderr)."""
+    import contextlib
+    import io
+    from minigpt.train import main
+    data = tmp_path / "text.txt"
+    if not data.exists():
+        write_text(data)
+    flags = [f"--{k}={v}" for k, v in TINY_TRAIN.items() if k != "plot"] + ["--plot=", "--data", str(data)]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = main(flags + list(args))
+    assert "Traceback" not in err.getvalue()
+    return rc, [line for line in err.getvalue().splitlines() if not line.startswith("minigpt: backend")]
+
+
+def test_a_run_too_big_for_memory_is_one_line_and_leaves_the_old_run(tmp_path, monkeypatch):
+    """The estimate refuses a run that cannot fit before it writes anything: a new out_dir is not made, and an
+    old run's files in a used one stay (its log and snapshots go only once every setting has passed). Past the
+    estimate, numpy's MemoryError is one line too."""
+    out = str(tmp_path / "out")
+    rc, err = _cli(tmp_path, "--out_dir", str(tmp_path / "new"), "--n_embd", str(10 ** 6))
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: this run needs about"), err
+    assert "GiB is available; lower --batch_size" in err[0] and not os.path.exists(tmp_path / "new")
+    assert _cli(tmp_path, "--out_dir", out)[0] == 0
+    before = sorted(os.listdir(out)), read_log(os.path.join(out, "log.jsonl"))
+    assert _cli(tmp_path, "--out_dir", out, "--n_embd", str(10 ** 6))[0] == 2
+    assert (sorted(os.listdir(out)), read_log(os.path.join(out, "log.jsonl"))) == before
+    import minigpt.train as T
+
+    def no_memory(*a, **k):
+        raise MemoryError("Unable to allocate 1.00 TiB for an array with shape (4, 12, 4, 65536, 65536)")
+    monkeypatch.setattr(T, "GPT", no_memory)
+    rc, err = _cli(tmp_path, "--out_dir", out)
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: out of memory (Unable to allocate"), err
+
+
+def test_bad_paths_are_one_line_and_make_no_directory(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    rc, err = _cli(tmp_path, "--out_dir", str(tmp_path / "afile"))
+    assert rc == 2 and err == [f"error: --out_dir {str(tmp_path / 'afile')!r} is a file, not a directory; pass a "
+                               "directory (made if missing)"]
+    rc, err = _cli(tmp_path, "--out_dir", str(tmp_path / "new"), "--data", str(tmp_path / "missing.txt"))
+    assert rc == 2 and len(err) == 1 and "does not exist" in err[0] and not os.path.exists(tmp_path / "new")
+
+
+def test_resuming_on_a_text_too_short_offers_no_block_size_it_would_refuse(tmp_path):
+    out = str(tmp_path / "out")
+    assert _cli(tmp_path, "--out_dir", out)[0] == 0
+    short = tmp_path / "short.txt"
+    short.write_text((tmp_path / "text.txt").read_text()[:60])           # a val split of 6 characters
+    rc, err = _cli(tmp_path, "--out_dir", out, "--resume", "--max_iters", "20", "--data", str(short))
+    assert rc == 2 and len(err) == 1 and "block_size 16 (the resumed model's) needs at least 17" in err[0], err
+    assert "--block_size" not in err[0]
+    rc, err = _cli(tmp_path, "--out_dir", str(tmp_path / "new"), "--data", str(short))     # a new run may shrink it
+    assert rc == 2 and err[0].endswith("or a smaller --block_size"), err
 
 
 def test_a_resumed_run_that_raises_max_iters_snapshots_its_end(tmp_path):
