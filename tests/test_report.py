@@ -1,5 +1,6 @@
 """The run report (minigpt/report.py, lens.py): its numbers are the model's own, the page is self-contained and
-renders in a real headless browser without errors, and bad input gets a clear message."""
+renders in a real headless browser without errors, and bad input gets a clear message; the same for the loss
+curves of scripts/plot_losses.py."""
 import math
 import os
 import re
@@ -18,6 +19,7 @@ from minigpt.report import ReportConfig, write_report
 from minigpt.sample import distribution, sample_next
 from minigpt.train import train
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = GPTConfig(vocab_size=13, block_size=12, n_layer=2, n_head=2, n_embd=16, bias=True)
 
 
@@ -191,3 +193,63 @@ def test_report_draws_what_it_can_without_log_or_text(run_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     text = (alone / "report.html").read_text(encoding="utf-8")
     assert "log.jsonl is missing" in text and "is not here" in text and "No snapshots" in text
+
+
+def assert_one_error_line(err, *needles):
+    assert err.startswith("error: ") and err.count("\n") == 1 and err.endswith("\n"), err
+    assert "Traceback" not in err and all(n in err for n in needles), (needles, err)
+
+
+# ----------------------------------------------------------------------------
+# scripts/plot_losses.py: the curves from log.jsonl
+
+def plot_main(*args):
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    try:
+        import plot_losses
+    finally:
+        sys.path.pop(0)
+    return plot_losses.main([str(a) for a in args])
+
+
+@pytest.mark.parametrize("content,needle", [
+    (None, "does not exist"),
+    (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", "is not text"),
+    (b"step 0 loss 4.17\nstep 1 loss 4.01\n", "line 1 of log file"),
+    (b'{"iter": 0, "loss": 4.17}\n{"iter": 1, "loss": 4.01}\n', 'no "kind"'),
+    (b"", "no train or eval rows")], ids=["missing", "binary", "not-json", "no-kind", "empty"])
+def test_plot_losses_rejects_what_is_not_a_training_log(content, needle, tmp_path, capsys):
+    log = tmp_path / "log.jsonl"
+    if content is not None:
+        log.write_bytes(content)
+    assert plot_main(log) == 2
+    assert_one_error_line(capsys.readouterr().err, needle, str(log), "--out_dir")
+    assert not (tmp_path / "loss_curve.png").exists()
+
+
+def test_plot_losses_wants_one_label_per_log(run_dir, tmp_path, capsys):
+    out, _ = run_dir
+    assert plot_main(out / "log.jsonl", "--labels", "a", "b", "-o", tmp_path / "c.png") == 2
+    assert_one_error_line(capsys.readouterr().err, "--labels got 2", "1 log")
+    assert not (tmp_path / "c.png").exists()
+
+
+def test_plot_losses_skips_a_torn_last_row(run_dir, tmp_path, capsys):
+    """A kill mid-write leaves the last row without its newline: the run's log still plots. A row that is not
+    JSON anywhere else is an error."""
+    out, _ = run_dir
+    rows = (out / "log.jsonl").read_text()
+    log = tmp_path / "log.jsonl"
+    log.write_text(rows + '{"iter": 12, "kind": "tr')
+    assert plot_main(log) == 0 and (tmp_path / "loss_curve.png").stat().st_size > 10_000
+    log.write_text('{"iter": 12, "kind": "tr\n' + rows)
+    assert plot_main(log) == 2
+    assert_one_error_line(capsys.readouterr().err, "line 1 of log file", "not JSON")
+
+
+@pytest.mark.parametrize("args", [["none.jsonl"], []], ids=["missing-log", "no-arguments"])
+def test_plot_losses_command_says_one_line_and_exits_2(args, tmp_path):
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "plot_losses.py"), *args], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert_one_error_line(r.stderr)
