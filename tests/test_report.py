@@ -1,6 +1,7 @@
 """The run report (minigpt/report.py, lens.py): its numbers are the model's own, the page is self-contained and
 renders in a real headless browser without errors, and bad input gets a clear message; the same for the loss
 curves of scripts/plot_losses.py."""
+import json
 import math
 import os
 import re
@@ -184,12 +185,18 @@ def test_report_command_help_and_errors(run_dir, tmp_path):
 
 
 def test_report_draws_what_it_can_without_log_or_text(run_dir, tmp_path):
-    """A checkpoint alone (no log.jsonl, no training text): the page says what is missing and draws the rest."""
+    """A checkpoint alone (no log.jsonl, and the run's own --data gone since): the page says what is missing
+    and draws the rest."""
     out, _ = run_dir
     alone = tmp_path / "alone"
     alone.mkdir()
-    shutil.copy(out / "ckpt_best.npz", alone / "ckpt_best.npz")
-    r = report_cli("--out_dir", str(alone), "--data", str(tmp_path / "gone.txt"))
+    with np.load(out / "ckpt_best.npz") as z:
+        files = {k: z[k] for k in z.files}
+    meta = json.loads(files["meta"].tobytes())
+    meta["train_config"]["data"] = str(tmp_path / "gone.txt")           # where the run's text was
+    files["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    np.savez(alone / "ckpt_best.npz", **files)
+    r = report_cli("--out_dir", str(alone))
     assert r.returncode == 0, r.stderr
     text = (alone / "report.html").read_text(encoding="utf-8")
     assert "log.jsonl is missing" in text and "is not here" in text and "No snapshots" in text
@@ -198,6 +205,18 @@ def test_report_draws_what_it_can_without_log_or_text(run_dir, tmp_path):
 def assert_one_error_line(err, *needles):
     assert err.startswith("error: ") and err.count("\n") == 1 and err.endswith("\n"), err
     assert "Traceback" not in err and all(n in err for n in needles), (needles, err)
+
+
+def test_report_typed_data_must_exist(run_dir, tmp_path):
+    """A --data the user typed that is not there is a mistake (exit 2), unlike the run's own text gone since."""
+    out, _ = run_dir
+    here = tmp_path / "run"
+    here.mkdir()
+    shutil.copy(out / "ckpt_best.npz", here / "ckpt_best.npz")
+    r = report_cli("--out_dir", str(here), "--data", str(tmp_path / "gone.txt"))
+    assert r.returncode == 2, r.stderr
+    assert_one_error_line(r.stderr, "gone.txt", "does not exist", "--data")
+    assert not (here / "report.html").exists()
 
 
 # ----------------------------------------------------------------------------
