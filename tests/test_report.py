@@ -9,6 +9,8 @@ import shutil
 import subprocess
 import sys
 
+from dataclasses import fields
+
 import numpy as np
 import pytest
 
@@ -176,6 +178,7 @@ def test_report_command_help_and_errors(run_dir, tmp_path):
     out, _ = run_dir
     r = report_cli("--help")
     assert r.returncode == 0 and "--val_chars" in r.stdout and "--prompt" in r.stdout
+    assert r.stdout.count("(default:") == len(fields(ReportConfig))          # each option's default once
     for args, msg in [(["--out_dir", str(tmp_path / "none")], "no checkpoint in --out_dir"),
                       (["--out_dir", str(out), "--prompt", "\u00e9t\u00e9"], "not in the tokenizer's vocabulary"),
                       (["--out_dir", str(out), "--val_chars", "0"], "--val_chars must be positive"),
