@@ -15,6 +15,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
 
 from minigpt.config import UserError  # noqa: E402
 
@@ -59,7 +60,13 @@ def read_log(path):
 
 
 def plot(logs, out_png, labels=None, title="minigpt training"):
-    """logs: paths of JSONL logs. Eval rows give the train/val curves; per-iteration losses are drawn faintly."""
+    """logs: paths of JSONL logs; -> the path written. Eval rows give the train/val curves; per-iteration losses
+    are drawn faintly. A log that is not one, or an out_png that cannot be written, is a UserError."""
+    fmt = os.path.splitext(out_png)[1][1:].lower()               # told to savefig: the temporary name hides it
+    if not fmt:                                                  # a bare name gets .png, as savefig gives it
+        out_png, fmt = out_png + ".png", "png"
+    if fmt not in FigureCanvasBase.get_supported_filetypes():
+        raise UserError(f"cannot write {out_png!r}: matplotlib does not write .{fmt} files; name a .png")
     runs = [read_log(path) for path in logs]                     # every log checked before anything is drawn
     fig, ax = plt.subplots(figsize=(8, 5))
     for i, (path, rows) in enumerate(zip(logs, runs)):
@@ -76,9 +83,18 @@ def plot(logs, out_png, labels=None, title="minigpt training"):
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
-    os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
-    fig.savefig(out_png, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    tmp = out_png + ".part"
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
+        fig.savefig(tmp, format=fmt, dpi=120, bbox_inches="tight")
+        os.replace(tmp, out_png)                                 # a kill mid-write leaves an old PNG whole
+    except OSError as e:
+        if os.path.isfile(tmp):
+            os.remove(tmp)
+        raise UserError(f"cannot write {out_png!r} ({e.strerror}); name a PNG file in a directory you can write "
+                        "to") from None
+    finally:
+        plt.close(fig)
     return out_png
 
 

@@ -256,6 +256,24 @@ def test_plot_losses_wants_one_label_per_log(run_dir, tmp_path, capsys):
     assert not (tmp_path / "c.png").exists()
 
 
+@pytest.mark.parametrize("name,needle", [("curve.xyz", "does not write .xyz"), ("dir.png", "Is a directory")])
+def test_plot_losses_says_when_it_cannot_write_the_png(name, needle, run_dir, tmp_path, capsys):
+    out, _ = run_dir
+    (tmp_path / "dir.png").mkdir()
+    assert plot_main(out / "log.jsonl", "-o", tmp_path / name) == 2
+    assert_one_error_line(capsys.readouterr().err, needle, name)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.png"]            # no PNG, no temporary left
+
+
+def test_plot_losses_writes_where_it_says(run_dir, tmp_path, capsys):
+    """A bare -o name gets .png, as savefig gives it: the path printed is the file written, and no temporary
+    is left beside it."""
+    out, _ = run_dir
+    assert plot_main(out / "log.jsonl", "-o", tmp_path / "curve") == 0
+    assert capsys.readouterr().out == f"{tmp_path / 'curve.png'}\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["curve.png"]
+
+
 def test_plot_losses_skips_a_torn_last_row(run_dir, tmp_path, capsys):
     """A kill mid-write leaves the last row without its newline: the run's log still plots. A row that is not
     JSON anywhere else is an error."""
