@@ -62,6 +62,7 @@ def main(argv=None):
 def write_report(cfg, verbose=False):
     """Build out_dir/report.html for cfg (a ReportConfig); -> its path. Written to a temporary name, renamed."""
     check_ranges(cfg, positive=("val_chars", "sample_tokens"), non_negative=("samples", "seed", "threads"))
+    typed = load_text(cfg.data) if cfg.data else None    # a typed --data must be readable: checked before any work
     try:
         backends.select(cfg.backend, threads=cfg.threads or None, verbose=verbose)
     except backends.BackendUnavailable as e:
@@ -72,7 +73,7 @@ def write_report(cfg, verbose=False):
     meta = loaded[0]
     notes, sections, data = [], [], {}
     rows = _read_log(os.path.join(cfg.out_dir, "log.jsonl"), notes)
-    val_text = _validation_text(cfg, meta, notes)
+    val_text = _validation_text(typed, meta, notes)
     prompt = cfg.prompt or (val_text[:MAX_T] if val_text else "\n")
     ids = _encode(tok, prompt, "--prompt")
     keep = min(MAX_T, model.config.block_size)
@@ -153,12 +154,16 @@ def _read_log(path, notes):
     return rows
 
 
-def _validation_text(cfg, meta, notes):
-    path = cfg.data or meta.get("train_config", {}).get("data", "")
-    if not path or not os.path.exists(path):
-        notes.append(f"the training text {path!r} is not here: no validation sections (pass --data PATH)")
-        return ""
-    return split_text(load_text(path))[1]
+def _validation_text(text, meta, notes):
+    """The validation split of text (the typed --data's), else of the run's own --data, named in its checkpoint:
+    that one may be gone since (moved, another machine), which is a note on the page, not an error."""
+    if text is None:
+        path = meta.get("train_config", {}).get("data", "")
+        if not path or not os.path.exists(path):
+            notes.append(f"the training text {path!r} is not here: no validation sections (pass --data PATH)")
+            return ""
+        text = load_text(path)
+    return split_text(text)[1]
 
 
 def _encode(tok, text, what):

@@ -51,7 +51,10 @@ def main(argv):
         return interrupted_status(result)                         # stopped by a signal (saved): 130 / 143
     if cfg.plot_path():
         label = os.path.basename(os.path.abspath(cfg.out_dir))
-        print(f"loss curve: {plot([result['log']], cfg.plot_path(), labels=[label])}")
+        try:
+            print(f"loss curve: {plot([result['log']], cfg.plot_path(), labels=[label])}")
+        except UserError as e:                                          # the run itself succeeded
+            print(f"note: no loss curve ({e})", file=sys.stderr)
     if cfg.sample_chars:
         model, tok = result["model"].eval(), result["tokenizer"]
         rng = np.random.default_rng(cfg.seed)

@@ -1,11 +1,15 @@
 """The run report (minigpt/report.py, lens.py): its numbers are the model's own, the page is self-contained and
-renders in a real headless browser without errors, and bad input gets a clear message."""
+renders in a real headless browser without errors, and bad input gets a clear message; the same for the loss
+curves of scripts/plot_losses.py."""
+import json
 import math
 import os
 import re
 import shutil
 import subprocess
 import sys
+
+from dataclasses import fields
 
 import numpy as np
 import pytest
@@ -18,6 +22,7 @@ from minigpt.report import ReportConfig, write_report
 from minigpt.sample import distribution, sample_next
 from minigpt.train import train
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = GPTConfig(vocab_size=13, block_size=12, n_layer=2, n_head=2, n_embd=16, bias=True)
 
 
@@ -173,6 +178,7 @@ def test_report_command_help_and_errors(run_dir, tmp_path):
     out, _ = run_dir
     r = report_cli("--help")
     assert r.returncode == 0 and "--val_chars" in r.stdout and "--prompt" in r.stdout
+    assert r.stdout.count("(default:") == len(fields(ReportConfig))          # each option's default once
     for args, msg in [(["--out_dir", str(tmp_path / "none")], "no checkpoint in --out_dir"),
                       (["--out_dir", str(out), "--prompt", "\u00e9t\u00e9"], "not in the tokenizer's vocabulary"),
                       (["--out_dir", str(out), "--val_chars", "0"], "--val_chars must be positive"),
@@ -182,12 +188,108 @@ def test_report_command_help_and_errors(run_dir, tmp_path):
 
 
 def test_report_draws_what_it_can_without_log_or_text(run_dir, tmp_path):
-    """A checkpoint alone (no log.jsonl, no training text): the page says what is missing and draws the rest."""
+    """A checkpoint alone (no log.jsonl, and the run's own --data gone since): the page says what is missing
+    and draws the rest."""
     out, _ = run_dir
     alone = tmp_path / "alone"
     alone.mkdir()
-    shutil.copy(out / "ckpt_best.npz", alone / "ckpt_best.npz")
-    r = report_cli("--out_dir", str(alone), "--data", str(tmp_path / "gone.txt"))
+    with np.load(out / "ckpt_best.npz") as z:
+        files = {k: z[k] for k in z.files}
+    meta = json.loads(files["meta"].tobytes())
+    meta["train_config"]["data"] = str(tmp_path / "gone.txt")           # where the run's text was
+    files["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    np.savez(alone / "ckpt_best.npz", **files)
+    r = report_cli("--out_dir", str(alone))
     assert r.returncode == 0, r.stderr
     text = (alone / "report.html").read_text(encoding="utf-8")
     assert "log.jsonl is missing" in text and "is not here" in text and "No snapshots" in text
+
+
+def assert_one_error_line(err, *needles):
+    assert err.startswith("error: ") and err.count("\n") == 1 and err.endswith("\n"), err
+    assert "Traceback" not in err and all(n in err for n in needles), (needles, err)
+
+
+def test_report_typed_data_must_exist(run_dir, tmp_path):
+    """A --data the user typed that is not there is a mistake (exit 2), unlike the run's own text gone since."""
+    out, _ = run_dir
+    here = tmp_path / "run"
+    here.mkdir()
+    shutil.copy(out / "ckpt_best.npz", here / "ckpt_best.npz")
+    r = report_cli("--out_dir", str(here), "--data", str(tmp_path / "gone.txt"))
+    assert r.returncode == 2, r.stderr
+    assert_one_error_line(r.stderr, "gone.txt", "does not exist", "--data")
+    assert not (here / "report.html").exists()
+
+
+# ----------------------------------------------------------------------------
+# scripts/plot_losses.py: the curves from log.jsonl
+
+def plot_main(*args):
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    try:
+        import plot_losses
+    finally:
+        sys.path.pop(0)
+    return plot_losses.main([str(a) for a in args])
+
+
+@pytest.mark.parametrize("content,needle", [
+    (None, "does not exist"),
+    (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", "is not text"),
+    (b"step 0 loss 4.17\nstep 1 loss 4.01\n", "line 1 of log file"),
+    (b'{"iter": 0, "loss": 4.17}\n{"iter": 1, "loss": 4.01}\n', 'no "kind"'),
+    (b"", "no train or eval rows")], ids=["missing", "binary", "not-json", "no-kind", "empty"])
+def test_plot_losses_rejects_what_is_not_a_training_log(content, needle, tmp_path, capsys):
+    log = tmp_path / "log.jsonl"
+    if content is not None:
+        log.write_bytes(content)
+    assert plot_main(log) == 2
+    assert_one_error_line(capsys.readouterr().err, needle, str(log), "--out_dir")
+    assert not (tmp_path / "loss_curve.png").exists()
+
+
+def test_plot_losses_wants_one_label_per_log(run_dir, tmp_path, capsys):
+    out, _ = run_dir
+    assert plot_main(out / "log.jsonl", "--labels", "a", "b", "-o", tmp_path / "c.png") == 2
+    assert_one_error_line(capsys.readouterr().err, "--labels got 2", "1 log")
+    assert not (tmp_path / "c.png").exists()
+
+
+@pytest.mark.parametrize("name,needle", [("curve.xyz", "does not write .xyz"), ("dir.png", "Is a directory")])
+def test_plot_losses_says_when_it_cannot_write_the_png(name, needle, run_dir, tmp_path, capsys):
+    out, _ = run_dir
+    (tmp_path / "dir.png").mkdir()
+    assert plot_main(out / "log.jsonl", "-o", tmp_path / name) == 2
+    assert_one_error_line(capsys.readouterr().err, needle, name)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.png"]            # no PNG, no temporary left
+
+
+def test_plot_losses_writes_where_it_says(run_dir, tmp_path, capsys):
+    """A bare -o name gets .png, as savefig gives it: the path printed is the file written, and no temporary
+    is left beside it."""
+    out, _ = run_dir
+    assert plot_main(out / "log.jsonl", "-o", tmp_path / "curve") == 0
+    assert capsys.readouterr().out == f"{tmp_path / 'curve.png'}\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["curve.png"]
+
+
+def test_plot_losses_skips_a_torn_last_row(run_dir, tmp_path, capsys):
+    """A kill mid-write leaves the last row without its newline: the run's log still plots. A row that is not
+    JSON anywhere else is an error."""
+    out, _ = run_dir
+    rows = (out / "log.jsonl").read_text()
+    log = tmp_path / "log.jsonl"
+    log.write_text(rows + '{"iter": 12, "kind": "tr')
+    assert plot_main(log) == 0 and (tmp_path / "loss_curve.png").stat().st_size > 10_000
+    log.write_text('{"iter": 12, "kind": "tr\n' + rows)
+    assert plot_main(log) == 2
+    assert_one_error_line(capsys.readouterr().err, "line 1 of log file", "not JSON")
+
+
+@pytest.mark.parametrize("args", [["none.jsonl"], []], ids=["missing-log", "no-arguments"])
+def test_plot_losses_command_says_one_line_and_exits_2(args, tmp_path):
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "plot_losses.py"), *args], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert_one_error_line(r.stderr)
