@@ -144,13 +144,20 @@ def _read_log(path, notes):
     if not os.path.exists(path):
         notes.append(f"{path} is missing: no training curves")
         return []
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.readlines()
+    except (OSError, UnicodeDecodeError) as e:
+        notes.append(f"{path} cannot be read as a training log ({type(e).__name__}): no training curves")
+        return []
     rows = []
-    with open(path) as f:
-        for line in f:
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                pass                                                    # a line torn by a kill mid-write
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:                                              # a line torn by a kill mid-write
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
     return rows
 
 

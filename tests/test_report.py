@@ -203,6 +203,10 @@ def test_report_draws_what_it_can_without_log_or_text(run_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     text = (alone / "report.html").read_text(encoding="utf-8")
     assert "log.jsonl is missing" in text and "is not here" in text and "No snapshots" in text
+    (alone / "log.jsonl").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe" + bytes(range(256)))   # not a log at all
+    r = report_cli("--out_dir", str(alone))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "cannot be read as a training log (UnicodeDecodeError)" in (alone / "report.html").read_text("utf-8")
 
 
 def assert_one_error_line(err, *needles):
