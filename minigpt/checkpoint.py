@@ -94,6 +94,15 @@ def remove_stale(directory):
     return removed
 
 
+def in_run(out_dir):
+    """The checkpoint of a run that the reading commands use: out_dir/ckpt_best.npz, else ckpt_last.npz."""
+    for name in ("ckpt_best.npz", "ckpt_last.npz"):
+        if os.path.exists(os.path.join(out_dir, name)):
+            return os.path.join(out_dir, name)
+    raise UserError(f"no checkpoint in --out_dir {out_dir!r} (no ckpt_best.npz or ckpt_last.npz); pass the "
+                    "--out_dir of a training run, or --ckpt FILE")
+
+
 def load(path):
     """-> (meta dict, params dict, optimizer state {"name", "t", "slots": {slot: {param: array}}}); a UserError
     for anything unusable."""

@@ -22,8 +22,8 @@ from .model import GPT, GPTConfig, KVCache
 
 @dataclass
 class SampleConfig:
-    out_dir: str = setting("out", "directory of a training run; its ckpt_best.npz is sampled")
-    ckpt: str = setting("", "a checkpoint file to sample instead of out_dir/ckpt_best.npz")
+    out_dir: str = setting("out", "directory of a training run: its ckpt_best.npz is sampled, else ckpt_last.npz")
+    ckpt: str = setting("", "a checkpoint file to sample instead of the one in --out_dir")
     prompt: str = setting("\n", "text the samples continue")
     prompt_file: str = setting("", "read the prompt from this UTF-8 file instead of --prompt")
     num_samples: int = setting(1, "samples generated together in one batch")
@@ -148,7 +148,8 @@ def main(argv=None):
             backends.select(cfg.backend, threads=cfg.threads or None)
         except backends.BackendUnavailable as e:
             raise UserError(f"--backend {cfg.backend}: {e}") from None
-        model, tok = load_model(cfg.ckpt or os.path.join(cfg.out_dir, "ckpt_best.npz"))
+        path = cfg.ckpt or checkpoint.in_run(cfg.out_dir)
+        model, tok = load_model(path)
         model.bf16 = cfg.dtype == "bf16"
         prompt = cfg.prompt
         if cfg.prompt_file:
@@ -179,7 +180,7 @@ def main(argv=None):
             print("\n" + "-" * 40 + "\n" + prompt + tok.decode(rows[s]), end="")
         print("\n" + "-" * 40, flush=True)
         n_tok = rows.size
-        print(f"{n_tok} tokens in {dt:.2f} s: {n_tok / max(dt, 1e-9):,.0f} tokens/s "
+        print(f"{path}: {n_tok} tokens in {dt:.2f} s: {n_tok / max(dt, 1e-9):,.0f} tokens/s "
               f"({cfg.num_samples} samples, kv_cache={cfg.kv_cache}, backend {backends.name()})", file=sys.stderr)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

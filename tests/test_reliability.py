@@ -56,6 +56,17 @@ def eval_cli(*args):
                           capture_output=True, text=True, timeout=60)
 
 
+def export_cli(*args):
+    return subprocess.run([sys.executable, "scripts/export_hf.py", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+
+
+def assert_one_error(r, *needles):
+    """assert_clear_error, and stderr is that one line: nothing printed before it."""
+    assert_clear_error(r, *needles)
+    assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, r.stderr
+
+
 # ----------------------------------------------------------------------------
 # bad data
 
@@ -155,6 +166,49 @@ def test_a_file_that_is_not_a_checkpoint_is_named_so(trained, tmp_path):
     (tmp_path / "run" / "ckpt_last.npz").write_bytes(b"")
     assert_clear_error(train_cli("--data", str(text), "--out_dir", str(tmp_path / "run"), "--resume"),
                        "is not a minigpt checkpoint (it is empty)")
+
+
+def test_readers_take_ckpt_best_else_ckpt_last_and_say_which(trained, tmp_path):
+    """sample, eval_checkpoint.py and export_hf.py read out_dir/ckpt_best.npz, else ckpt_last.npz, and name it;
+    eval_checkpoint.py measures on the run's own --data unless --data is typed."""
+    text, out = trained
+    only_last = tmp_path / "run"
+    only_last.mkdir()
+    (only_last / "ckpt_last.npz").write_bytes((out / "ckpt_last.npz").read_bytes())
+    for d, name in ((out, "ckpt_best.npz"), (only_last, "ckpt_last.npz")):
+        path = str(d / name)
+        r = sample_cli("--out_dir", str(d), "--max_new_tokens=3", "--num_samples=2")
+        assert r.returncode == 0 and f"{path}: 6 tokens in " in r.stderr and "(2 samples," in r.stderr, r.stderr
+        r = eval_cli("--out_dir", str(d), "--draws=1")                         # no --data: the run's
+        assert r.returncode == 0 and r.stdout.startswith(f"{path} on {text}: block 16"), r.stdout + r.stderr
+        r = export_cli("--out_dir", str(d), "--out", str(tmp_path / f"hf-{name}"))
+        assert r.returncode == 0 and f"(from {path})" in r.stdout, r.stdout + r.stderr
+    other = tmp_path / "other.txt"
+    write_text(other, seed=1)
+    r = eval_cli("--out_dir", str(out), "--draws=1", "--data", str(other))     # typed --data wins
+    assert r.returncode == 0 and r.stdout.startswith(f"{out / 'ckpt_best.npz'} on {other}:"), r.stdout + r.stderr
+    moved = tmp_path / "moved"                                                 # a run whose text is not here
+    moved.mkdir()
+    meta, params, _ = checkpoint.load(str(out / "ckpt_best.npz"))
+    meta["train_config"]["data"] = str(tmp_path / "gone.txt")
+    np.savez(moved / "ckpt_best.npz", meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
+             **{f"param/{k}": a for k, a in params.items()})
+    assert_one_error(eval_cli("--out_dir", str(moved)), f"the run's training text {str(tmp_path / 'gone.txt')!r}",
+                     "pass --data PATH")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for r in (sample_cli("--out_dir", str(empty)), eval_cli("--out_dir", str(empty)),
+              export_cli("--out_dir", str(empty), "--out", str(tmp_path / "hf"))):
+        assert_one_error(r, f"no checkpoint in --out_dir {str(empty)!r}", "--ckpt FILE")
+
+
+def test_eval_checkpoint_needs_the_runs_train_config(trained, tmp_path):
+    meta, params, _ = checkpoint.load(str(trained[1] / "ckpt_best.npz"))
+    del meta["train_config"]
+    np.savez(tmp_path / "bare.npz", meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
+             **{f"param/{k}": a for k, a in params.items()})
+    assert_one_error(eval_cli("--ckpt", str(tmp_path / "bare.npz"), "--data", str(trained[0])),
+                     "has no train_config", "pass a checkpoint that training wrote")
 
 
 def test_unwritable_out_dir(tmp_path, text):
