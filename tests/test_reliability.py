@@ -168,6 +168,42 @@ def test_a_file_that_is_not_a_checkpoint_is_named_so(trained, tmp_path):
                        "is not a minigpt checkpoint (it is empty)")
 
 
+def test_readers_of_a_checkpoint_advise_their_own_options(trained, tmp_path):
+    """sample, eval_checkpoint.py and export_hf.py have --ckpt and --out_dir, not --resume: a missing or foreign
+    file's message says to pass those."""
+    text, out = trained
+    missing = str(tmp_path / "none.npz")
+    np.savez(tmp_path / "other.npz", a=np.zeros(3))
+    for path, what in ((missing, "does not exist"), (str(tmp_path / "other.npz"), "no minigpt-checkpoint-1 metadata")):
+        for r in (sample_cli("--ckpt", path), eval_cli("--ckpt", path, "--data", str(text)),
+                  export_cli("--ckpt", path, "--out", str(tmp_path / "hf"))):
+            assert_one_error(r, what, "; pass --ckpt FILE", "an --out_dir that holds ckpt_best.npz or ckpt_last.npz")
+            assert "--resume" not in r.stderr, r.stderr
+
+
+def test_unusable_checkpoint_message_ends_in_the_callers_fix(trained, tmp_path):
+    """A truncated ckpt_last.npz: the --ckpt commands say to pass another; a caller such as --resume, which reads
+    ckpt_last.npz only, passes its own fix."""
+    good = trained[1] / "ckpt_last.npz"
+    trunc = tmp_path / "ckpt_last.npz"
+    trunc.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    fix = "copy out_dir/ckpt_best.npz over ckpt_last.npz to resume from the best one, or start a new --out_dir"
+    with pytest.raises(checkpoint.UserError) as e:
+        checkpoint.load(str(trunc), fix=fix)
+    assert str(e.value).endswith("it may be truncated; " + fix) and "ckpt_best.npz /" not in str(e.value)
+    assert_one_error(sample_cli("--ckpt", str(trunc)), "it may be truncated; pass --ckpt FILE")
+
+
+def test_a_report_snapshot_is_named_so(trained, tmp_path):
+    out = trained[1]
+    snap = out / checkpoint.SNAPSHOT_DIR / sorted(os.listdir(out / checkpoint.SNAPSHOT_DIR))[-1]
+    assert_one_error(sample_cli("--ckpt", str(snap)), "is a report snapshot (float16 weights), not a checkpoint",
+                     f"pass --ckpt {out / 'ckpt_best.npz'} (or ckpt_last.npz), or --out_dir {out}")
+    (tmp_path / "iter_1.npz").write_bytes(snap.read_bytes())                 # outside its run: still named
+    assert_one_error(eval_cli("--ckpt", str(tmp_path / "iter_1.npz"), "--data", str(trained[0])),
+                     "is a report snapshot (float16 weights)", "ckpt_best.npz or ckpt_last.npz")
+
+
 def test_readers_take_ckpt_best_else_ckpt_last_and_say_which(trained, tmp_path):
     """sample, eval_checkpoint.py and export_hf.py read out_dir/ckpt_best.npz, else ckpt_last.npz, and name it;
     eval_checkpoint.py measures on the run's own --data unless --data is typed."""
