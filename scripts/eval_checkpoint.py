@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minigpt import backends, checkpoint
+from minigpt import checkpoint
 from minigpt.config import UserError, check_dtype, check_ranges, default_backend, parse_args, setting
 from minigpt.data import Dataset, load_text
-from minigpt.sample import load_model
+from minigpt.sample import check_backend, load_model, select_backend
 from minigpt.evaluate import whole_split_loss
 
 
@@ -29,7 +29,7 @@ class EvalConfig:
                             "from the checkpoint)")
     draws: int = setting(10, "independent draws of eval_iters batches, for the spread of the estimate")
     backend: str = setting(default_backend, "auto | numpy | numba | native; $MINIGPT_BACKEND sets the default")
-    threads: int = setting(0, "threads of every pool (0: all cores)")
+    threads: int = setting(0, "threads of every pool (0: all CPUs)")
     dtype: str = setting("float32", "float32 | bf16: the products' precision (as training's --dtype; a bf16 run's "
                                     "checkpoint is float32 and reads either way)")
 
@@ -39,6 +39,7 @@ def main(argv):
         a = check_ranges(parse_args(argv, EvalConfig, prog="eval_checkpoint.py", description=__doc__),
                          positive=("draws",), non_negative=("threads",))
         check_dtype(a.dtype)
+        check_backend(a.backend)
         path = a.ckpt or checkpoint.in_run(a.out_dir)
         loaded = checkpoint.load(path)
         if "train_config" not in loaded[0]:
@@ -49,11 +50,11 @@ def main(argv):
         if not a.data and not os.path.isfile(text):
             raise UserError(f"the run's training text {text!r} (its --data, from the checkpoint) is not here; "
                             "pass --data PATH")
-        backends.select(a.backend, threads=a.threads or None)
+        select_backend(a)
         model, tok = load_model(path, loaded)
         model.bf16 = a.dtype == "bf16"
         data = Dataset(load_text(text), tok, model.config.block_size, source=text)
-    except (UserError, backends.BackendUnavailable) as e:
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     T, B, iters = model.config.block_size, cfg["batch_size"], cfg["eval_iters"]

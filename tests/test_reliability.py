@@ -204,6 +204,32 @@ def test_a_report_snapshot_is_named_so(trained, tmp_path):
                      "is a report snapshot (float16 weights)", "ckpt_best.npz or ckpt_last.npz")
 
 
+@pytest.mark.parametrize("args,needle", [
+    (["--temperature=0"], "--temperature must be positive, got 0.0"), (["--temperature=-1"], "--temperature must be"),
+    (["--prompt_file=/nonexistent/p.txt"], "--prompt_file '/nonexistent/p.txt' is not a file"),
+    (["--prompt="], "the prompt is empty"),
+])
+def test_sample_settings_are_checked_before_anything_is_printed(trained, tmp_path, args, needle):
+    r = sample_cli("--out_dir", str(trained[1]), "--max_new_tokens=3", *args)
+    assert_one_error(r, needle)
+    assert r.stdout == ""                                                       # not even the prompt
+    assert_one_error(sample_cli("--ckpt", str(tmp_path / "none.npz"), *args), needle)   # before the checkpoint
+
+
+def test_backend_from_the_environment_is_not_blamed_on_the_flag(trained):
+    """MINIGPT_BACKEND=bogus: sample and eval_checkpoint word it as training does."""
+    env = {**os.environ, "MINIGPT_BACKEND": "bogus"}
+    ckpt = str(trained[1] / "ckpt_last.npz")
+    cmds = ([sys.executable, "-m", "minigpt.sample", "--ckpt", ckpt],
+            [sys.executable, "scripts/eval_checkpoint.py", "--ckpt", ckpt, "--data", str(trained[0])],
+            [sys.executable, "scripts/train_shakespeare.py", *[a for a in TINY if not a.startswith("--backend")],
+             "--data", str(trained[0]), "--out_dir", str(trained[1].parent / "bogus")])
+    for cmd in cmds:
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+        assert_one_error(r, "error: --backend must be one of auto, numpy, numba, native; got 'bogus' "
+                            "(from --backend, else MINIGPT_BACKEND)")
+
+
 def test_readers_take_ckpt_best_else_ckpt_last_and_say_which(trained, tmp_path):
     """sample, eval_checkpoint.py and export_hf.py read out_dir/ckpt_best.npz, else ckpt_last.npz, and name it;
     eval_checkpoint.py measures on the run's own --data unless --data is typed."""
