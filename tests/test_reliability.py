@@ -192,6 +192,8 @@ def test_unusable_checkpoint_message_ends_in_the_callers_fix(trained, tmp_path):
         checkpoint.load(str(trunc), fix=fix)
     assert str(e.value).endswith("it may be truncated; " + fix) and "ckpt_best.npz /" not in str(e.value)
     assert_one_error(sample_cli("--ckpt", str(trunc)), "it may be truncated; pass --ckpt FILE")
+    np.savez(tmp_path / "meta5.npz", meta=np.frombuffer(b"5", np.uint8))            # JSON, but not a dict
+    assert_one_error(sample_cli("--ckpt", str(tmp_path / "meta5.npz")), "not a minigpt checkpoint", "--ckpt FILE")
 
 
 def test_a_report_snapshot_is_named_so(trained, tmp_path):
