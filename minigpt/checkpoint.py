@@ -94,12 +94,27 @@ def remove_stale(directory):
     return removed
 
 
-def load(path):
+# what the commands that read a checkpoint (--ckpt FILE, else in_run(--out_dir)) advise instead of a bad one
+CKPT_FIX = ("pass --ckpt FILE (a checkpoint that training wrote), or an --out_dir that holds ckpt_best.npz or "
+            "ckpt_last.npz")
+
+
+def in_run(out_dir):
+    """The checkpoint of a run that the reading commands use: out_dir/ckpt_best.npz, else ckpt_last.npz."""
+    for name in ("ckpt_best.npz", "ckpt_last.npz"):
+        if os.path.exists(os.path.join(out_dir, name)):
+            return os.path.join(out_dir, name)
+    raise UserError(f"no checkpoint in --out_dir {out_dir!r} (no ckpt_best.npz or ckpt_last.npz); pass the "
+                    "--out_dir of a training run, or --ckpt FILE")
+
+
+def load(path, fix=None):
     """-> (meta dict, params dict, optimizer state {"name", "t", "slots": {slot: {param: array}}}); a UserError
-    for anything unusable."""
+    for anything unusable, ending in `fix`: what to do instead (default CKPT_FIX, or for a report snapshot its
+    run's checkpoints; training's --resume passes its own)."""
+    use = fix or CKPT_FIX
     if not os.path.exists(path):
-        raise UserError(f"checkpoint {path!r} does not exist; check --out_dir, or start without --resume")
-    use = "pass a checkpoint that training wrote (out_dir/ckpt_best.npz or ckpt_last.npz)"
+        raise UserError(f"checkpoint {path!r} does not exist; {use}")
     try:
         with open(path, "rb") as f:
             head = f.read(4)
@@ -116,13 +131,14 @@ def load(path):
             raise UserError(f"{path!r} is not a readable checkpoint (ValueError: {e}); {use}") from None
         raise UserError(f"{path!r} is not a minigpt checkpoint (it holds Python objects); {use}") from None
     except (zipfile.BadZipFile, OSError, EOFError) as e:
-        raise UserError(f"{path!r} is not a readable checkpoint ({type(e).__name__}: {e}); it may be truncated. "
-                        "Use another checkpoint (ckpt_best.npz / ckpt_last.npz)") from None
-    try:
-        meta = json.loads(files.pop("meta").tobytes().decode())
-        assert meta.get("format") == FORMAT
-    except (KeyError, ValueError, AssertionError):
-        raise UserError(f"{path!r} is not a minigpt checkpoint (no {FORMAT} metadata)") from None
+        raise UserError(f"{path!r} is not a readable checkpoint ({type(e).__name__}: {e}), it may be truncated; "
+                        f"{use}") from None
+    meta = _meta(files.pop("meta", None))
+    if meta.get("format") != FORMAT:
+        if _is_snapshot(meta, files):
+            raise UserError(f"{path!r} is a report snapshot (float16 weights), not a checkpoint; "
+                            f"{fix or _snapshot_fix(path)}")
+        raise UserError(f"{path!r} is not a minigpt checkpoint (no {FORMAT} metadata); {use}")
     params, slots = {}, {}
     for k, v in files.items():
         group, _, name = k.partition("/")
@@ -133,6 +149,30 @@ def load(path):
     if "optimizer" not in meta:
         return meta, params, _unnamed_state(meta, slots)
     return meta, params, {"name": meta["optimizer"], "t": meta["opt_t"], "slots": slots}
+
+
+def _meta(array):
+    """The JSON dict an .npz holds under "meta" (checkpoints and snapshots); {} if there is none."""
+    try:
+        meta = json.loads(array.tobytes().decode())
+    except (AttributeError, ValueError):                       # no "meta", or not JSON text
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _is_snapshot(meta, files):
+    """save_snapshot's files: a meta with model_config and no format, and float16 parameters."""
+    params = [a for k, a in files.items() if k.startswith("param/")]
+    return "model_config" in meta and bool(params) and all(a.dtype == np.float16 for a in params)
+
+
+def _snapshot_fix(path):
+    """Point at the checkpoints of a snapshot's run: they sit next to its snapshots/ directory."""
+    d = os.path.dirname(os.path.abspath(path))
+    if os.path.basename(d) != SNAPSHOT_DIR:
+        return "pass --ckpt with its run's ckpt_best.npz or ckpt_last.npz"
+    run = os.path.dirname(d)
+    return f"pass --ckpt {os.path.join(run, 'ckpt_best.npz')} (or ckpt_last.npz), or --out_dir {run}"
 
 
 def _unnamed_state(meta, slots):

@@ -22,8 +22,8 @@ from .model import GPT, GPTConfig, KVCache
 
 @dataclass
 class SampleConfig:
-    out_dir: str = setting("out", "directory of a training run; its ckpt_best.npz is sampled")
-    ckpt: str = setting("", "a checkpoint file to sample instead of out_dir/ckpt_best.npz")
+    out_dir: str = setting("out", "directory of a training run: its ckpt_best.npz is sampled, else ckpt_last.npz")
+    ckpt: str = setting("", "a checkpoint file to sample instead of the one in --out_dir")
     prompt: str = setting("\n", "text the samples continue")
     prompt_file: str = setting("", "read the prompt from this UTF-8 file instead of --prompt")
     num_samples: int = setting(1, "samples generated together in one batch")
@@ -33,8 +33,8 @@ class SampleConfig:
     top_p: float = setting(1.0, "sample among the most likely tokens that hold this much probability (1: off)")
     seed: int = setting(1337, "seed of the sampling generator")
     kv_cache: bool = setting(True, "keep the keys and values of past positions (false: recompute every step)")
-    backend: str = setting(default_backend, "auto | numpy | numba | native (default: $MINIGPT_BACKEND, else auto)")
-    threads: int = setting(0, "threads of every pool (0: all cores)")
+    backend: str = setting(default_backend, "auto | numpy | numba | native; $MINIGPT_BACKEND sets the default")
+    threads: int = setting(0, "threads of every pool (0: all CPUs)")
     dtype: str = setting("float32", "float32 | bf16: bf16 rounds the operands of every product to bfloat16 (as "
                                     "training's --dtype; the checkpoint stays float32)")
 
@@ -139,29 +139,12 @@ def generate(model, idx, max_new_tokens, rng, temperature=1.0, top_k=0, top_p=1.
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     try:
-        cfg = parse_args(argv, SampleConfig, prog="python -m minigpt.sample", description=__doc__)
-        check_ranges(cfg, positive=("num_samples",), non_negative=("max_new_tokens", "top_k", "seed", "threads"))
-        if not 0 < cfg.top_p <= 1:
-            raise UserError(f"--top_p must lie in (0, 1], got {cfg.top_p}")
-        check_dtype(cfg.dtype)
-        try:
-            backends.select(cfg.backend, threads=cfg.threads or None)
-        except backends.BackendUnavailable as e:
-            raise UserError(f"--backend {cfg.backend}: {e}") from None
-        model, tok = load_model(cfg.ckpt or os.path.join(cfg.out_dir, "ckpt_best.npz"))
+        cfg, prompt = _settings(argv)                                  # every check before loading or printing
+        path = cfg.ckpt or checkpoint.in_run(cfg.out_dir)
+        loaded = checkpoint.load(path)
+        select_backend(cfg)
+        model, tok = load_model(path, loaded)
         model.bf16 = cfg.dtype == "bf16"
-        prompt = cfg.prompt
-        if cfg.prompt_file:
-            if not os.path.isfile(cfg.prompt_file):
-                raise UserError(f"--prompt_file {cfg.prompt_file!r} is not a file")
-            try:
-                with open(cfg.prompt_file, encoding="utf-8") as f:
-                    prompt = f.read()
-            except (OSError, UnicodeDecodeError) as e:
-                raise UserError(f"--prompt_file {cfg.prompt_file!r} cannot be read as UTF-8 text ({e}); "
-                                "convert it to UTF-8 or pass --prompt TEXT") from None
-        if not prompt:
-            raise UserError("the prompt is empty; pass --prompt TEXT (at least one character)")
         ids = tok.encode(prompt)
         rng = np.random.default_rng(cfg.seed)
         idx = np.tile(ids, (cfg.num_samples, 1))                       # (N, T0): all samples in one batch
@@ -178,13 +161,53 @@ def main(argv=None):
         for s in range(1, cfg.num_samples):
             print("\n" + "-" * 40 + "\n" + prompt + tok.decode(rows[s]), end="")
         print("\n" + "-" * 40, flush=True)
-        n_tok = rows.size
-        print(f"{n_tok} tokens in {dt:.2f} s: {n_tok / max(dt, 1e-9):,.0f} tokens/s "
-              f"({cfg.num_samples} samples, kv_cache={cfg.kv_cache}, backend {backends.name()})", file=sys.stderr)
+        n_tok, n = rows.size, cfg.num_samples
+        print(f"{path}: {n_tok} tokens in {dt:.2f} s: {n_tok / max(dt, 1e-9):,.0f} tokens/s "
+              f"({n} sample{'s' * (n != 1)}, kv_cache={cfg.kv_cache}, backend {backends.name()})", file=sys.stderr)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _settings(argv):
+    """-> (SampleConfig, prompt text), every setting checked: nothing is loaded or printed before this."""
+    cfg = parse_args(argv, SampleConfig, prog="python -m minigpt.sample", description=__doc__)
+    check_ranges(cfg, positive=("num_samples",), non_negative=("max_new_tokens", "top_k", "seed", "threads"))
+    if not cfg.temperature > 0:
+        raise UserError(f"--temperature must be positive, got {cfg.temperature}; use --top_k 1 for greedy decoding")
+    if not 0 < cfg.top_p <= 1:
+        raise UserError(f"--top_p must lie in (0, 1], got {cfg.top_p}")
+    check_dtype(cfg.dtype)
+    check_backend(cfg.backend)
+    prompt = cfg.prompt
+    if cfg.prompt_file:
+        if not os.path.isfile(cfg.prompt_file):
+            raise UserError(f"--prompt_file {cfg.prompt_file!r} is not a file")
+        try:
+            with open(cfg.prompt_file, encoding="utf-8") as f:
+                prompt = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"--prompt_file {cfg.prompt_file!r} cannot be read as UTF-8 text ({e}); "
+                            "convert it to UTF-8 or pass --prompt TEXT") from None
+    if not prompt:
+        raise UserError("the prompt is empty; pass --prompt TEXT (at least one character)")
+    return cfg, prompt
+
+
+def check_backend(name):
+    """A backend name, from --backend or $MINIGPT_BACKEND: worded as training's check() words it."""
+    if (name or "auto").lower() not in ("auto", *backends.BACKENDS):
+        raise UserError(f"--backend must be one of auto, {', '.join(backends.BACKENDS)}; got {name!r} "
+                        "(from --backend, else MINIGPT_BACKEND)")
+
+
+def select_backend(cfg, verbose=None):
+    """backends.select for cfg.backend and cfg.threads; a UserError if it cannot run here."""
+    try:
+        backends.select(cfg.backend, threads=cfg.threads or None, verbose=verbose)
+    except backends.BackendUnavailable as e:
+        raise UserError(f"--backend {cfg.backend}: {e}") from None
 
 
 if __name__ == "__main__":

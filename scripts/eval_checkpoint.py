@@ -1,6 +1,6 @@
 """Loss of a checkpoint over whole splits, and the spread of the training loop's eval_iters-batch estimate.
 
-    python scripts/eval_checkpoint.py --ckpt out/ckpt_last.npz [--data data/tinyshakespeare.txt] [--draws 10]
+    python scripts/eval_checkpoint.py --out_dir out [--ckpt FILE] [--data PATH] [--draws 10]
 
 The training loop estimates train/val loss from eval_iters random batches (a fixed generator, so curves are
 comparable). This script measures the same weights two more ways: over every non-overlapping block of each
@@ -8,25 +8,28 @@ split (each target once, with a context of up to block_size tokens: minigpt.eval
 draws of eval_iters batches, to show how much the training loop's figure moves with the batches alone.
 Every mistake is one line, "error: ...", and exit status 2; --help lists the options.
 """
+import os
 import sys
 from dataclasses import dataclass
 
 import numpy as np
 
-from minigpt import backends, checkpoint
+from minigpt import checkpoint
 from minigpt.config import UserError, check_dtype, check_ranges, default_backend, parse_args, setting
 from minigpt.data import Dataset, load_text
-from minigpt.sample import load_model
+from minigpt.sample import check_backend, load_model, select_backend
 from minigpt.evaluate import whole_split_loss
 
 
 @dataclass
 class EvalConfig:
-    ckpt: str = setting("out/ckpt_last.npz", "the minigpt checkpoint to measure")
-    data: str = setting("data/tinyshakespeare.txt", "the UTF-8 text it was trained on (split as in training)")
+    out_dir: str = setting("out", "directory of a training run: its ckpt_best.npz is measured, else ckpt_last.npz")
+    ckpt: str = setting("", "a checkpoint file to measure instead of the one in --out_dir")
+    data: str = setting("", "the UTF-8 text it was trained on, split as in training (default: the run's --data, "
+                            "from the checkpoint)")
     draws: int = setting(10, "independent draws of eval_iters batches, for the spread of the estimate")
     backend: str = setting(default_backend, "auto | numpy | numba | native; $MINIGPT_BACKEND sets the default")
-    threads: int = setting(0, "threads of every pool (0: all cores)")
+    threads: int = setting(0, "threads of every pool (0: all CPUs)")
     dtype: str = setting("float32", "float32 | bf16: the products' precision (as training's --dtype; a bf16 run's "
                                     "checkpoint is float32 and reads either way)")
 
@@ -36,17 +39,26 @@ def main(argv):
         a = check_ranges(parse_args(argv, EvalConfig, prog="eval_checkpoint.py", description=__doc__),
                          positive=("draws",), non_negative=("threads",))
         check_dtype(a.dtype)
-        backends.select(a.backend, threads=a.threads or None)
-        loaded = checkpoint.load(a.ckpt)
-        model, tok = load_model(a.ckpt, loaded)
-        model.bf16 = a.dtype == "bf16"
+        check_backend(a.backend)
+        path = a.ckpt or checkpoint.in_run(a.out_dir)
+        loaded = checkpoint.load(path)
+        if "train_config" not in loaded[0]:
+            raise UserError(f"{path} has no train_config (the run's batch_size, eval_iters, seed); pass a checkpoint "
+                            "that training wrote")
         cfg = loaded[0]["train_config"]
-        data = Dataset(load_text(a.data), tok, model.config.block_size, source=a.data)
-    except (UserError, backends.BackendUnavailable) as e:
+        text = a.data or cfg.get("data", "")
+        if not a.data and not os.path.isfile(text):
+            raise UserError(f"the run's training text {text!r} (its --data, from the checkpoint) is not here; "
+                            "pass --data PATH")
+        select_backend(a)
+        model, tok = load_model(path, loaded)
+        model.bf16 = a.dtype == "bf16"
+        data = Dataset(load_text(text), tok, model.config.block_size, source=text)
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     T, B, iters = model.config.block_size, cfg["batch_size"], cfg["eval_iters"]
-    print(f"{a.ckpt}: block {T}, batch {B}, eval_iters {iters}, {a.dtype} products")
+    print(f"{path} on {text}: block {T}, batch {B}, eval_iters {iters}, {a.dtype} products")
     for split in ("train", "val"):
         full = whole_split_loss(model, data.splits[split], T, B)
         est = []

@@ -4,7 +4,7 @@
     tok, model = AutoTokenizer.from_pretrained("DIR"), GPT2LMHeadModel.from_pretrained("DIR")
     x = tok("ROMEO:", return_tensors="pt"); print(tok.decode(model.generate(**x, max_length=model.config.n_positions, do_sample=True)[0]))
 
-    python scripts/export_hf.py --ckpt out/ckpt_best.npz --out DIR [--force]
+    python scripts/export_hf.py --out_dir out --out DIR [--ckpt FILE] [--force]
 
 DIR gets config.json (GPT2Config), model.safetensors (float32) and, for a BPE tokenizer, tokenizer.json and
 tokenizer_config.json. A character tokenizer has no Hugging Face form here: DIR gets minigpt_chars.json, the
@@ -18,13 +18,15 @@ GPT-2 in transformers does not crop its context: prompt and new tokens together 
 import sys
 from dataclasses import dataclass
 
+from minigpt import checkpoint
 from minigpt.config import UserError, parse_args, setting
 from minigpt.hf import export
 
 
 @dataclass
 class ExportConfig:
-    ckpt: str = setting("out/ckpt_best.npz", "the minigpt checkpoint to export")
+    out_dir: str = setting("out", "directory of a training run: its ckpt_best.npz is exported, else ckpt_last.npz")
+    ckpt: str = setting("", "a checkpoint file to export instead of the one in --out_dir")
     out: str = setting("", "directory to write the Hugging Face model into (required)")
     force: bool = setting(False, "write into --out even if it holds files (same-named files are replaced)")
 
@@ -32,11 +34,12 @@ class ExportConfig:
 def main(argv):
     try:
         cfg = parse_args(argv, ExportConfig, prog="export_hf.py", description=__doc__)
-        files = export(cfg.ckpt, cfg.out, cfg.force)
+        path = cfg.ckpt or checkpoint.in_run(cfg.out_dir)
+        files = export(path, cfg.out, cfg.force)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {', '.join(files)} to {cfg.out}")
+    print(f"wrote {', '.join(files)} to {cfg.out} (from {path})")
     if "minigpt_chars.json" in files:
         print("character tokenizer: chars = json.load(open('minigpt_chars.json')); ids = [chars.index(c) for c in "
               "text]; text = ''.join(chars[i] for i in ids)")

@@ -56,6 +56,17 @@ def eval_cli(*args):
                           capture_output=True, text=True, timeout=60)
 
 
+def export_cli(*args):
+    return subprocess.run([sys.executable, "scripts/export_hf.py", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+
+
+def assert_one_error(r, *needles):
+    """assert_clear_error, and stderr is that one line: nothing printed before it."""
+    assert_clear_error(r, *needles)
+    assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, r.stderr
+
+
 # ----------------------------------------------------------------------------
 # bad data
 
@@ -155,6 +166,113 @@ def test_a_file_that_is_not_a_checkpoint_is_named_so(trained, tmp_path):
     (tmp_path / "run" / "ckpt_last.npz").write_bytes(b"")
     assert_clear_error(train_cli("--data", str(text), "--out_dir", str(tmp_path / "run"), "--resume"),
                        "is not a minigpt checkpoint (it is empty)")
+
+
+def test_readers_of_a_checkpoint_advise_their_own_options(trained, tmp_path):
+    """sample, eval_checkpoint.py and export_hf.py have --ckpt and --out_dir, not --resume: a missing or foreign
+    file's message says to pass those."""
+    text, out = trained
+    missing = str(tmp_path / "none.npz")
+    np.savez(tmp_path / "other.npz", a=np.zeros(3))
+    for path, what in ((missing, "does not exist"), (str(tmp_path / "other.npz"), "no minigpt-checkpoint-1 metadata")):
+        for r in (sample_cli("--ckpt", path), eval_cli("--ckpt", path, "--data", str(text)),
+                  export_cli("--ckpt", path, "--out", str(tmp_path / "hf"))):
+            assert_one_error(r, what, "; pass --ckpt FILE", "an --out_dir that holds ckpt_best.npz or ckpt_last.npz")
+            assert "--resume" not in r.stderr, r.stderr
+
+
+def test_unusable_checkpoint_message_ends_in_the_callers_fix(trained, tmp_path):
+    """A truncated ckpt_last.npz: the --ckpt commands say to pass another; a caller such as --resume, which reads
+    ckpt_last.npz only, passes its own fix."""
+    good = trained[1] / "ckpt_last.npz"
+    trunc = tmp_path / "ckpt_last.npz"
+    trunc.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    fix = "copy out_dir/ckpt_best.npz over ckpt_last.npz to resume from the best one, or start a new --out_dir"
+    with pytest.raises(checkpoint.UserError) as e:
+        checkpoint.load(str(trunc), fix=fix)
+    assert str(e.value).endswith("it may be truncated; " + fix) and "ckpt_best.npz /" not in str(e.value)
+    assert_one_error(sample_cli("--ckpt", str(trunc)), "it may be truncated; pass --ckpt FILE")
+    np.savez(tmp_path / "meta5.npz", meta=np.frombuffer(b"5", np.uint8))            # JSON, but not a dict
+    assert_one_error(sample_cli("--ckpt", str(tmp_path / "meta5.npz")), "not a minigpt checkpoint", "--ckpt FILE")
+
+
+def test_a_report_snapshot_is_named_so(trained, tmp_path):
+    out = trained[1]
+    snap = out / checkpoint.SNAPSHOT_DIR / sorted(os.listdir(out / checkpoint.SNAPSHOT_DIR))[-1]
+    assert_one_error(sample_cli("--ckpt", str(snap)), "is a report snapshot (float16 weights), not a checkpoint",
+                     f"pass --ckpt {out / 'ckpt_best.npz'} (or ckpt_last.npz), or --out_dir {out}")
+    (tmp_path / "iter_1.npz").write_bytes(snap.read_bytes())                 # outside its run: still named
+    assert_one_error(eval_cli("--ckpt", str(tmp_path / "iter_1.npz"), "--data", str(trained[0])),
+                     "is a report snapshot (float16 weights)", "ckpt_best.npz or ckpt_last.npz")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--temperature=0"], "--temperature must be positive, got 0.0"), (["--temperature=-1"], "--temperature must be"),
+    (["--prompt_file=/nonexistent/p.txt"], "--prompt_file '/nonexistent/p.txt' is not a file"),
+    (["--prompt="], "the prompt is empty"),
+])
+def test_sample_settings_are_checked_before_anything_is_printed(trained, tmp_path, args, needle):
+    r = sample_cli("--out_dir", str(trained[1]), "--max_new_tokens=3", *args)
+    assert_one_error(r, needle)
+    assert r.stdout == ""                                                       # not even the prompt
+    assert_one_error(sample_cli("--ckpt", str(tmp_path / "none.npz"), *args), needle)   # before the checkpoint
+
+
+def test_backend_from_the_environment_is_not_blamed_on_the_flag(trained):
+    """MINIGPT_BACKEND=bogus: sample and eval_checkpoint word it as training does."""
+    env = {**os.environ, "MINIGPT_BACKEND": "bogus"}
+    ckpt = str(trained[1] / "ckpt_last.npz")
+    cmds = ([sys.executable, "-m", "minigpt.sample", "--ckpt", ckpt],
+            [sys.executable, "scripts/eval_checkpoint.py", "--ckpt", ckpt, "--data", str(trained[0])],
+            [sys.executable, "scripts/train_shakespeare.py", *[a for a in TINY if not a.startswith("--backend")],
+             "--data", str(trained[0]), "--out_dir", str(trained[1].parent / "bogus")])
+    for cmd in cmds:
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+        assert_one_error(r, "error: --backend must be one of auto, numpy, numba, native; got 'bogus' "
+                            "(from --backend, else MINIGPT_BACKEND)")
+
+
+def test_readers_take_ckpt_best_else_ckpt_last_and_say_which(trained, tmp_path):
+    """sample, eval_checkpoint.py and export_hf.py read out_dir/ckpt_best.npz, else ckpt_last.npz, and name it;
+    eval_checkpoint.py measures on the run's own --data unless --data is typed."""
+    text, out = trained
+    only_last = tmp_path / "run"
+    only_last.mkdir()
+    (only_last / "ckpt_last.npz").write_bytes((out / "ckpt_last.npz").read_bytes())
+    for d, name in ((out, "ckpt_best.npz"), (only_last, "ckpt_last.npz")):
+        path = str(d / name)
+        r = sample_cli("--out_dir", str(d), "--max_new_tokens=3", "--num_samples=2")
+        assert r.returncode == 0 and f"{path}: 6 tokens in " in r.stderr and "(2 samples," in r.stderr, r.stderr
+        r = eval_cli("--out_dir", str(d), "--draws=1")                         # no --data: the run's
+        assert r.returncode == 0 and r.stdout.startswith(f"{path} on {text}: block 16"), r.stdout + r.stderr
+        r = export_cli("--out_dir", str(d), "--out", str(tmp_path / f"hf-{name}"))
+        assert r.returncode == 0 and f"(from {path})" in r.stdout, r.stdout + r.stderr
+    other = tmp_path / "other.txt"
+    write_text(other, seed=1)
+    r = eval_cli("--out_dir", str(out), "--draws=1", "--data", str(other))     # typed --data wins
+    assert r.returncode == 0 and r.stdout.startswith(f"{out / 'ckpt_best.npz'} on {other}:"), r.stdout + r.stderr
+    moved = tmp_path / "moved"                                                 # a run whose text is not here
+    moved.mkdir()
+    meta, params, _ = checkpoint.load(str(out / "ckpt_best.npz"))
+    meta["train_config"]["data"] = str(tmp_path / "gone.txt")
+    np.savez(moved / "ckpt_best.npz", meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
+             **{f"param/{k}": a for k, a in params.items()})
+    assert_one_error(eval_cli("--out_dir", str(moved)), f"the run's training text {str(tmp_path / 'gone.txt')!r}",
+                     "pass --data PATH")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for r in (sample_cli("--out_dir", str(empty)), eval_cli("--out_dir", str(empty)),
+              export_cli("--out_dir", str(empty), "--out", str(tmp_path / "hf"))):
+        assert_one_error(r, f"no checkpoint in --out_dir {str(empty)!r}", "--ckpt FILE")
+
+
+def test_eval_checkpoint_needs_the_runs_train_config(trained, tmp_path):
+    meta, params, _ = checkpoint.load(str(trained[1] / "ckpt_best.npz"))
+    del meta["train_config"]
+    np.savez(tmp_path / "bare.npz", meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
+             **{f"param/{k}": a for k, a in params.items()})
+    assert_one_error(eval_cli("--ckpt", str(tmp_path / "bare.npz"), "--data", str(trained[0])),
+                     "has no train_config", "pass a checkpoint that training wrote")
 
 
 def test_unwritable_out_dir(tmp_path, text):

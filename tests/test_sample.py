@@ -128,6 +128,8 @@ def test_sample_command_help_lists_every_setting():
     assert r.returncode == 0, r.stderr
     for f in fields(SampleConfig):
         assert f"--{f.name}" in r.stdout, f.name
+    assert r.stdout.count("(default:") == len(fields(SampleConfig)), r.stdout     # each default once
+    assert "(0: all CPUs)" in r.stdout                                             # as training words it
 
 
 def test_sample_command_streams_batched_samples(tmp_path):
@@ -141,6 +143,8 @@ def test_sample_command_streams_batched_samples(tmp_path):
     r2 = subprocess.run(cmd + ["--kv_cache=false"], capture_output=True, text=True, timeout=60)
     assert r1.returncode == 0, r1.stderr
     assert r1.stdout == r2.stdout                                       # same seed, same text, cache or not
-    assert r1.stdout.count("abc") == 3 and "tokens/s" in r1.stderr
+    assert r1.stdout.count("abc") == 3 and "tokens/s" in r1.stderr and "(3 samples," in r1.stderr
+    one = subprocess.run(cmd + ["--num_samples=1"], capture_output=True, text=True, timeout=60)
+    assert one.returncode == 0 and f"{path}: 12 tokens in " in one.stderr and "(1 sample," in one.stderr, one.stderr
     bad = subprocess.run(cmd + ["--prompt", "abcXYZ"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "'X', 'Y', 'Z'" in bad.stderr and "Traceback" not in bad.stderr
