@@ -208,11 +208,16 @@ def check(cfg):
     if cfg.tokenizer == "bpe" and cfg.vocab_size < 257:
         raise UserError(f"--vocab_size must be at least 257 (256 byte tokens and one merge), got {cfg.vocab_size}; "
                         "try 512 or 1024")
-    if cfg.backend not in ("auto", "numpy", "numba", "native"):
-        raise UserError(f"--backend must be one of auto, numpy, numba, native; got {cfg.backend!r} "
-                        "(from --backend, else MINIGPT_BACKEND)")
+    check_backend(cfg.backend)
     check_dtype(cfg.dtype)
     return cfg
+
+
+def check_backend(name):
+    """--backend, typed or from $MINIGPT_BACKEND (default_backend): every command checks it with these words."""
+    if name not in ("auto", "numpy", "numba", "native"):
+        raise UserError(f"--backend must be one of auto, numpy, numba, native; got {name!r} "
+                        "(from --backend, else MINIGPT_BACKEND)")
 
 
 def check_dtype(dtype):

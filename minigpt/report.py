@@ -18,10 +18,10 @@ import numpy as np
 
 from . import backends, checkpoint, lens
 from . import report_page as P
-from .config import UserError, check_ranges, default_backend, parse_args, setting
+from .config import UserError, check_backend, check_ranges, default_backend, parse_args, setting
 from .data import load_text, split_text
 from .model import GPT, GPTConfig
-from .sample import generate, load_model, start_text
+from .sample import generate, load_model, select_backend, start_text
 
 MAX_T = 64                  # prompt tokens drawn: attention maps are T x T per head
 MAX_SNAPSHOTS = 6           # snapshots shown side by side (spread over those the run kept)
@@ -43,7 +43,7 @@ class ReportConfig:
     sample_tokens: int = setting(200, "tokens per sample")
     seed: int = setting(1337, "seed of the samples")
     backend: str = setting(default_backend, "auto | numpy | numba | native (default: $MINIGPT_BACKEND, else auto)")
-    threads: int = setting(0, "threads of every pool (0: all cores)")
+    threads: int = setting(0, "threads of every pool (0: all CPUs)")
 
 
 def main(argv=None):
@@ -62,12 +62,10 @@ def main(argv=None):
 def write_report(cfg, verbose=False):
     """Build out_dir/report.html for cfg (a ReportConfig); -> its path. Written to a temporary name, renamed."""
     check_ranges(cfg, positive=("val_chars", "sample_tokens"), non_negative=("samples", "seed", "threads"))
+    check_backend(cfg.backend)
     typed = load_text(cfg.data) if cfg.data else None    # a typed --data must be readable: checked before any work
-    try:
-        backends.select(cfg.backend, threads=cfg.threads or None, verbose=verbose)
-    except backends.BackendUnavailable as e:
-        raise UserError(f"--backend {cfg.backend}: {e}") from None
-    ckpt = cfg.ckpt or _default_ckpt(cfg.out_dir)
+    select_backend(cfg, verbose=verbose)
+    ckpt = cfg.ckpt or checkpoint.in_run(cfg.out_dir)
     loaded = checkpoint.load(ckpt)
     model, tok = load_model(ckpt, loaded)
     meta = loaded[0]
@@ -131,14 +129,6 @@ ATTENTION_BODY = """<p>Click a token to pick a query; click a small map to open 
 
 # ----------------------------------------------------------------------------
 # inputs
-
-def _default_ckpt(out_dir):
-    for name in ("ckpt_best.npz", "ckpt_last.npz"):
-        if os.path.exists(os.path.join(out_dir, name)):
-            return os.path.join(out_dir, name)
-    raise UserError(f"no checkpoint in --out_dir {out_dir!r} (ckpt_best.npz or ckpt_last.npz); train there first, "
-                    "or pass --ckpt FILE")
-
 
 def _read_log(path, notes):
     if not os.path.exists(path):

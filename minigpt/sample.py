@@ -16,7 +16,7 @@ import numpy as np
 
 from . import backends, checkpoint
 from .tokenizer import tokenizer_from_json
-from .config import UserError, check_dtype, check_ranges, default_backend, parse_args, setting
+from .config import UserError, check_backend, check_dtype, check_ranges, default_backend, parse_args, setting
 from .model import GPT, GPTConfig, KVCache
 
 
@@ -193,13 +193,6 @@ def _settings(argv):
     if not prompt:
         raise UserError("the prompt is empty; pass --prompt TEXT (at least one character)")
     return cfg, prompt
-
-
-def check_backend(name):
-    """A backend name, from --backend or $MINIGPT_BACKEND: worded as training's check() words it."""
-    if (name or "auto").lower() not in ("auto", *backends.BACKENDS):
-        raise UserError(f"--backend must be one of auto, {', '.join(backends.BACKENDS)}; got {name!r} "
-                        "(from --backend, else MINIGPT_BACKEND)")
 
 
 def select_backend(cfg, verbose=None):

@@ -469,7 +469,8 @@ def _load_resume(cfg, path, given):
     if not os.path.exists(path):
         raise UserError(f"--resume: no checkpoint at {path}; train without --resume first, or point --out_dir "
                         "at the directory of an earlier run")
-    ckpt = checkpoint.load(path)
+    best = os.path.join(cfg.out_dir, "ckpt_best.npz")
+    ckpt = checkpoint.load(path, fix=f"copy {best} over {path} to resume from the best one, or start a new --out_dir")
     saved = {**ModelShape().model_dict(), **ckpt[0]["model_config"]}   # older checkpoints: today's defaults
     for k, v in cfg.model_dict().items():
         if given is not None and k in given and saved[k] != v:

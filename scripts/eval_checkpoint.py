@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from minigpt import checkpoint
-from minigpt.config import UserError, check_dtype, check_ranges, default_backend, parse_args, setting
+from minigpt.config import UserError, check_backend, check_dtype, check_ranges, default_backend, parse_args, setting
 from minigpt.data import Dataset, load_text
-from minigpt.sample import check_backend, load_model, select_backend
+from minigpt.sample import load_model, select_backend
 from minigpt.evaluate import whole_split_loss
 
 

@@ -477,3 +477,17 @@ def test_divergence_stops_with_message_and_keeps_checkpoint(tmp_path, text):
     assert_clear_error(r, "non-finite", "at iter", "last finite loss", "ckpt_last.npz", "--resume", code=3)
     meta, params, _ = checkpoint.load(str(out / "ckpt_last.npz"))
     assert all(np.isfinite(p).all() for p in params.values())
+
+
+def test_resume_from_a_truncated_ckpt_last_says_how_to_continue(trained, tmp_path):
+    """--resume reads ckpt_last.npz alone: the fix it offers for a broken one is the best checkpoint copied over
+    it, not another --ckpt (training has none)."""
+    text, done = trained
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "ckpt_best.npz").write_bytes((done / "ckpt_best.npz").read_bytes())
+    last = (done / "ckpt_last.npz").read_bytes()
+    (out / "ckpt_last.npz").write_bytes(last[: len(last) // 2])
+    r = train_cli("--data", str(text), "--out_dir", str(out), "--resume")
+    assert_one_error(r, "it may be truncated", f"copy {out / 'ckpt_best.npz'} over {out / 'ckpt_last.npz'} to resume")
+    assert "--ckpt" not in r.stderr
