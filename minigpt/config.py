@@ -279,8 +279,9 @@ def _formatter(prog):                    # description and epilog keep their lin
 
 def make_parser(cls=TrainConfig, prog=None, description=None, defaults=None):
     """The argparse parser of dataclass cls: one --name per field, its help line and default in --help
-    (`defaults` replace the field's; a help line that words its own "(default: ...)" keeps only that). No
-    argparse defaults (SUPPRESS): the namespace holds exactly what was typed, which is what .given needs."""
+    (`defaults` replace the field's; a help line that words its own "(default: ...)", or says "(required)",
+    keeps only that). No argparse defaults (SUPPRESS): the namespace holds exactly what was typed, which is what
+    .given needs."""
     dashed = next(("--" + f.name.replace("_", "-") for f in fields(cls) if "_" in f.name), "--key-name")
     p = _Parser(prog=prog, usage="%(prog)s [--key VALUE ...]", description=description,
                 epilog=_EPILOG.format(dashed=dashed),
@@ -288,7 +289,7 @@ def make_parser(cls=TrainConfig, prog=None, description=None, defaults=None):
     for f in fields(cls):
         typ = _TYPES.get(f.type, f.type)
         text = f.metadata.get("help", "").replace("%", "%%")              # argparse %-formats help strings
-        if "(default:" not in text:
+        if "(default:" not in text and "(required)" not in text:
             text += f" (default: {_shown(_default(f, defaults or {}))})"
         p.add_argument(f"--{f.name}", type=_converter(f.name, typ), default=argparse.SUPPRESS,
                        metavar=_METAVAR.get(typ, "VALUE"), help=text,

@@ -4,8 +4,9 @@
 
 The training loop estimates train/val loss from eval_iters random batches (a fixed generator, so curves are
 comparable). This script measures the same weights two more ways: over every non-overlapping block of each
-split (each target once, with a context of up to block_size tokens: minigpt.evaluate.whole_split_loss), and over `--draws` independent
-draws of eval_iters batches, to show how much the training loop's figure moves with the batches alone.
+split (each target once, with a context of up to block_size tokens: minigpt.evaluate.whole_split_loss), and
+over `--draws` independent draws of eval_iters batches, to show how much the training loop's figure moves with
+the batches alone.
 Every mistake is one line, "error: ...", and exit status 2; --help lists the options.
 """
 import os

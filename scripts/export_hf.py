@@ -2,7 +2,8 @@
 
     from transformers import AutoTokenizer, GPT2LMHeadModel
     tok, model = AutoTokenizer.from_pretrained("DIR"), GPT2LMHeadModel.from_pretrained("DIR")
-    x = tok("ROMEO:", return_tensors="pt"); print(tok.decode(model.generate(**x, max_length=model.config.n_positions, do_sample=True)[0]))
+    x = tok("ROMEO:", return_tensors="pt")
+    print(tok.decode(model.generate(**x, max_length=model.config.n_positions, do_sample=True)[0]))
 
     python scripts/export_hf.py --out_dir out --out DIR [--ckpt FILE] [--force]
 
