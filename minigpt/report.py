@@ -107,7 +107,7 @@ def write_report(cfg, verbose=False):
     mc = model.config
     subtitle = P.esc(f"{ckpt} (iteration {meta.get('iter', '?')}): {model.num_params():,} parameters, "
                      f"{mc.n_layer} layers x {mc.n_head} heads, n_embd {mc.n_embd}, block {mc.block_size}, "
-                     f"vocabulary {mc.vocab_size} ({type(tok).__name__}); backend {backends.name()}"
+                     f"vocabulary {mc.vocab_size} ({type(tok).__name__}); backend {backends.label()}"
                      + ("; trained with bf16 products, read here in float32"
                         if meta.get("train_config", {}).get("dtype") == "bf16" else ""))
     if notes:

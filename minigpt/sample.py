@@ -163,7 +163,7 @@ def main(argv=None):
         print("\n" + "-" * 40, flush=True)
         n_tok, n = rows.size, cfg.num_samples
         print(f"{path}: {n_tok} tokens in {dt:.2f} s: {n_tok / max(dt, 1e-9):,.0f} tokens/s "
-              f"({n} sample{'s' * (n != 1)}, kv_cache={cfg.kv_cache}, backend {backends.name()})", file=sys.stderr)
+              f"({n} sample{'s' * (n != 1)}, kv_cache={cfg.kv_cache}, backend {backends.label()})", file=sys.stderr)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -178,6 +178,11 @@ def _tidy(cfg, new_run):
             f"{cfg.out_dir} ({', '.join(n for n, _ in stale)}: {sum(b for _, b in stale) / 2 ** 20:.1f} MB)")
 
 
+def _typed(v):
+    """A setting's value as the command line spells it: booleans lower-case (--bias false)."""
+    return str(v).lower() if isinstance(v, bool) else v
+
+
 def _apply_pretrained(cfg, given):
     """--init_from: the model's shape comes from the GPT-2 directory's config.json; a typed model setting that
     differs, or a tokenizer setting, is an error (the tokenizer is the directory's too)."""
@@ -185,8 +190,8 @@ def _apply_pretrained(cfg, given):
     typed = given if given is not None else frozenset()
     for k in ("n_layer", "n_head", "n_embd", "bias", "tie_weights", "activation", "qk_norm", "logit_cap"):
         if k in typed and getattr(cfg, k) != getattr(config, k):
-            raise UserError(f"--{k} {getattr(cfg, k)} conflicts with {cfg.init_from}'s {k}={getattr(config, k)} "
-                            f"(config.json); drop --{k}")
+            raise UserError(f"--{k} {_typed(getattr(cfg, k))} conflicts with {cfg.init_from}'s "
+                            f"{k}={_typed(getattr(config, k))} (config.json); drop --{k}")
         setattr(cfg, k, getattr(config, k))
     if typed & {"tokenizer", "vocab_size"}:
         raise UserError("--tokenizer/--vocab_size: with --init_from the tokenizer is the directory's (GPT-2's); "
@@ -215,7 +220,7 @@ def _build(cfg, ckpt, world):
         restore(run, ckpt)
     ranks = f", {world.size} ranks x {backends.threads()} threads" if world.size > 1 else ""
     bf16 = ", bf16 products" if model.bf16 else ""
-    say(f"model: {model.num_params():,} parameters, vocab {tok.vocab_size}, backend {backends.name()}{ranks}{bf16}")
+    say(f"model: {model.num_params():,} parameters, vocab {tok.vocab_size}, backend {backends.label()}{ranks}{bf16}")
     return run
 
 
@@ -420,8 +425,9 @@ def _log_step(log, run, it, loss, lr, gnorm, dt, eta):
     log.write(json.dumps({"iter": it, "kind": "train", "loss": loss, "lr": lr, "grad_norm": gnorm,
                           "elapsed": run.elapsed, "ms": 1000 * dt, "tokens_per_s": tokens_per_iter / dt, "rss_mb": _rss_mb()}) + "\n")
     if it % cfg.log_interval == 0 or it == cfg.max_iters - 1:
-        say(f"iter {it:5d}/{cfg.max_iters} | loss {loss:.4f} | lr {lr:.2e} | {1000 * dt:6.1f} ms | "
-            f"{tokens_per_iter / dt:8,.0f} tok/s | ETA {_fmt_time(eta)}")
+        where = f"{it:5d} | {run.elapsed:.0f}/{cfg.max_time:g} s" if cfg.max_time else f"{it:5d}/{cfg.max_iters}"
+        say(f"iter {where} | loss {loss:.4f} | lr {lr:.2e} | {1000 * dt:6.1f} ms | "       # --max_time: the budget,
+            f"{tokens_per_iter / dt:8,.0f} tok/s | ETA {_fmt_time(eta)}")                   # not the iteration cap
 
 
 # ----------------------------------------------------------------------------
@@ -474,7 +480,7 @@ def _load_resume(cfg, path, given):
     saved = {**ModelShape().model_dict(), **ckpt[0]["model_config"]}   # older checkpoints: today's defaults
     for k, v in cfg.model_dict().items():
         if given is not None and k in given and saved[k] != v:
-            raise UserError(f"--{k} {v} does not match the resumed model's {k}={saved[k]} "
+            raise UserError(f"--{k} {_typed(v)} does not match the resumed model's {k}={_typed(saved[k])} "
                             f"({path}); drop --{k} or start a new --out_dir")
         setattr(cfg, k, saved[k])                             # the model's shape comes from the checkpoint
     trained = ckpt[0]["train_config"]                         # so does the tokenizer (older runs: char)

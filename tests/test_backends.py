@@ -186,3 +186,17 @@ def test_ensure_before_any_selection_takes_the_default_for_the_dtype(monkeypatch
     monkeypatch.setenv("MINIGPT_BACKEND", "native")             # chosen explicitly, by the environment
     with pytest.raises(backends.BackendUnavailable, match="native runs float32 only, not float64"):
         backends.ensure(np.float64)
+
+
+def test_label_names_the_native_isa_path(monkeypatch):
+    """What train, sample and the report print: native with the path its library runs (MINIGPT_ISA forces one)."""
+    before = backends.name()
+    try:
+        backends.select("numpy", verbose=False)
+        assert backends.label() == "numpy"
+        if backends.why_unavailable("native") is None:
+            backends.select("native", verbose=False)
+            from minigpt.backends import native
+            assert backends.label() == f"native ({native.isa()})" and native.isa() in native.ISAS
+    finally:
+        backends.select(before, verbose=False)

@@ -173,6 +173,7 @@ def test_bad_directories_and_settings_are_clear_errors(gpt2_dir, tmp_path):
     with pytest.raises(UserError, match="exceeds .* n_positions 32"):
         gpt2.load_gpt2(str(hf_dir), block_size=64)
     for args, msg in ((["--n_layer", "3", "--block_size", "16"], "--n_layer 3 conflicts with"),
+                      (["--bias", "false", "--block_size", "16"], "--bias false conflicts with"),   # as typed
                       (["--tokenizer", "bpe", "--block_size", "16"], "drop them"),
                       ([], "--block_size 64 exceeds")):                         # the finetune preset's 64
         r = run_script("--init_from", str(hf_dir), "--data", str(text), "--out_dir", "x", *args, cwd=tmp_path)

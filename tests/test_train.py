@@ -333,10 +333,12 @@ def test_the_package_never_imports_torch():
 # ----------------------------------------------------------------------------
 # a time budget; the BPE tokenizer in a run
 
-def test_max_time_ends_the_run_and_lays_the_schedule_over_the_budget(tmp_path):
+def test_max_time_ends_the_run_and_lays_the_schedule_over_the_budget(tmp_path, capsys):
     cfg = tiny_cfg(tmp_path, max_time=1.5, max_iters=10 ** 6, eval_interval=10 ** 6, lr_decay_iters=100,
                    warmup_iters=10)
     res = train(cfg)
+    progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("iter ") and "|" in line]
+    assert progress and all("/1.5 s |" in line and "/1000000" not in line for line in progress), progress
     rows = read_log(res["log"])
     steps = [r for r in rows if r["kind"] == "train"]
     final = [r for r in rows if r["kind"] == "eval"][-1]
@@ -412,8 +414,8 @@ def test_preset_typed_on_resume_wins_over_the_checkpoint(tmp_path):
     """Its settings count as typed: its Muon meets an AdamW checkpoint of the preset's model, and a model
     setting typed beside it (--qk_norm) a model without it; each is a clear error."""
     model = {k: v for k, v in PRESETS["speedrun"].items() if k in ModelShape().model_dict()}
-    for sub, kw, extra, match in (("a", {}, ["--qk_norm", "true"], "--qk_norm True does not match the resumed "
-                                   "model's qk_norm=False"),
+    for sub, kw, extra, match in (("a", {}, ["--qk_norm", "true"], "--qk_norm true does not match the resumed "
+                                   "model's qk_norm=false"),
                                   ("b", model, [], "the run used --optimizer adamw")):
         cfg = tiny_cfg(tmp_path / sub, max_iters=4, eval_interval=4, **kw)
         train(cfg)

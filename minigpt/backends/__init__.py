@@ -410,6 +410,12 @@ def name():
     return current().name
 
 
+def label():
+    """The current backend as the commands print it: native with the ISA path its library runs, e.g.
+    "native (avx2)" (MINIGPT_ISA may force a lower one); the others by name."""
+    return f"native ({_import('native').isa()})" if name() == "native" else name()
+
+
 def why_unavailable(name):
     """The reason backend `name` cannot run here, or None if it loads."""
     try:
