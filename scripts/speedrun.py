@@ -3,8 +3,9 @@ reports/speedrun.md (text below its notes marker is kept) and reports/speedrun.p
 
     python scripts/speedrun.py                                  # 3 seeds with the ablations: 80-110 minutes
     python scripts/speedrun.py --seeds 1337 --ablations false   # nanoGPT and the two recipes: about 4 minutes
-    python scripts/speedrun.py --seeds 1337 --budget 10 --out /tmp/smoke.md    # a smoke test, no nanoGPT
     python scripts/speedrun.py --candidates qk-norm,embedding --round1 false   # round 2's two: about 30 minutes
+    python scripts/speedrun.py --budget 3 --seeds 1337 --ablations false --out /tmp/smoke.md
+        # a smoke test: the two recipes for 3 s each, no nanoGPT (2 runs, about half a minute)
 
 For each seed in turn: nanoGPT's procedure trains config S for 2000 iterations (scripts/torch_twin.py's
 train_like_nanogpt, PyTorch on --threads threads) and its training loop is timed, evaluations included; then every
