@@ -3,8 +3,9 @@ reports/speedrun.md (text below its notes marker is kept) and reports/speedrun.p
 
     python scripts/speedrun.py                                  # 3 seeds with the ablations: 80-110 minutes
     python scripts/speedrun.py --seeds 1337 --ablations false   # nanoGPT and the two recipes: about 4 minutes
-    python scripts/speedrun.py --seeds 1337 --budget 10 --out /tmp/smoke.md    # a smoke test, no nanoGPT
     python scripts/speedrun.py --candidates qk-norm,embedding --round1 false   # round 2's two: about 30 minutes
+    python scripts/speedrun.py --budget 3 --seeds 1337 --ablations false --out /tmp/smoke.md
+        # a smoke test: the two recipes for 3 s each, no nanoGPT (2 runs, about half a minute)
 
 For each seed in turn: nanoGPT's procedure trains config S for 2000 iterations (scripts/torch_twin.py's
 train_like_nanogpt, PyTorch on --threads threads) and its training loop is timed, evaluations included; then every
@@ -203,17 +204,30 @@ def vals(rs):
     return np.array([r["val_full"] for r in rs])
 
 
-def stats(rs):
-    v = vals(rs)
-    return v.mean(), (v.std(ddof=1) if len(v) > 1 else float("nan")), v
+def sd(v, digits=4):
+    """The sd over seeds of the losses v, as the report prints it: '-' for one seed, which has none."""
+    return f"{np.std(v, ddof=1):.{digits}f}" if len(v) > 1 else "-"
+
+
+def plural(n, word):
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def row(name, rs, base=None):
     """One table row: iterations, the mean whole-split val loss, sd, paired Δ against base, per seed."""
-    m, s, v = stats(rs)
+    v = vals(rs)
     delta = "" if base is None else f" {np.mean(v - vals(base)):+.4f} |"
     return (f"| {name} | {np.mean([r['wall'] for r in rs]):.1f} | {np.mean([r['iters'] for r in rs]):,.0f} | "
-            f"{m:.4f} | {s:.4f} |{delta} {', '.join(f'{x:.4f}' for x in v)} |")
+            f"{v.mean():.4f} | {sd(v)} |{delta} {', '.join(f'{x:.4f}' for x in v)} |")
+
+
+def loss_range(curves, pad=0.15):
+    """The plot's val-loss axis (lo, hi) for curves of [iter, s, val] points: down past the goal and every loss;
+    up to 3.0, which cuts off the first evaluations (about ln 65 = 4.17) so that the ends of real runs are
+    readable, or past every loss when a run ends above that (a smoke test's few seconds)."""
+    losses = [p[2] for c in curves for p in c]
+    hi = 3.0 if max(c[-1][2] for c in curves) + pad <= 3.0 else max(losses) + pad
+    return min(GOAL, *losses) - pad, hi
 
 
 def plot(a, runs, png):
@@ -221,13 +235,16 @@ def plot(a, runs, png):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.2))
+    curves = []
     for name, color in ((NANO, "tab:gray"), (OLD, "tab:blue"), (RECIPE, "tab:red")):
         for i, r in enumerate(runs.get(name, [])):
             ax.plot([p[1] for p in r["curve"]], [p[2] for p in r["curve"]], "o-", color=color, lw=1, ms=3,
                     label=name if i == 0 else None)
+            curves.append(r["curve"])
     ax.axhline(GOAL, color="k", ls=":", lw=1, label=f"val {GOAL}")
     ax.set(xlabel="seconds of training (evaluations included)", ylabel="val loss (eval_iters batches)",
-           ylim=(1.35, 3.0), title=f"tiny Shakespeare on {cpu_line().split(',')[0]}, {len(a.seeds)} seeds")
+           ylim=loss_range(curves),
+           title=f"tiny Shakespeare on {cpu_line().split(',')[0]}, {plural(len(a.seeds), 'seed')}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(os.path.join(ROOT, png), dpi=110)
@@ -240,14 +257,15 @@ def write_report(a, runs):
     os.makedirs(os.path.dirname(os.path.join(ROOT, png)), exist_ok=True)
     plot(a, runs, png)
     held = [i for i, s in enumerate(a.seeds) if s != SELECTION_SEED]
-    m_rec, s_rec, v_rec = stats(runs[RECIPE])
+    v_rec = vals(runs[RECIPE])
     budget = (f"a fixed budget of {a.budget:g} s (--budget: no nanoGPT run, a smoke test, not a result)" if a.budget
               else "nanoGPT's time")
     L = ["# Speedrun: minigpt's recipes against nanoGPT in nanoGPT's wall time", "",
          f"Measured by `{command('speedrun.py')}` at {revision(ROOT)}, on {cpu_line()}; "
          + ("" if a.budget else f"PyTorch {__import__('torch').__version__}; ")
-         + f"{a.threads} threads for every run; seeds {', '.join(map(str, a.seeds))} (the recipes were chosen on "
-         f"{SELECTION_SEED}; the others are held out).", "",
+         + f"{a.threads} threads for every run; seed{'s' if len(a.seeds) > 1 else ''} "
+         f"{', '.join(map(str, a.seeds))} (the recipes were chosen on {SELECTION_SEED}"
+         + ("; the others are held out)." if held else ")."), "",
          "Each seed runs nanoGPT's procedure on config S for 2000 iterations and times its training loop "
          "(evaluations included); every minigpt run of that seed gets that time as `--max_time` (also counting its "
          "evaluations). Every run is scored the same way at its end: the loss over the whole validation split "
@@ -258,10 +276,11 @@ def write_report(a, runs):
     for name in (NANO, BASE, OLD, RECIPE):
         if runs.get(name):
             L.append(row(name, runs[name]))
-    L += ["", f"The {CURRENT} recipe reaches {m_rec:.3f} (sd {s_rec:.3f}) over all seeds"
-          + (f", {v_rec[held].mean():.3f} over the held-out seeds" if held else "")
-          + (f", where nanoGPT reaches {stats(runs[NANO])[0]:.3f} in the same time" if runs.get(NANO) else "")
-          + f"; {sum(v_rec <= GOAL)} of {len(v_rec)} seeds at or below {GOAL}.", "",
+    L += ["", f"The {CURRENT} recipe reaches {v_rec.mean():.3f}"
+          + (f" (sd {sd(v_rec, 3)}) over all seeds" if len(v_rec) > 1 else f" on seed {a.seeds[0]}")
+          + (f", {v_rec[held].mean():.3f} over the held-out seeds" if 0 < len(held) < len(v_rec) else "")
+          + (f", where nanoGPT reaches {vals(runs[NANO]).mean():.3f} in the same time" if runs.get(NANO) else "")
+          + f"; {sum(v_rec <= GOAL)} of {plural(len(v_rec), 'seed')} at or below {GOAL}.", "",
           f"![val loss against time]({os.path.basename(png)})", "",
           f"{CURRENT.capitalize()} is `--preset speedrun` (minigpt/config.py: " + ", ".join(f"{k}={v}" for k, v in PRESETS["speedrun"].
                                                                           items()) + ") with `--max_time` set to "
