@@ -166,10 +166,13 @@ def main():
                     "names (e.g. 'qk-norm,embedding'); default: all")
     ap.add_argument("--round1", type=flag, default=True,
                     help="false: leave out round 1's own ablations (its changes alone on config S)")
-    ap.add_argument("--data", default="data/tinyshakespeare.txt")
+    ap.add_argument("--data", default="data/tinyshakespeare.txt",
+                    help="the text (a relative path from where you run this; the default from the repository)")
     ap.add_argument("--out", default="reports/speedrun.md", help="the report; the plot goes beside it (.png)")
     ap.add_argument("--nanogpt_child", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.data != ap.get_default("data"):                  # the runs start in the repository (which downloads the
+        a.data = os.path.abspath(a.data)                   # default there when it is missing); a typed path is yours
     if a.nanogpt_child is not None:
         return nanogpt_child(a.nanogpt_child, a.threads, a.data)
     if a.budget < 0:
@@ -269,7 +272,7 @@ def write_report(a, runs):
          "Each seed runs nanoGPT's procedure on config S for 2000 iterations and times its training loop "
          "(evaluations included); every minigpt run of that seed gets that time as `--max_time` (also counting its "
          "evaluations). Every run is scored the same way at its end: the loss over the whole validation split "
-         f"(each of its {len(split_text(load_text(a.data))[1]) - 1:,} targets once, with the context of its 64-token "
+         f"(each of its {len(split_text(load_text(os.path.join(ROOT, a.data)))[1]) - 1:,} targets once, with the context of its 64-token "
          f"block). This invocation used {budget}.", "",
          "## Leaderboard", "",
          "| run | wall time (s) | iterations | whole-split val loss, mean | sd | per seed |", "|---|---:|---:|---:|---:|---|"]
