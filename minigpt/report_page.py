@@ -37,6 +37,14 @@ def shown(piece):
     return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in piece) or "\u2205"
 
 
+def shown_bytes(b):
+    """A token's bytes made visible: as shown(), and each byte that is not part of a UTF-8 character (a lone
+    byte >= 0x80 of a byte-level BPE, which decode() makes U+FFFD) as <0xNN>."""
+    text = b.decode("utf-8", errors="surrogateescape")              # such a byte -> U+DC00 + the byte
+    return "".join(f"<0x{ord(c) - 0xDC00:02X}>" if "\udc80" <= c <= "\udcff" else shown(c) for c in text) or \
+        shown("")
+
+
 # ----------------------------------------------------------------------------
 # figures
 
@@ -65,7 +73,8 @@ def training_figure(steps, evals):
 
 
 def scatter_figure(xy, labels, title, size=(7, 6), max_labels=300):
-    """2-D points labelled by token (at most max_labels labels: the first ones given, the most frequent)."""
+    """2-D points, the first of them labelled: labels[k] is the label of xy[k], for k < max_labels (labels may be
+    shorter than xy: the points past it are left unlabelled)."""
     fig, ax = plt.subplots(figsize=size)
     ax.scatter(xy[:, 0], xy[:, 1], s=8, color="#8899bb")
     for (x, y), lab in list(zip(xy, labels))[:max_labels]:
