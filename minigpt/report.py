@@ -122,7 +122,8 @@ def write_report(cfg, verbose=False):
     return out
 
 
-ATTENTION_BODY = """<p>Click a token to pick a query; click a small map to open its layer.</p>
+ATTENTION_BODY = """<p>Click a token to pick a query; click a small map to open its layer; hover a cell for its
+query and key tokens.</p>
 <div id="attn-tokens"></div><div id="attn-layers"></div>
 <div class="maps" id="attn-heads"></div>
 <pre id="attn-looks"></pre>

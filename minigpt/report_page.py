@@ -132,7 +132,8 @@ function hover(el, text) {
 }
 // square-root scale: a head that spreads its attention over 64 keys still shows where it looks
 function heat(v) { const c = Math.round(255 * (1 - Math.sqrt(Math.min(1, Math.max(0, v))))); return `rgb(${c},${c},255)`; }
-// one attention map: rows are queries, columns keys; labels along both axes when there is room
+// one attention map: rows are queries, columns keys; token labels along both axes, at least 10 px apart so
+// they stay readable (every other token on a long prompt; hovering a cell names both of its tokens)
 function drawMap(canvas, A, labels, cell, sel) {
   const T = A.length, pad = labels ? 34 : 0;
   canvas.width = pad + T * cell; canvas.height = pad + T * cell;
@@ -144,10 +145,12 @@ function drawMap(canvas, A, labels, cell, sel) {
   if (sel !== null && sel < T) { g.strokeStyle = '#e0a000'; g.lineWidth = 2;
     g.strokeRect(pad + 1, pad + sel * cell + 1, T * cell - 2, cell - 2); }
   if (labels) {
-    g.fillStyle = '#333'; g.font = Math.min(11, cell) + 'px monospace'; g.textAlign = 'right';
-    for (let i = 0; i < T; i++) g.fillText(labels[i], pad - 3, pad + i * cell + cell - 2);
-    for (let j = 0; j < T; j++) { g.save(); g.translate(pad + j * cell + cell - 2, pad - 3); g.rotate(-Math.PI / 2);
-      g.textAlign = 'left'; g.fillText(labels[j], 0, 0); g.restore(); }
+    const step = Math.ceil(10 / cell);
+    g.fillStyle = '#333'; g.font = Math.min(11, step * cell) + 'px monospace'; g.textBaseline = 'middle';
+    g.textAlign = 'right';
+    for (let i = 0; i < T; i += step) g.fillText(labels[i], pad - 3, pad + (i + 0.5) * cell);
+    for (let j = 0; j < T; j += step) { g.save(); g.translate(pad + (j + 0.5) * cell, pad - 3);
+      g.rotate(-Math.PI / 2); g.textAlign = 'left'; g.fillText(labels[j], 0, 0); g.restore(); }
   }
   hover(canvas, e => { const r = canvas.getBoundingClientRect();
     const j = Math.floor((e.clientX - r.left - pad) / cell), i = Math.floor((e.clientY - r.top - pad) / cell);
