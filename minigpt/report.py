@@ -25,6 +25,7 @@ from .sample import generate, load_model, select_backend, start_text
 
 MAX_T = 64                  # prompt tokens drawn: attention maps are T x T per head
 MAX_SNAPSHOTS = 6           # snapshots shown side by side (spread over those the run kept)
+FREQ_CHARS = 20000          # characters of validation text whose token counts pick the embedding labels
 BAR_SETTINGS = [("temperature 1", 1.0, 0, 1.0), ("temperature 0.8 (the sampler's default)", 0.8, 0, 1.0),
                 ("temperature 0.5", 0.5, 0, 1.0), ("temperature 1.5", 1.5, 0, 1.0), ("top-k 5", 1.0, 5, 1.0),
                 ("top-p 0.9", 1.0, 0, 0.9)]
@@ -85,7 +86,8 @@ def write_report(cfg, verbose=False):
 
     sections.append(_training(rows))
     sections.append(_tokens(ids, pieces, data))
-    sections.append(_embeddings(model, tok, val_text))
+    order, labels = _by_frequency(tok, val_text, model.config.vocab_size)
+    sections.append(_embeddings(model, order, labels, val_text))
     data["att"] = np.round(lens.attention(model, ids), 3).tolist()              # (L, nh, T, T)
     sections.append(P.section("attention", "4. Attention", "Where each head of each layer looks from every "
                               "position of the prompt: rows are queries, columns the keys they attend to (darker "
@@ -102,7 +104,7 @@ def write_report(cfg, verbose=False):
     sections.append(_next_token(model, tok, ids))
     sections.append(_wrong(model, tok, val_text, cfg.val_chars))
     data["snaps"] = []
-    sections.append(_snapshots(cfg.out_dir, model.config, ids, tok, rows, data))
+    sections.append(_snapshots(cfg.out_dir, model.config, ids, order, labels, val_text, rows, data))
     sections.append(_samples(model, tok, cfg))
     mc = model.config
     subtitle = P.esc(f"{ckpt} (iteration {meta.get('iter', '?')}): {model.num_params():,} parameters, "
@@ -120,7 +122,8 @@ def write_report(cfg, verbose=False):
     return out
 
 
-ATTENTION_BODY = """<p>Click a token to pick a query; click a small map to open its layer.</p>
+ATTENTION_BODY = """<p>Click a token to pick a query; click a small map to open its layer; hover a cell for its
+query and key tokens.</p>
 <div id="attn-tokens"></div><div id="attn-layers"></div>
 <div class="maps" id="attn-heads"></div>
 <pre id="attn-looks"></pre>
@@ -196,23 +199,32 @@ def _tokens(ids, pieces, data):
                      "per id.", f"<div>{spans}</div><p>{len(ids)} tokens.</p>")
 
 
-def _embeddings(model, tok, val_text):
+def _by_frequency(tok, val_text, V):
+    """-> (every token id, the most frequent in the validation text's first FREQ_CHARS characters first; the labels
+    of the ids that occur there, in that order): the embedding plots label the first ones. Without validation text:
+    the ids in order, all labelled."""
+    if not val_text:
+        return np.arange(V), [P.shown_bytes(tok.token_bytes(i)) for i in range(V)]
+    counts = np.bincount(_encode(tok, val_text[:FREQ_CHARS], "validation text"), minlength=V)
+    order = np.argsort(-counts, kind="stable")
+    return order, [P.shown_bytes(tok.token_bytes(int(i))) for i in order[:np.count_nonzero(counts)]]
+
+
+def _embeddings(model, order, labels, val_text):
     p = model.params()
     xy, share = lens.pca_2d(p["wte.weight"])
     V = model.config.vocab_size
-    order = np.arange(V)
-    if val_text:                                                        # label the most frequent tokens first
-        counts = np.bincount(_encode(tok, val_text[:20000], "validation text"), minlength=V)
-        order = np.argsort(-counts, kind="stable")
-    labels = [P.shown(tok.decode([int(i)])) for i in order]
     body = P.img(P.scatter_figure(xy[order], labels, f"token embeddings, PCA: axes hold {share[0]:.0%} and "
                                   f"{share[1]:.0%} of the variance"), "token embeddings PCA")
-    if V > 300:
-        which = "the 300 most frequent in the validation text" if val_text else "the first 300 ids"
-        body += f'<p class="note">{V} tokens: {which} are labelled.</p>'
     sim = lens.cosine_similarity(p["wpe.weight"])
     body += P.img(P.matrix_figure(sim, "learned positions: cosine similarity", "position", "position"),
                   "positional similarity")
+    n = min(300, len(labels))                                           # scatter_figure's max_labels
+    if n < V:                                                           # under both figures, not between them
+        text = f"the first {FREQ_CHARS:,} characters of the validation text"
+        which = (f"the first {n} ids" if not val_text else
+                 f"the {n} most frequent in {text}" if n < len(labels) else f"the {n} that occur in {text}")
+        body += f'<p class="note">{V} tokens: {which} are labelled.</p>'
     return P.section("embeddings", "3. Embeddings", "Each token's learned vector projected to two dimensions "
                      "(similar tokens land close), and how alike the learned positions are.", body)
 
@@ -254,7 +266,7 @@ def _wrong(model, tok, val_text, n_chars):
                      "(redder is more surprising to the model), and the tokens it got most wrong.", body)
 
 
-def _snapshots(out_dir, config, ids, tok, rows, data):
+def _snapshots(out_dir, config, ids, order, labels, val_text, rows, data):
     iters = checkpoint.snapshot_iters(out_dir)
     what = "The embedding projection and the attention on the prompt (each layer, mean of its heads) at several " \
            "points of the run."
@@ -277,8 +289,10 @@ def _snapshots(out_dir, config, ids, tok, rows, data):
         att = lens.attention(model, ids).mean(axis=1)                   # (L, T, T), mean of the heads
         data["snaps"].insert(0, {"iter": it, "att": np.round(att, 3).tolist()})
         loss = f", val loss {val[it]:.3f}" if it in val else ""
-        figures.insert(0, (it, loss, P.scatter_figure(xy, [P.shown(tok.decode([i])) for i in range(len(xy))],
-                                                      "", size=(3.6, 3.2), max_labels=40)))
+        figures.insert(0, (it, loss, P.scatter_figure(xy[order], labels, "", size=(3.6, 3.2), max_labels=40)))
+    n = min(40, len(labels))
+    what += (" Each embedding panel is that snapshot's own PCA, only its axes' signs matched to the last panel's; "
+             + (f"the {n} most frequent tokens" if val_text else f"the first {n} ids") + " are labelled.")
     body = '<div class="snaps">' + "".join(
         f'<figure><figcaption>iteration {it}{loss}</figcaption>{P.img(uri, f"embeddings at {it}")}'
         f'<div id="snap-maps-{k}"></div><figcaption>attention on the prompt, layer 1 to {config.n_layer} (mean of '

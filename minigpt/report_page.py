@@ -37,6 +37,14 @@ def shown(piece):
     return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in piece) or "\u2205"
 
 
+def shown_bytes(b):
+    """A token's bytes made visible: as shown(), and each byte that is not part of a UTF-8 character (a lone
+    byte >= 0x80 of a byte-level BPE, which decode() makes U+FFFD) as <0xNN>."""
+    text = b.decode("utf-8", errors="surrogateescape")              # such a byte -> U+DC00 + the byte
+    return "".join(f"<0x{ord(c) - 0xDC00:02X}>" if "\udc80" <= c <= "\udcff" else shown(c) for c in text) or \
+        shown("")
+
+
 # ----------------------------------------------------------------------------
 # figures
 
@@ -65,7 +73,8 @@ def training_figure(steps, evals):
 
 
 def scatter_figure(xy, labels, title, size=(7, 6), max_labels=300):
-    """2-D points labelled by token (at most max_labels labels: the first ones given, the most frequent)."""
+    """2-D points, the first of them labelled: labels[k] is the label of xy[k], for k < max_labels (labels may be
+    shorter than xy: the points past it are left unlabelled)."""
     fig, ax = plt.subplots(figsize=size)
     ax.scatter(xy[:, 0], xy[:, 1], s=8, color="#8899bb")
     for (x, y), lab in list(zip(xy, labels))[:max_labels]:
@@ -123,7 +132,8 @@ function hover(el, text) {
 }
 // square-root scale: a head that spreads its attention over 64 keys still shows where it looks
 function heat(v) { const c = Math.round(255 * (1 - Math.sqrt(Math.min(1, Math.max(0, v))))); return `rgb(${c},${c},255)`; }
-// one attention map: rows are queries, columns keys; labels along both axes when there is room
+// one attention map: rows are queries, columns keys; token labels along both axes, at least 10 px apart so
+// they stay readable (every other token on a long prompt; hovering a cell names both of its tokens)
 function drawMap(canvas, A, labels, cell, sel) {
   const T = A.length, pad = labels ? 34 : 0;
   canvas.width = pad + T * cell; canvas.height = pad + T * cell;
@@ -135,10 +145,12 @@ function drawMap(canvas, A, labels, cell, sel) {
   if (sel !== null && sel < T) { g.strokeStyle = '#e0a000'; g.lineWidth = 2;
     g.strokeRect(pad + 1, pad + sel * cell + 1, T * cell - 2, cell - 2); }
   if (labels) {
-    g.fillStyle = '#333'; g.font = Math.min(11, cell) + 'px monospace'; g.textAlign = 'right';
-    for (let i = 0; i < T; i++) g.fillText(labels[i], pad - 3, pad + i * cell + cell - 2);
-    for (let j = 0; j < T; j++) { g.save(); g.translate(pad + j * cell + cell - 2, pad - 3); g.rotate(-Math.PI / 2);
-      g.textAlign = 'left'; g.fillText(labels[j], 0, 0); g.restore(); }
+    const step = Math.ceil(10 / cell);
+    g.fillStyle = '#333'; g.font = Math.min(11, step * cell) + 'px monospace'; g.textBaseline = 'middle';
+    g.textAlign = 'right';
+    for (let i = 0; i < T; i += step) g.fillText(labels[i], pad - 3, pad + (i + 0.5) * cell);
+    for (let j = 0; j < T; j += step) { g.save(); g.translate(pad + (j + 0.5) * cell, pad - 3);
+      g.rotate(-Math.PI / 2); g.textAlign = 'left'; g.fillText(labels[j], 0, 0); g.restore(); }
   }
   hover(canvas, e => { const r = canvas.getBoundingClientRect();
     const j = Math.floor((e.clientX - r.left - pad) / cell), i = Math.floor((e.clientY - r.top - pad) / cell);

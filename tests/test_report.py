@@ -14,11 +14,12 @@ from dataclasses import fields
 import numpy as np
 import pytest
 
-from helpers import tiny_cfg
-from minigpt import checkpoint, lens
+from helpers import tiny_cfg, write_text
+from minigpt import checkpoint, lens, report_page
 from minigpt.evaluate import whole_split_loss
 from minigpt.model import GPT, GPTConfig
 from minigpt.report import ReportConfig, write_report
+from minigpt.report_page import shown
 from minigpt.sample import distribution, sample_next
 from minigpt.train import train
 
@@ -110,6 +111,51 @@ def test_token_labels_are_printable():
     assert shown("a b\n\t") == "a\u2423b\u21b5\u21e5" and shown("") == "\u2205"
     assert shown("\x00\x1b\x7f") == "\\x00\\x1b\\x7f"
     assert all(shown(chr(i)).isprintable() for i in range(256))
+
+
+def embedding_plots(monkeypatch, **kw):
+    """write_report(ReportConfig(**kw)) -> (points, labels drawn) of each embedding plot: section 3's, then one per
+    snapshot (as scatter_figure is given them: labels[k] goes on xy[k])."""
+    calls, draw = [], report_page.scatter_figure
+
+    def spy(xy, labels, title, size=(7, 6), max_labels=300):
+        calls.append((xy, list(labels)[:max_labels]))
+        return draw(xy, labels, title, size, max_labels)
+    monkeypatch.setattr(report_page, "scatter_figure", spy)
+    write_report(ReportConfig(backend="numpy", **kw))
+    return calls
+
+
+def test_embedding_labels_are_the_most_frequent_tokens(run_dir, tmp_path, monkeypatch):
+    """Both embedding plots (section 3, each snapshot's in section 8) label the tokens most frequent in the
+    validation text first, on their own points, and no token the validation text lacks."""
+    out, _ = run_dir
+    val = ("to be or not to be\n" * 6)[:100]                      # space 26, o 21, t 16, ... (no k)
+    data = tmp_path / "text.txt"
+    data.write_text((out.parent / "text.txt").read_text()[:900] + val)   # split_text: the last 10% is val
+    plots = embedding_plots(monkeypatch, out_dir=str(out), data=str(data))
+    assert len(plots) == 1 + 3
+    for _, labels in plots:
+        assert labels[:3] == ["\u2423", "o", "t"] and sorted(labels) == sorted(shown(c) for c in set(val)), labels
+    meta, params, _ = checkpoint.load(str(out / "ckpt_best.npz"))
+    token_id = {shown(c): i for i, c in enumerate(json.loads(meta["tokenizer"]))}         # the char vocabulary
+    xy, labels = plots[0]
+    np.testing.assert_allclose(xy[:len(labels)], lens.pca_2d(params["wte.weight"])[0][[token_id[lab] for lab in
+                                                                                        labels]])
+
+
+def test_embedding_labels_show_lone_bytes(tmp_path, monkeypatch):
+    """A byte-level BPE's lone bytes >= 0x80, which decode() makes the same U+FFFD, are labelled <0xNN>;
+    control characters \\xNN; and the 256 byte tokens the validation text lacks are not labelled."""
+    from minigpt.report_page import shown_bytes
+    assert shown_bytes(b"\xe2") == "<0xE2>" and shown_bytes(b"\x01") == "\\x01" and shown_bytes(b"") == "\u2205"
+    assert shown_bytes(" \u00e9\u2019".encode()[:-1]) == "\u2423\u00e9<0xE2><0x80>"
+    text = write_text(tmp_path / "text.txt").replace(" king", " k\u00e9ng")     # rare: 4 merges leave c3 a9 alone
+    (tmp_path / "text.txt").write_text(text, encoding="utf-8")
+    train(tiny_cfg(tmp_path, tokenizer="bpe", vocab_size=260, max_iters=2, eval_interval=2, snapshots=0))
+    (_, labels), = embedding_plots(monkeypatch, out_dir=str(tmp_path / "out"))
+    assert {"<0xC3>", "<0xA9>"} <= set(labels), labels
+    assert not any("\ufffd" in lab or "\\x" in lab for lab in labels), labels
 
 
 def test_training_keeps_the_snapshots_it_was_asked_for(run_dir):
