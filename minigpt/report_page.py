@@ -188,14 +188,17 @@ function layerButtons() {
   D.att.forEach((_, l) => { const b = document.createElement('button'); b.textContent = 'layer ' + (l + 1);
     b.onclick = () => { layer = l; attention(); }; box.appendChild(b); });
 }
+function esc(s) {   // a token as text in the HTML built below: "<b" or "&lt" must not become markup
+  return String(s).replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;').replace(/"/g, '&quot;');
+}
 function lens() {
   const t = document.getElementById('lens-table'), T = D.labels.length;
-  let h = '<tr><th>after</th>' + D.labels.map((l, i) => `<th title="position ${i}">${l}</th>`).join('') + '</tr>';
+  let h = '<tr><th>after</th>' + D.labels.map((l, i) => `<th title="position ${i}">${esc(l)}</th>`).join('') + '</tr>';
   D.lens.forEach((row, l) => { h += `<tr><th>layer ${l + 1}</th>`; row.forEach((top, i) => { const [lab, p] = top[0];
     const ok = D.next[i] !== null && lab === D.next[i]; const tip = top.map(([a, q]) => `${a} ${q.toFixed(2)}`).join('  ');
-    h += `<td style="background:rgba(74,123,208,${p.toFixed(2)})${ok ? ';outline:2px solid #2a2' : ''}" title="${tip.replace(/"/g, '&quot;')}">${lab}<br><small>${p.toFixed(2)}</small></td>`; });
+    h += `<td style="background:rgba(74,123,208,${p.toFixed(2)})${ok ? ';outline:2px solid #2a2' : ''}" title="${esc(tip)}">${esc(lab)}<br><small>${p.toFixed(2)}</small></td>`; });
     h += '</tr>'; });
-  h += '<tr><th>next in prompt</th>' + D.next.map(n => `<th>${n === null ? '' : n}</th>`).join('') + '</tr>';
+  h += '<tr><th>next in prompt</th>' + D.next.map(n => `<th>${n === null ? '' : esc(n)}</th>`).join('') + '</tr>';
   t.innerHTML = h;
 }
 function snapshots() {

@@ -212,6 +212,24 @@ def test_report_renders_in_headless_chromium(run_dir, tmp_path):
     assert len(np.unique((pixels * 255).astype(np.uint8), axis=0)) > 50   # drawn, not a blank page
 
 
+
+@pytest.mark.skipif(_chromium() is None, reason="no Chromium here (Debian: apt-get install chromium; .ci/run "
+                                                "installs it)")
+def test_tokens_that_look_like_markup_stay_text_in_the_page(tmp_path):
+    """The logit-lens table is built as HTML in the page's script: a BPE token such as '</' shows as itself and
+    breaks no markup (before the fix it ended the table's cells early)."""
+    text = write_text(tmp_path / "text.txt").replace(" to ", " <i>to</i> ")
+    (tmp_path / "text.txt").write_text(text, encoding="utf-8")
+    train(tiny_cfg(tmp_path, tokenizer="bpe", vocab_size=300, max_iters=2, eval_interval=2, snapshots=0))
+    path = write_report(ReportConfig(out_dir=str(tmp_path / "out"), backend="numpy", prompt="be <i>to</i> be"))
+    r = subprocess.run([_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                        f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000", "--dump-dom",
+                        f"file://{path}"], capture_output=True, text=True, timeout=120)
+    table = re.search(r'<table class="lens" id="lens-table".*?</table>', r.stdout, re.S)
+    assert table, r.stderr[-2000:]
+    header = re.findall(r'<th title="position \d+">(.*?)</th>', table.group(0))     # each token as its text
+    assert header == ["b", "e", "\u2423&lt;", "i", "&gt;", "to", "&lt;/", "i", "&gt;", "\u2423be"], header
+
 # ----------------------------------------------------------------------------
 # the command
 
