@@ -79,13 +79,12 @@ def write_report(cfg, verbose=False):
     if len(ids) > keep:
         notes.append(f"the prompt is cropped to its last {keep} tokens (the maps draw T x T per head)")
         ids = ids[-keep:]
-    pieces = [tok.decode([i]) for i in ids]
-    data["labels"] = [P.shown(p) for p in pieces]
+    data["labels"] = [_label(tok, i) for i in ids]
     data["colors"] = [f"hsl({(int(i) * 47) % 360},70%,85%)" for i in ids]
-    data["next"] = [P.shown(p) for p in pieces[1:]] + [None]
+    data["next"] = data["labels"][1:] + [None]
 
     sections.append(_training(rows))
-    sections.append(_tokens(ids, pieces, data))
+    sections.append(_tokens(ids, data))
     order, labels = _by_frequency(tok, val_text, model.config.vocab_size)
     sections.append(_embeddings(model, order, labels, val_text))
     data["att"] = np.round(lens.attention(model, ids), 3).tolist()              # (L, nh, T, T)
@@ -94,7 +93,7 @@ def write_report(cfg, verbose=False):
                               "is more; the future is masked).", ATTENTION_BODY, drawn_by_script=True))
     logits = lens.logit_lens(model, ids)                                        # (L, T, V)
     probs = lens.softmax(logits)
-    data["lens"] = [[[(P.shown(tok.decode([j])), float(p[j])) for j in np.argsort(-p)[:5]] for p in layer]
+    data["lens"] = [[[(_label(tok, j), float(p[j])) for j in np.argsort(-p)[:5]] for p in layer]
                     for layer in probs]
     sections.append(P.section("lens", "5. Logit lens", "The next token read from the residual stream after each "
                               "layer (the final LayerNorm and the head applied early): top guess and its probability; "
@@ -192,9 +191,15 @@ def _training(rows):
                      "against seconds, with the learning rate, the gradient norm and the speed.", body)
 
 
-def _tokens(ids, pieces, data):
-    spans = "".join(f'<span class="tok" style="background:{c}" title="id {i}">{P.esc(P.shown(p))}'
-                    f'<small>{i}</small></span>' for i, p, c in zip(ids, pieces, data["colors"]))
+def _label(tok, i):
+    """Token id i as the page labels a single token: its bytes made visible (report_page.shown_bytes), so a lone
+    byte of a byte-level BPE shows as <0xNN> where decode() would give U+FFFD."""
+    return P.shown_bytes(tok.token_bytes(int(i)))
+
+
+def _tokens(ids, data):
+    spans = "".join(f'<span class="tok" style="background:{c}" title="id {i}">{P.esc(lab)}'
+                    f'<small>{i}</small></span>' for i, lab, c in zip(ids, data["labels"], data["colors"]))
     return P.section("tokens", "2. Tokens", "The prompt as the model sees it: each token with its id, one colour "
                      "per id.", f"<div>{spans}</div><p>{len(ids)} tokens.</p>")
 
@@ -204,10 +209,10 @@ def _by_frequency(tok, val_text, V):
     of the ids that occur there, in that order): the embedding plots label the first ones. Without validation text:
     the ids in order, all labelled."""
     if not val_text:
-        return np.arange(V), [P.shown_bytes(tok.token_bytes(i)) for i in range(V)]
+        return np.arange(V), [_label(tok, i) for i in range(V)]
     counts = np.bincount(_encode(tok, val_text[:FREQ_CHARS], "validation text"), minlength=V)
     order = np.argsort(-counts, kind="stable")
-    return order, [P.shown_bytes(tok.token_bytes(int(i))) for i in order[:np.count_nonzero(counts)]]
+    return order, [_label(tok, i) for i in order[:np.count_nonzero(counts)]]
 
 
 def _embeddings(model, order, labels, val_text):
@@ -234,7 +239,7 @@ def _next_token(model, tok, ids):
     tables = []
     for label, probs in dists.items():
         top = [j for j in np.argsort(-probs, kind="stable")[:10] if probs[j] > 0]
-        rows = "".join(f"<tr><td>{P.esc(P.shown(tok.decode([int(j)])))}</td><td>{probs[j]:.3f}</td>"
+        rows = "".join(f"<tr><td>{P.esc(_label(tok, j))}</td><td>{probs[j]:.3f}</td>"
                        f'<td><span class="bar" style="width:{200 * probs[j]:.0f}px"></span></td></tr>' for j in top)
         tables.append(f"<div><b>{P.esc(label)}</b><table>{rows}</table></div>")
     return P.section("next", "6. Next token", "The probabilities of the token after the prompt, and how the "
@@ -257,8 +262,8 @@ def _wrong(model, tok, val_text, n_chars):
         a = min(1.0, l / 5.0)
         spans.append(f'<span style="background:rgba(220,40,40,{a:.2f})" title="loss {l:.2f}">{P.esc(p)}</span>')
     worst = np.argsort(-losses, kind="stable")[:20]
-    items = "".join(f"<li><code>{P.esc(P.shown(''.join(pieces[max(0, k - 15):k + 1])))}</code> \u2192 "
-                    f"<b>{P.esc(P.shown(pieces[k + 1]))}</b>: {losses[k]:.2f} nats</li>" for k in worst)
+    items = "".join(f"<li><code>{P.esc(P.shown(tok.decode(ids[max(0, k - 15):k + 1])))}</code> \u2192 "
+                    f"<b>{P.esc(_label(tok, ids[k + 1]))}</b>: {losses[k]:.2f} nats</li>" for k in worst)
     body = (f"<p>{len(losses)} tokens, mean loss {losses.mean():.4f} nats per token (the evaluator's whole-split "
             f'loss on this stretch).</p><div class="loss"><span>{"".join(spans)}</span></div>'
             f"<h3>The 20 worst tokens (after their context)</h3><ol>{items}</ol>")

@@ -1,6 +1,7 @@
 """The run report (minigpt/report.py, lens.py): its numbers are the model's own, the page is self-contained and
 renders in a real headless browser without errors, and bad input gets a clear message; the same for the loss
 curves of scripts/plot_losses.py."""
+import html
 import json
 import math
 import os
@@ -156,6 +157,23 @@ def test_embedding_labels_show_lone_bytes(tmp_path, monkeypatch):
     (_, labels), = embedding_plots(monkeypatch, out_dir=str(tmp_path / "out"))
     assert {"<0xC3>", "<0xA9>"} <= set(labels), labels
     assert not any("\ufffd" in lab or "\\x" in lab for lab in labels), labels
+
+
+def test_single_tokens_show_lone_bytes_everywhere(tmp_path):
+    """Every label of one token (the prompt's tokens and attention maps, the logit lens, the next-token tables)
+    shows a byte-level BPE's lone byte as the embedding plots do, <0xNN>, never decode()'s U+FFFD."""
+    text = write_text(tmp_path / "text.txt").replace(" king", " k\u00e9ng")     # c3 a9 stay two tokens
+    (tmp_path / "text.txt").write_text(text, encoding="utf-8")
+    train(tiny_cfg(tmp_path, tokenizer="bpe", vocab_size=260, max_iters=2, eval_interval=2, snapshots=0))
+    page = open(write_report(ReportConfig(out_dir=str(tmp_path / "out"), backend="numpy", prompt="k\u00e9ng")),
+                encoding="utf-8").read()
+    data = json.loads(re.search(r'<script id="data" type="application/json">(.*?)</script>', page, re.S).group(1))
+    assert data["labels"] == ["k", "<0xC3>", "<0xA9>", "n", "g"], data["labels"]
+    assert data["next"] == data["labels"][1:] + [None]
+    lens_labels = " ".join(lab for layer in data["lens"] for top in layer for lab, _ in top)
+    next_tables = html.unescape(re.search(r'<section id="sec-next".*?</section>', page, re.S).group(0))
+    for shown_there in (lens_labels, next_tables):                  # an untrained model: lone bytes among the top
+        assert "<0x" in shown_there and "\ufffd" not in shown_there, shown_there
 
 
 def test_training_keeps_the_snapshots_it_was_asked_for(run_dir):
