@@ -133,27 +133,36 @@ function hover(el, text) {
 // square-root scale: a head that spreads its attention over 64 keys still shows where it looks
 function heat(v) { const c = Math.round(255 * (1 - Math.sqrt(Math.min(1, Math.max(0, v))))); return `rgb(${c},${c},255)`; }
 // one attention map: rows are queries, columns keys; token labels along both axes, at least 10 px apart so
-// they stay readable (every other token on a long prompt; hovering a cell names both of its tokens)
+// they stay readable (every other token on a long prompt; hovering a cell names both of its tokens), in a margin
+// as wide as the longest label drawn, up to MAX_PAD px. The backing store has devicePixelRatio pixels per CSS
+// pixel (sharp on a high-resolution screen); everything below is drawn and hit-tested in CSS pixels.
+const MAX_PAD = 100;
 function drawMap(canvas, A, labels, cell, sel) {
-  const T = A.length, pad = labels ? 34 : 0;
-  canvas.width = pad + T * cell; canvas.height = pad + T * cell;
+  const T = A.length, step = Math.ceil(10 / cell), font = Math.min(11, step * cell) + 'px monospace';
   const g = canvas.getContext('2d');
-  g.fillStyle = '#fff'; g.fillRect(0, 0, canvas.width, canvas.height);
+  let pad = 0;
+  if (labels) { g.font = font;
+    for (let i = 0; i < T; i += step) pad = Math.max(pad, g.measureText(labels[i]).width);
+    pad = Math.min(MAX_PAD, Math.ceil(pad) + 6); }
+  const size = pad + T * cell, dpr = window.devicePixelRatio || 1;
+  canvas.style.width = canvas.style.height = size + 'px';
+  canvas.width = canvas.height = Math.round(size * dpr);          // resets the context: transform, font
+  g.scale(dpr, dpr);
+  g.fillStyle = '#fff'; g.fillRect(0, 0, size, size);
   for (let i = 0; i < T; i++) for (let j = 0; j <= i; j++) {
     g.fillStyle = heat(A[i][j]); g.fillRect(pad + j * cell, pad + i * cell, cell, cell);
   }
   if (sel !== null && sel < T) { g.strokeStyle = '#e0a000'; g.lineWidth = 2;
     g.strokeRect(pad + 1, pad + sel * cell + 1, T * cell - 2, cell - 2); }
   if (labels) {
-    const step = Math.ceil(10 / cell);
-    g.fillStyle = '#333'; g.font = Math.min(11, step * cell) + 'px monospace'; g.textBaseline = 'middle';
+    g.fillStyle = '#333'; g.font = font; g.textBaseline = 'middle';
     g.textAlign = 'right';
     for (let i = 0; i < T; i += step) g.fillText(labels[i], pad - 3, pad + (i + 0.5) * cell);
     for (let j = 0; j < T; j += step) { g.save(); g.translate(pad + (j + 0.5) * cell, pad - 3);
       g.rotate(-Math.PI / 2); g.textAlign = 'left'; g.fillText(labels[j], 0, 0); g.restore(); }
   }
-  hover(canvas, e => { const r = canvas.getBoundingClientRect();
-    const j = Math.floor((e.clientX - r.left - pad) / cell), i = Math.floor((e.clientY - r.top - pad) / cell);
+  hover(canvas, e => {     // offsetX/Y: CSS pixels from the drawing's corner (inside the border)
+    const j = Math.floor((e.offsetX - pad) / cell), i = Math.floor((e.offsetY - pad) / cell);
     if (i < 0 || j < 0 || i >= T || j >= T) return '';
     return `query ${i} '${D.labels[i]}' -> key ${j} '${D.labels[j]}': ${j > i ? 'masked' : A[i][j].toFixed(3)}`; });
 }

@@ -202,15 +202,16 @@ def _chromium():
 @pytest.mark.skipif(_chromium() is None, reason="no Chromium here (Debian: apt-get install chromium; .ci/run "
                                                 "installs it)")
 def test_report_renders_in_headless_chromium(run_dir, tmp_path):
-    """The page as a browser runs it: every section drawn, no script error, no console error, and a screenshot
-    that is not blank."""
+    """The page as a browser runs it: every section drawn, no script error, no console error, canvases as sharp as
+    a high-resolution screen (devicePixelRatio 2), and a screenshot that is not blank."""
     out, _ = run_dir
     path = write_report(ReportConfig(out_dir=str(out), backend="numpy", prompt="To be or not"))
     flags = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",
              "--virtual-time-budget=5000"]
-    r = subprocess.run(flags + ["--dump-dom", f"file://{path}"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(flags + ["--force-device-scale-factor=2", "--dump-dom", f"file://{path}"],
+                       capture_output=True, text=True, timeout=120)
     dom = r.stdout
     assert r.returncode == 0 and "<body" in dom, r.stderr[-2000:]
     console = [ln for ln in r.stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln]
@@ -221,6 +222,9 @@ def test_report_renders_in_headless_chromium(run_dir, tmp_path):
         tag = re.search(rf'<section id="sec-{key}"[^>]*>', dom)
         assert tag and 'data-rendered="1"' in tag.group(0), key
     assert dom.count("<canvas") >= 2 * 2 * 2 and "<td" in dom           # the maps and the lens table were drawn
+    for tag in re.findall(r"<canvas[^>]*>", dom):                      # 2 device pixels per CSS pixel: sharp
+        width, css = re.search(r'width="(\d+)"', tag).group(1), re.search(r"width: (\d+)px", tag)
+        assert css and int(width) == 2 * int(css.group(1)), tag
     shot = tmp_path / "shot.png"
     r = subprocess.run(flags + [f"--screenshot={shot}", "--window-size=1200,3000", f"file://{path}"],
                        capture_output=True, text=True, timeout=120)
