@@ -18,10 +18,10 @@ import numpy as np
 
 from minigpt import backends, distributed
 from minigpt.config import UserError, parse_args
+from minigpt.loss_curves import plot
 from minigpt.report import ReportConfig, write_report
 from minigpt.sample import generate, start_text
 from minigpt.train import exit_code, interrupted_status, train
-from plot_losses import plot
 
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 DEFAULT_DATA = "data/tinyshakespeare.txt"
