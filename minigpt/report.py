@@ -84,7 +84,9 @@ def write_report(cfg, verbose=False):
     data["next"] = data["labels"][1:] + [None]
 
     sections.append(_training(rows))
-    sections.append(_tokens(ids, data))
+    whence = ("your --prompt" if cfg.prompt else f"the first {MAX_T} characters of the validation text (--prompt "
+              "TEXT for another)" if val_text else "a newline (no validation text here; --prompt TEXT for another)")
+    sections.append(_tokens(ids, data, whence))
     order, labels = _by_frequency(tok, val_text, model.config.vocab_size)
     sections.append(_embeddings(model, order, labels, val_text))
     data["att"] = np.round(lens.attention(model, ids), 3).tolist()              # (L, nh, T, T)
@@ -197,11 +199,12 @@ def _label(tok, i):
     return P.shown_bytes(tok.token_bytes(int(i)))
 
 
-def _tokens(ids, data):
+def _tokens(ids, data, whence):
     spans = "".join(f'<span class="tok" style="background:{c}" title="id {i}">{P.esc(lab)}'
                     f'<small>{i}</small></span>' for i, lab, c in zip(ids, data["labels"], data["colors"]))
     return P.section("tokens", "2. Tokens", "The prompt as the model sees it: each token with its id, one colour "
-                     "per id.", f"<div>{spans}</div><p>{len(ids)} tokens.</p>")
+                     "per id. Sections 4-6 look at it too.", f"<div>{spans}</div><p>{len(ids)} tokens of "
+                     f"{P.esc(whence)}.</p>")
 
 
 def _by_frequency(tok, val_text, V):

@@ -190,6 +190,7 @@ def test_report_is_one_self_contained_file(run_dir):
     assert path == str(out / "report.html") and len(text) < 5 * 2 ** 20
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", text)          # nothing from the network
     assert "<link" not in text and "<script src" not in text
+    assert "tokens of the first 64 characters of the validation text" in text       # where the prompt came from
     for key in ("training", "tokens", "embeddings", "attention", "lens", "next", "wrong", "snapshots", "samples"):
         assert f'id="sec-{key}"' in text, key
     assert text.count("data:image/png;base64,") >= 3 + 3                # curves, PCA, positions; one per snapshot
