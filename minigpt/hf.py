@@ -90,13 +90,18 @@ def check_expressible(mc, ckpt):
 # ----------------------------------------------------------------------------
 # the directory
 
-def _prepare(out, force):
+def check_out(out, force):
+    """--out must name a directory to write into (nothing is made yet: the checkpoint is checked first)."""
     if not out:
         raise UserError("--out DIR is required: the directory to write the Hugging Face model into")
     if os.path.exists(out) and not os.path.isdir(out):
         raise UserError(f"--out {out!r} is a file; pass a directory path")
     if os.path.isdir(out) and os.listdir(out) and not force:
         raise UserError(f"--out {out!r} is not empty; pass --force to write into it, or another --out")
+
+
+def _prepare(out, force):
+    check_out(out, force)
     try:
         os.makedirs(out, exist_ok=True)
     except OSError as e:
@@ -110,6 +115,7 @@ def _write_json(path, obj):
 
 def export(ckpt, out, force=False):
     """Write the Hugging Face directory `out` for checkpoint file `ckpt`; -> the names of the files written."""
+    check_out(out, force)                                          # before a 124M checkpoint is read
     meta, params, _ = checkpoint.load(ckpt)
     if "model_config" not in meta or "tokenizer" not in meta:
         raise UserError(f"{ckpt}: the checkpoint has no model_config or tokenizer; export a training run's checkpoint")

@@ -16,8 +16,8 @@ NEEDS = {"train": ("iter", "loss"), "eval": ("iter", "train_loss", "val_loss")} 
 
 
 def read_log(path):
-    """The rows of a training log; anything else is a UserError naming the file (and the line). A last line
-    without its newline is skipped, not an error: it is a row torn by a kill mid-write (training's resume
+    """The rows of a training log; anything else is a UserError naming the file (and the line). A last line that
+    is not JSON and lacks its newline is skipped, not an error: a row torn by a kill mid-write (training's resume
     drops it the same way)."""
     try:
         with open(path, encoding="utf-8") as f:

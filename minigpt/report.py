@@ -20,6 +20,7 @@ from . import backends, checkpoint, lens
 from . import report_page as P
 from .config import UserError, check_backend, check_ranges, default_backend, parse_args, setting
 from .data import load_text, split_text
+from .loss_curves import NEEDS
 from .model import GPT, GPTConfig
 from .sample import generate, load_model, select_backend, start_text
 
@@ -43,7 +44,7 @@ class ReportConfig:
     samples: int = setting(3, "samples at the end of the page")
     sample_tokens: int = setting(200, "tokens per sample")
     seed: int = setting(1337, "seed of the samples")
-    backend: str = setting(default_backend, "auto | numpy | numba | native (default: $MINIGPT_BACKEND, else auto)")
+    backend: str = setting(default_backend, "auto | numpy | numba | native; $MINIGPT_BACKEND sets the default")
     threads: int = setting(0, "threads of every pool (0: all CPUs)")
 
 
@@ -150,8 +151,8 @@ def _read_log(path, notes):
             row = json.loads(line)
         except ValueError:                                              # a line torn by a kill mid-write
             continue
-        if isinstance(row, dict):
-            rows.append(row)
+        if isinstance(row, dict) and all(k in row for k in NEEDS.get(row.get("kind"), ())):
+            rows.append(row)                                            # the keys the figures read (loss_curves)
     return rows
 
 

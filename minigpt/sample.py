@@ -53,11 +53,15 @@ def load_model(path, loaded=None):
 # ----------------------------------------------------------------------------
 # one sampling step and the generation loop
 
+def check_temperature(t):
+    if not t > 0:                                                       # NaN too
+        raise UserError(f"--temperature must be positive, got {t}; use --top_k 1 for greedy decoding")
+
+
 def distribution(logits, temperature=1.0, top_k=0, top_p=1.0):
     """logits (B, V) -> the probabilities (B, V) the sampler draws from: softmax(logits / temperature), then
     top_k keeps the k largest, top_p the smallest set with mass >= p, renormalised (float64)."""
-    if temperature <= 0:
-        raise UserError(f"--temperature must be positive, got {temperature}; use --top_k 1 for greedy decoding")
+    check_temperature(temperature)
     z = logits.astype(np.float64) / temperature                        # (B, V)
     if top_k and top_k < z.shape[-1]:
         kth = np.partition(z, -top_k, axis=-1)[:, -top_k][:, None]     # (B, 1) k-th largest
@@ -174,8 +178,7 @@ def _settings(argv):
     """-> (SampleConfig, prompt text), every setting checked: nothing is loaded or printed before this."""
     cfg = parse_args(argv, SampleConfig, prog="python -m minigpt.sample", description=__doc__)
     check_ranges(cfg, positive=("num_samples",), non_negative=("max_new_tokens", "top_k", "seed", "threads"))
-    if not cfg.temperature > 0:
-        raise UserError(f"--temperature must be positive, got {cfg.temperature}; use --top_k 1 for greedy decoding")
+    check_temperature(cfg.temperature)
     if not 0 < cfg.top_p <= 1:
         raise UserError(f"--top_p must lie in (0, 1], got {cfg.top_p}")
     check_dtype(cfg.dtype)

@@ -509,8 +509,8 @@ def _start_over(cfg):
     if logged or gone:
         say(f"note: {out_dir} held a run (a log.jsonl, {gone} snapshot(s)): this new run replaces its log, "
             "snapshots, report, loss curve and checkpoints; --resume would have continued it")
-    made = ["report.html", "loss_curve.png", cfg.plot_path() or ""]          # the report, the default --plot, this
-    made = [os.path.join(out_dir, p) for p in made]                          # run's --plot (when inside out_dir)
+    made = [os.path.join(out_dir, "report.html"), os.path.join(out_dir, "loss_curve.png"),   # the report, the
+            cfg.plot_path() or ""]                                  # default --plot, this run's (when inside out_dir)
     for path in [log] + [p for p in made if os.path.dirname(os.path.abspath(p)) == os.path.abspath(out_dir)]:
         if os.path.isfile(path):
             os.remove(path)

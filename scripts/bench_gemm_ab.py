@@ -1,6 +1,7 @@
 """Two builds of the native library, side by side: each product of a training step (or a decoding step's few-row
 products) timed with the calls of the two builds alternating in one process, so that a busy machine slows both
-alike. Prints GFLOP/s per product and the ratio (after / before); for kernel work, where step-level timings of a
+alike. Prints GFLOP/s per product and the speed-up (after / before; with --ops, ns per element and before / after,
+the same speed-up); for kernel work, where step-level timings of a
 shared machine are too noisy to show a few per cent.
 
     python setup.py build_ext --inplace   (in a checkout of the old commit: its minigpt/_mgk*.so is BEFORE)
@@ -79,10 +80,11 @@ def main():
     ap.add_argument("after")
     ap.add_argument("--config", choices=sorted(CONFIGS), default="M")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--calls", type=int, default=9, help="calls of each build per product (median)")
+    ap.add_argument("--calls", type=int, default=9, help="calls of each build per product or op (median)")
     ap.add_argument("--rows", type=int, default=0, choices=range(9), metavar="0-8",
                     help="1-8: decoding's few-row products instead")
-    ap.add_argument("--ops", action="store_true", help="the ops built on exp (GELU, causal softmax) instead")
+    ap.add_argument("--ops", action="store_true", help="the ops built on exp (GELU, causal softmax) instead "
+                    "(--rows does not apply)")
     a = ap.parse_args()
     libs = [load(a.before, a.threads), load(a.after, a.threads)]
     rng = np.random.default_rng(0)
@@ -103,6 +105,7 @@ def main():
                                          w.shape[1], beta, out.ctypes.data, N)
         g = [2 * M * N * K / t / 1e9 for t in side_by_side(libs, call, a.calls, reps)]
         print(f"| {ta:d} {tb:d} {M}x{N}x{K} | {g[0]:.1f} | {g[1]:.1f} | {g[1] / g[0]:.3f} |", flush=True)
+
 
 if __name__ == "__main__":
     main()

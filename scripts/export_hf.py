@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from minigpt import checkpoint
 from minigpt.config import UserError, parse_args, setting
-from minigpt.hf import export
+from minigpt.hf import check_out, export
 
 
 @dataclass
@@ -35,6 +35,7 @@ class ExportConfig:
 def main(argv):
     try:
         cfg = parse_args(argv, ExportConfig, prog="export_hf.py", description=__doc__)
+        check_out(cfg.out, cfg.force)                                  # --out first: it is required
         path = cfg.ckpt or checkpoint.in_run(cfg.out_dir)
         files = export(path, cfg.out, cfg.force)
     except UserError as e:

@@ -24,8 +24,8 @@ def main(argv):
     ap.add_argument("logs", nargs="+", metavar="LOG", help="JSONL logs written by training (out_dir/log.jsonl)")
     ap.add_argument("-o", "--out", metavar="PNG", help="the PNG (default: beside the first log, loss_curve.png "
                                                        "for one log, loss_compare.png for several)")
-    ap.add_argument("--labels", nargs="*", metavar="LABEL", help="one label per log (default: the log's "
-                                                                 "directory name)")
+    ap.add_argument("--labels", nargs="*", metavar="LABEL", help="one label per log, after the logs (default: the "
+                                                                 "log's directory name)")
     try:
         a = ap.parse_args(argv)
         if a.labels is not None and len(a.labels) != len(a.logs):

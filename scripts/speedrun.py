@@ -168,11 +168,13 @@ def main():
                     help="false: leave out round 1's own ablations (its changes alone on config S)")
     ap.add_argument("--data", default="data/tinyshakespeare.txt",
                     help="the text (a relative path from where you run this; the default from the repository)")
-    ap.add_argument("--out", default="reports/speedrun.md", help="the report; the plot goes beside it (.png)")
+    ap.add_argument("--out", default="reports/speedrun.md", help="the report; the plot goes beside it (.png) (a "
+                    "relative path from where you run this; the default in the repository)")
     ap.add_argument("--nanogpt_child", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.data != ap.get_default("data"):                  # the runs start in the repository (which downloads the
-        a.data = os.path.abspath(a.data)                   # default there when it is missing); a typed path is yours
+    for k in ("data", "out"):                              # the runs start in the repository (which downloads the
+        if getattr(a, k) != ap.get_default(k):             # default text there); a path you type is from your
+            setattr(a, k, os.path.abspath(getattr(a, k)))  # directory (the defaults' strings stay the repository's)
     if a.nanogpt_child is not None:
         return nanogpt_child(a.nanogpt_child, a.threads, a.data)
     if a.budget < 0:

@@ -48,7 +48,7 @@ def main(argv):
     except UserError as e:
         return distributed.exit_status(e, exit_code(e))
     if result["interrupted"] or not distributed.world().root:     # under mpiexec rank 0 plots, samples, reports
-        return interrupted_status(result)                         # stopped by a signal (saved): 130 / 143
+        return interrupted_status(result)                         # 130 / 143 after a signal (saved), else 0
     if cfg.plot_path():
         label = os.path.basename(os.path.abspath(cfg.out_dir))
         try:

@@ -294,6 +294,9 @@ def test_report_draws_what_it_can_without_log_or_text(run_dir, tmp_path):
     r = report_cli("--out_dir", str(alone))
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert "cannot be read as a training log (UnicodeDecodeError)" in (alone / "report.html").read_text("utf-8")
+    (alone / "log.jsonl").write_text('{"kind": "eval"}\n{"kind": "train", "iter": 1}\n[1, 2]\n')  # rows lacking keys
+    r = report_cli("--out_dir", str(alone))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
 
 
 def assert_one_error_line(err, *needles):
