@@ -13,8 +13,8 @@
    A test build (-DMGK_EMULATE_AVX512) runs both AVX-512 paths on the scalar intrinsics of mgk_avx512_emu.h, so
    that CPUs without AVX-512 test them (tests/test_native_emulated.py).
    No -ffast-math: the packed paths sum plain (fused) multiply-adds in k order within each k block (KC deep,
-   AVX2_KC on AVX2), and add each block's sums into C (vdpbf16ps and AMX tiles add the two products of each
-   k-pair in the instruction's own order). The few-rows path (small_*) sums a transposed op(B) in vector-lane
+   AVX2_KC on AVX2, KC_DP on vdpbf16ps), and add each block's sums into C (vdpbf16ps and AMX tiles add the two
+   products of each k-pair in the instruction's own order). The few-rows path (small_*) sums a transposed op(B) in vector-lane
    partials, and a product split over k between threads (ksplit) adds the threads' partial sums: the same value
    up to float32 summation order, which depends on the path and the thread count.
    bfloat16 products (mgk_bgemm*, mgk.h): both operands are rounded to bf16 as they are packed, and the exact
@@ -52,6 +52,8 @@
                         than with 256 (on Zen 3, config M's products with op(A) = A 4-14% faster) */
 #endif
 #define KC_MAX (KC > AVX2_KC ? KC : AVX2_KC)   /* the depth of the per-thread pack buffers */
+#define KC_DP (2 * KC)   /* avx512bf16's depth: k-pairs of bf16 fill a B panel's 32 KB at twice KC, and a K of 384
+                            is one block (one pass over C) */
 #ifndef MC
 #define MC 192     /* rows of A packed at once (192 KB, in L2) */
 #endif
@@ -60,6 +62,9 @@
 #endif
 _Static_assert(KC >= 32 && KC % 32 == 0 && MC % 32 == 0 && NC % 32 == 0,
                "the amx packs pad k, rows and columns to 32 inside the fp32 paths' buffers");
+_Static_assert((long)MC * KC_DP / 2 + (long)KC_DP * MR <= (long)MC * KC_MAX &&
+               (long)NC * KC_DP / 2 + (long)KC_DP * NR <= (long)NC * KC_MAX,
+               "the k-pair packs of a KC_DP block, and the last panel's fp32 before pairing, fit the pack buffers");
 _Static_assert(MC % MR == 0 && MC % AVX2_MR == 0 && MC % 4 == 0,
                "pack_a pads the last row panel to a whole tile inside the MC x KC_MAX buffer: MC is whole tiles of rows");
 #ifndef SMALL_M
@@ -361,24 +366,49 @@ static void kernel_8x16(int kc, const float *ap, const float *bp, float *c, long
 #pragma GCC push_options
 TARGET_AVX512BF16
 
-/* a packed fp32 panel [kc][w] -> [ceil(kc/2)][w] 32-bit words, in place (row p is written after rows 2p, 2p+1
-   are read): word (p, j) holds bf16(x[2p][j]) in its low half and bf16(x[2p+1][j]) (0 past kc) in its high half */
+/* bf16_bits on 8 lanes: the same operations, as GCC vector code (ymm here and in the test build) */
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
+static inline __attribute__((always_inline)) u32x8 bf16_bits8(const float *x)
+{
+    u32x8 u;
+    memcpy(&u, x, 32);
+    u32x8 nan = (u32x8)((u & 0x7fffffffu) > 0x7f800000u);               /* all ones in NaN lanes */
+    u32x8 r = (u + 0x7fffu + ((u >> 16) & 1u)) & ~nan;
+    return (r | ((u | 0x00400000u) & nan)) & 0xffff0000u;
+}
+
+/* a packed fp32 panel [kc][w] (w a multiple of 8) -> [ceil(kc/2)][w] 32-bit words, in place (row p is written
+   after rows 2p, 2p+1 are read): word (p, j) holds bf16(x[2p][j]) in its low half and bf16(x[2p+1][j]) (0 past
+   kc) in its high half */
 static void pair_panel(float *panel, int kc, int w)
 {
+    static const float zeros[8];
     for (int p = 0; p < (kc + 1) / 2; p++)
-        for (int j = 0; j < w; j++) {
-            uint32_t lo = bf16_bits(panel[2 * p * w + j]) >> 16;
-            uint32_t hi = 2 * p + 1 < kc ? bf16_bits(panel[(2 * p + 1) * w + j]) : 0u;
-            uint32_t word = hi | lo;
-            memcpy(panel + (long)p * w + j, &word, 4);
+        for (int j = 0; j < w; j += 8) {
+            const float *x0 = panel + (long)2 * p * w + j, *x1 = 2 * p + 1 < kc ? x0 + w : zeros;
+            u32x8 word = bf16_bits8(x1) | bf16_bits8(x0) >> 16;
+            memcpy(panel + (long)p * w + j, &word, 32);
         }
 }
 
-/* pair_panel over every op(B) panel of a pack_b block (widths as b_panels) */
-static void pair_b(float *bp, int nc, int kc)
+/* the packs of the dp path: panels of k-pairs, each ceil(kc/2) words deep. Each panel is packed as fp32 (the
+   fp32 paths' pack_a, pack_b) where it will lie, over the space of the panels after it, which are packed later,
+   then paired in place. (Pairing straight from the source, with the rounding between the loads, measured
+   0.75-0.9x on config M's products: the source streams from memory, and fewer of its loads are in flight.) */
+static void pack_a_pairs(const job_t *g, const float *A, int i0, int mr, int k0, int kc, float *ap)
 {
-    for (int jp = 0; jp < nc; jp += NR)
-        pair_panel(bp + (long)jp * kc, kc, nc - jp > 16 ? NR : 16);
+    pack_a(g, A, i0, mr, k0, kc, ap);
+    pair_panel(ap, kc, MR);
+}
+
+static void pack_b_pairs(const job_t *g, const float *B, int j0, int nc, int k0, int kc, float *bp)
+{
+    for (int jp = 0; jp < nc; jp += NR) {
+        int nr = nc - jp < NR ? nc - jp : NR;
+        float *panel = bp + (long)jp * ((kc + 1) / 2);
+        pack_b(g, B, j0 + jp, nr, k0, kc, panel);
+        pair_panel(panel, kc, nr > 16 ? NR : 16);
+    }
 }
 
 /* c[0:mr, 0:nr] = the kp k-pairs of ap (MR words each) and bp (16*NV words each) + beta*c */
@@ -386,7 +416,12 @@ static inline __attribute__((always_inline)) void kernel_dp(int NV, int kp, cons
                                                             float *c, long ldc, int mr, int nr, float beta)
 {
     __m512 acc[MR][2];
-    for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (int i = 0; i < MR; i++) {
+        acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+        _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
+        if (NV == 2) _mm_prefetch((const char *)(c + i * ldc + 16), _MM_HINT_T0);
+    }
+#pragma GCC unroll 2
     for (int p = 0; p < kp; p++, ap += MR, bp += 16 * NV) {
         __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp);
         __m512bh b1 = NV == 2 ? (__m512bh)_mm512_loadu_si512(bp + 16) : b0;
@@ -405,16 +440,19 @@ static void kernel_dp_8x32(int kp, const float *ap, const float *bp, float *c, l
 static void kernel_dp_8x16(int kp, const float *ap, const float *bp, float *c, long ldc, int mr, int nr, float beta)
 { kernel_dp(1, kp, ap, bp, c, ldc, mr, nr, beta); }
 
-/* peak: 24 independent vdpbf16ps chains per thread, registers only (64 flops each), for reports and mgk_isa */
+/* peak: 16 independent vdpbf16ps chains per thread, registers only (64 flops each), for reports and mgk_isa.
+   The inner loop must unroll whole: at 24 chains gcc -O3 kept the sums in memory (Zen 5: 415 against 530
+   GFLOP/s per core) */
 static void peak_job_dp(void *arg, int tid, int nt)
 {
     long long iters = *(long long *)arg;
-    __m512 acc[24];
+    __m512 acc[16];
     __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f7f3f7f), y = (__m512bh)_mm512_set1_epi32(0x3a833a83);
-    for (int i = 0; i < 24; i++) acc[i] = _mm512_set1_ps((float)(i + tid));
+    for (int i = 0; i < 16; i++) acc[i] = _mm512_set1_ps((float)(i + tid));
     for (long long n = 0; n < iters; n++)
-        for (int i = 0; i < 24; i++) acc[i] = _mm512_dpbf16_ps(acc[i], x, y);
-    for (int i = 1; i < 24; i++) acc[0] = _mm512_add_ps(acc[0], acc[i]);
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) acc[i] = _mm512_dpbf16_ps(acc[i], x, y);
+    for (int i = 1; i < 16; i++) acc[0] = _mm512_add_ps(acc[0], acc[i]);
     volatile float sink = _mm512_reduce_add_ps(acc[0]);
     (void)sink; (void)nt;
 }
@@ -429,7 +467,8 @@ TARGET_AVX512
 
 /* ----------------------------------------------------------------------------
    one thread's block C[m0:m1, n0:n1] of one product: loops jc (NC) > pc (KC) > ic (MC) > jr (32) > ir (8).
-   dp: bf16 products on vdpbf16ps (the packs folded into k-pairs); else fp32 FMAs, on rounded packs for bf16.
+   dp: bf16 products on vdpbf16ps, k blocks KC_DP deep, the packs in k-pairs (panels ceil(kc/2) words deep);
+   else fp32 FMAs, on rounded packs for bf16.
    causal: a causal product (mgk_gemm_causal) packs and multiplies only the k range of causal_k, and skips the
    tiles of causal_past. Both are constants in each caller, so the plain product compiles without them. */
 static inline __attribute__((always_inline)) void gemm_loops(int dp, int causal, const job_t *g, const float *A,
@@ -438,21 +477,24 @@ static inline __attribute__((always_inline)) void gemm_loops(int dp, int causal,
 {
     for (int jc = n0; jc < n1; jc += NC) {
         int nc = n1 - jc < NC ? n1 - jc : NC;
-        for (int pc = 0; pc < g->K || pc == 0; pc += KC) {
-            int kc = g->K - pc < KC ? g->K - pc : KC;
+        int KB = dp ? KC_DP : KC;
+        for (int pc = 0; pc < g->K || pc == 0; pc += KB) {
+            int kc = g->K - pc < KB ? g->K - pc : KB;
+            int d = dp ? (kc + 1) / 2 : kc;               /* a panel's depth: k (fp32 slots) or k-pairs (words) */
             float beta = pc == 0 ? g->beta : 1.0f;        /* later k blocks add to the first one's result */
-            pack_b(g, B, jc, nc, pc, kc, bp);
-            DP(if (dp) pair_b(bp, nc, kc); else)
-            if (g->bf16) round_bf16(bp, b_panels(nc) * kc);
+            DP(if (dp) pack_b_pairs(g, B, jc, nc, pc, kc, bp); else) {
+                pack_b(g, B, jc, nc, pc, kc, bp);
+                if (g->bf16) round_bf16(bp, b_panels(nc) * kc);
+            }
             for (int ic = m0; ic < m1; ic += MC) {
                 int mc = m1 - ic < MC ? m1 - ic : MC;
-                for (int ir = 0; ir < mc; ir += MR) {    /* row panel ir: k0..k1 of it at ap + ir*kc + k0*MR */
+                for (int ir = 0; ir < mc; ir += MR) {    /* row panel ir: k0..k1 of it at ap + ir*d + k0*MR(/2) */
                     int mr = mc - ir < MR ? mc - ir : MR, k0 = 0, k1 = kc;
                     if (causal) causal_k(g, ic + ir, mr, pc, kc, &k0, &k1);
-                    float *a = ap + ir * kc + k0 * MR;
-                    pack_a(g, A, ic + ir, mr, pc + k0, k1 - k0, a);
-                    DP(if (dp) pair_panel(a, k1 - k0, MR); else)
-                    if (g->bf16) round_bf16(a, (long)MR * (k1 - k0));
+                    DP(if (dp) { pack_a_pairs(g, A, ic + ir, mr, pc + k0, k1 - k0, ap + (long)ir * d + k0 / 2 * MR);
+                                 continue; })
+                    pack_a(g, A, ic + ir, mr, pc + k0, k1 - k0, ap + ir * kc + k0 * MR);
+                    if (g->bf16) round_bf16(ap + ir * kc + k0 * MR, (long)MR * (k1 - k0));
                 }
                 for (int jr = 0; jr < nc; jr += NR) {
                     int nr = nc - jr < NR ? nc - jr : NR, w = nr > 16 ? NR : 16;   /* w: the panel's width */
@@ -464,11 +506,12 @@ static inline __attribute__((always_inline)) void gemm_loops(int dp, int causal,
                             if (causal_past(g, ic + ir, mr, jc + jr) || (k0 == k1 && pc > 0))
                                 continue;                 /* nothing to add here (k0 == k1 at pc 0: beta*C) */
                         }
-                        const float *a = ap + ir * kc + k0 * MR;
-                        DP(if (dp) (nr > 16 ? kernel_dp_8x32 : kernel_dp_8x16)((k1 - k0 + 1) / 2, a,
-                                                                               bp + jr * kc + k0 / 2 * w, c, g->ldc,
-                                                                               mr, nr, beta); else)
-                        (nr > 16 ? kernel_8x32 : kernel_8x16)(k1 - k0, a, bp + jr * kc + k0 * w, c, g->ldc, mr, nr, beta);
+                        DP(if (dp) (nr > 16 ? kernel_dp_8x32 : kernel_dp_8x16)((k1 - k0 + 1) / 2,
+                                                                               ap + (long)ir * d + k0 / 2 * MR,
+                                                                               bp + (long)jr * d + k0 / 2 * w, c,
+                                                                               g->ldc, mr, nr, beta); else)
+                        (nr > 16 ? kernel_8x32 : kernel_8x16)(k1 - k0, ap + ir * kc + k0 * MR, bp + jr * kc + k0 * w,
+                                                              c, g->ldc, mr, nr, beta);
                     }
                 }
             }
@@ -521,6 +564,7 @@ static void peak_job(void *arg, int tid, int nt)
     __m512 acc[16], x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(1e-3f);
     for (int i = 0; i < 16; i++) acc[i] = _mm512_set1_ps((float)(i + tid));
     for (long long n = 0; n < iters; n++)
+#pragma GCC unroll 16
         for (int i = 0; i < 16; i++) acc[i] = _mm512_fmadd_ps(acc[i], x, y);
     for (int i = 1; i < 16; i++) acc[0] = _mm512_add_ps(acc[0], acc[i]);
     volatile float sink = _mm512_reduce_add_ps(acc[0]);
@@ -744,7 +788,7 @@ static const struct isa_gemm ISA_GEMM[] = {
     {"avx2", AVX2_MR, AVX2_NR, AVX2_MR, AVX2_NR, gemm_block_avx2, gemm_block_avx2, peak_job_avx2, NULL, 2 * 12 * 8, 0},
     {"avx512", MR, NR, MR, NR, gemm_block, gemm_block, peak_job, NULL, 2 * 16 * 16, 0},
 #ifdef MGK_BF16
-    {"avx512bf16", MR, NR, MR, NR, gemm_block, gemm_block_dp, peak_job, peak_job_dp, 2 * 16 * 16, 2 * 24 * 32},
+    {"avx512bf16", MR, NR, MR, NR, gemm_block, gemm_block_dp, peak_job, peak_job_dp, 2 * 16 * 16, 2 * 16 * 32},
 #endif
 #ifdef MGK_AMX
     {"amx", MR, NR, 32, 32, gemm_block, gemm_block_amx_amx, peak_job, peak_job_amx, 2 * 16 * 16,

@@ -6,8 +6,10 @@ shared machine are too noisy to show a few per cent.
 
     python setup.py build_ext --inplace   (in a checkout of the old commit: its minigpt/_mgk*.so is BEFORE)
     python scripts/bench_gemm_ab.py BEFORE.so AFTER.so [--config M] [--threads 2] [--calls 9] [--rows 0] [--ops]
+                                    [--bf16]
 
 --rows N (1-8) times N-row products against the step's weights (decoding) instead of the step's own products.
+--bf16 times the bf16 products (mgk_bgemm: operands rounded to bfloat16) instead of the float32 ones.
 --ops times the step's ops built on exp (GELU forward, causal softmax forward) and exp itself, in ns per element.
 """
 import argparse
@@ -26,6 +28,7 @@ def load(path, threads):
     lib = ctypes.CDLL(path)
     P = ctypes.c_void_p
     lib.mgk_sgemm.argtypes = [ctypes.c_int] * 5 + [P, ctypes.c_int, P, ctypes.c_int, ctypes.c_float, P, ctypes.c_int]
+    lib.mgk_bgemm.argtypes = lib.mgk_sgemm.argtypes
     LL, I = ctypes.c_longlong, ctypes.c_int
     lib.mgk_gelu_fwd.argtypes = [LL, I, P, P, P, P]
     lib.mgk_exp.argtypes = [LL, P, P]
@@ -85,10 +88,11 @@ def main():
                     help="1-8: decoding's few-row products instead")
     ap.add_argument("--ops", action="store_true", help="the ops built on exp (GELU, causal softmax) instead "
                     "(--rows does not apply)")
+    ap.add_argument("--bf16", action="store_true", help="bf16 products (mgk_bgemm) instead of float32 (mgk_sgemm)")
     a = ap.parse_args()
     libs = [load(a.before, a.threads), load(a.after, a.threads)]
     rng = np.random.default_rng(0)
-    print(f"{cpu_line()}; {a.threads} threads; before {a.before}, after {a.after}; median of {a.calls} calls each")
+    print(f"{cpu_line()}; {a.threads} threads; {'bf16' if a.bf16 else 'float32'} products; before {a.before}, after {a.after}; median of {a.calls} calls each")
     if a.ops:
         print("| op | before ns/element | after ns/element | before / after |\n|---|---:|---:|---:|")
         for name, n, call in ops(a.config, rng):
@@ -101,7 +105,8 @@ def main():
         w = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
         out = np.zeros((M, N), np.float32)
         reps = max(1, int(2e8 // (2 * M * N * K)))                  # small products: several calls per timing
-        call = lambda lib: lib.mgk_sgemm(ta, tb, M, N, K, x.ctypes.data, x.shape[1], w.ctypes.data,  # noqa: E731
+        gemm = "mgk_bgemm" if a.bf16 else "mgk_sgemm"
+        call = lambda lib: getattr(lib, gemm)(ta, tb, M, N, K, x.ctypes.data, x.shape[1], w.ctypes.data,  # noqa: E731
                                          w.shape[1], beta, out.ctypes.data, N)
         g = [2 * M * N * K / t / 1e9 for t in side_by_side(libs, call, a.calls, reps)]
         print(f"| {ta:d} {tb:d} {M}x{N}x{K} | {g[0]:.1f} | {g[1]:.1f} | {g[1] / g[0]:.3f} |", flush=True)

@@ -33,9 +33,10 @@ def tiny_cfg(tmp_path, **kw):
 
 
 # (batch dims, T, start, hs): one row, KV-cache offsets (an odd one starts a tile's k range mid-pair on the
-# vdpbf16ps path), more rows than a k block (256 deep, 384 on AVX2), head views
+# vdpbf16ps path), more rows than a k block (256 deep, 384 on AVX2, 512 on vdpbf16ps), head views, and a tile whose
+# first column is its last row's diagonal on the 8 x 32 tiles (rows 24-31, column 32, start 1)
 CAUSAL = [((3,), 17, 0, 7), ((2, 3), 64, 0, 32), ((4,), 5, 3, 9), ((1,), 1, 40, 16), ((2,), 130, 0, 33),
-          ((1,), 400, 0, 5), ((3,), 7, 2, 1), ((2,), 21, 3, 5), ((2, 3), 19, 4, "heads")]
+          ((1,), 600, 0, 5), ((3,), 7, 2, 1), ((2,), 21, 3, 5), ((2, 3), 19, 4, "heads"), ((2,), 40, 1, 8)]
 
 
 def causal_products(ops, rng, bf16=None):

@@ -23,6 +23,7 @@ TT, OPT, TMU = "tests/test_train.py", "minigpt/optim.py", "tests/test_muon.py"
 TB, TE = "tests/test_bf16.py", "tests/test_native_emulated.py"
 EMU = f"{TE}::test_native_tests_pass_on_the_emulated_avx512_paths"
 CAUSAL = f"{TO}::test_causal_products_are_the_plain_products"
+ISA = "tests/test_native_isa.py::test_matmul_every_path_matches_float64"   # every path this CPU runs, forced
 
 # (file, exact text (must occur once), replacement, the test that must fail)
 M = [
@@ -132,7 +133,10 @@ M = [
     # the avx512 and avx512bf16 micro-kernels, caught on any AVX2 CPU by their emulated build
     ("native/mgk.c", "if (NV == 2) acc[i][1] = _mm512_fmadd_ps(a, b1, acc[i][1]);",
         "if (NV == 2) acc[i][1] = _mm512_fmadd_ps(a, b0, acc[i][1]);", EMU),
-    ("native/mgk.c", "kernel_dp_8x16)((k1 - k0 + 1) / 2, a,", "kernel_dp_8x16)((k1 - k0) / 2, a,", EMU),
+    ("native/mgk.c", "kernel_dp_8x16)((k1 - k0 + 1) / 2,", "kernel_dp_8x16)((k1 - k0) / 2,", EMU),
+    ("native/mgk.c", "float *panel = bp + (long)jp * ((kc + 1) / 2);", "float *panel = bp + (long)jp * (kc / 2);", EMU),
+    ("native/mgk.c", "u32x8 r = (u + 0x7fffu + ((u >> 16) & 1u)) & ~nan;", "u32x8 r = (u + 0x7fffu) & ~nan;", EMU),
+    ("native/mgk.c", "int KB = dp ? KC_DP : KC;", "int KB = KC_DP;", EMU),
     ("native/mgk.c", "__m512bh b1 = NV == 2 ? (__m512bh)_mm512_loadu_si512(bp + 16) : b0;",
         "__m512bh b1 = NV == 2 ? (__m512bh)_mm512_loadu_si512(bp) : b0;", EMU),
     # the few-rows path (mgk_small.inc, on AVX2 here; AVX-512 by the emulated build): op(B) = B^T tiles and tails
@@ -144,20 +148,20 @@ M = [
         "for (int u = 0; u < 4; u++) bv[u] = SV_LD(b + j, m);", EMU),
     # k blocks on the AVX2 and generic paths (AVX2's are 384 deep: the tests' K of 400 crosses both depths)
     ("native/mgk_gemm_generic.inc", "float beta = pc == 0 ? g->beta : 1.0f;", "float beta = g->beta;",
-        "tests/test_native_isa.py::test_matmul_every_path_matches_float64"),
+        ISA),
     # the AVX2 packs of op(A) = A (6 rows by 8 k in registers) and op(B) = B^T, and the transposes they share with AVX-512's
     ("native/mgk.c", "_mm_storel_pi((__m64 *)(ap + 6 * (c + 4) + 4), _mm256_extractf128_ps(r[4 + c], 1));",
         "_mm_storel_pi((__m64 *)(ap + 6 * (c + 4) + 4), _mm256_extractf128_ps(r[c], 1));",
-        f"{TO}::test_matmul_matches_float64"),
+        ISA),
     ("native/mgk_gemm_generic.inc", "GV_PACK_A8(A + (long)i0 * g->lda + k0 + k, g->lda",
-        "GV_PACK_A8(A + (long)i0 * g->lda + k0, g->lda", f"{TO}::test_matmul_matches_float64"),
+        "GV_PACK_A8(A + (long)i0 * g->lda + k0, g->lda", ISA),
     ("native/mgk_gemm_generic.inc", "memcpy(dst + k * w, src, sizeof(float) * w);",
-        "memcpy(dst + k * w, src + 1, sizeof(float) * w);", f"{TO}::test_matmul_matches_float64"),
+        "memcpy(dst + k * w, src + 1, sizeof(float) * w);", ISA),
     ("native/mgk_gemm_generic.inc", "GV(copy_rows)(bp, GV_NR, B + (long)k0 * g->ldb + j0 + jp, g->ldb, nr, kc);",
         "GV(copy_rows)(bp, GV_NR, B + (long)k0 * g->ldb + j0 + jp, g->ldb, nr - 1, kc);",
-        f"{TO}::test_matmul_matches_float64"),
+        ISA),
     ("native/mgk_gemm_generic.inc", "GV_PACK_BT8(b + k, g->ldb, bp + k * GV_NR + j, GV_NR);",
-        "GV_PACK_BT8(b + k, g->ldb, bp + k * GV_NR, GV_NR);", f"{TO}::test_matmul_matches_float64"),
+        "GV_PACK_BT8(b + k, g->ldb, bp + k * GV_NR, GV_NR);", ISA),
     ("native/mgk.c", "r[i + 2 * h + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(x, y));",
         "r[i + 2 * h + 1] = _mm256_castpd_ps(_mm256_unpacklo_pd(x, y));", EMU),
     # causal products: the k ranges and tiles a causal bmm skips (the C code), and the specification's zeroing

@@ -128,6 +128,24 @@ def test_bf16_products_round_both_operands_exactly(kernel, ta, tb):
             assert not np.array_equal(ops.matmul(a, b, ta, tb, bf16=False), want)   # float32 keeps the 2^-10s
 
 
+@pytest.mark.parametrize("ta,tb", list(itertools.product((False, True), repeat=2)))
+def test_bf16_products_round_ties_to_even_in_both_packs(kernel, ta, tb):
+    """x @ I and I @ x are round_bf16(x) bit for bit: each output is one product by 1 (the other terms are 0), so
+    every kernel's packs must round as the definition does, ties to even included (half the entries are ties)."""
+    rng = np.random.default_rng(8)
+    M, K = 37, 70                                         # odd: the tails of the tiles and of the k-pairs
+    bits = (rng.integers(0x3000, 0x5000, (M, K), dtype=np.uint32) << 16) | rng.choice(
+        np.array([0x8000, 0x7FFF, 0x8001, 0x0000], np.uint32), (M, K))               # ties, just below, above
+    x = bits.view(np.float32)
+    want = round_bf16(x, np.empty_like(x))
+    eye = np.eye(K, dtype=np.float32)
+    got = kernel.matmul(np.ascontiguousarray(x.T) if ta else x, eye, ta, tb, bf16=True)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    eye = np.eye(M, dtype=np.float32)                     # x as the right operand: I (M, M) @ x (M, K)
+    got = kernel.matmul(eye, np.ascontiguousarray(x.T) if tb else x, ta, tb, bf16=True)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def emulated(a, b, ta=False, tb=False):
     """The numpy emulation in float64: exact products of the rounded operands, summed exactly enough."""
     ra = round_bf16(a, np.empty(a.shape, np.float32)).astype(np.float64)
@@ -149,7 +167,7 @@ def close_to_emulation(got, a, b, ta=False, tb=False, base=None):
 @pytest.mark.parametrize("ta,tb", list(itertools.product((False, True), repeat=2)))
 def test_bf16_matmul_matches_the_emulation_on_odd_shapes(kernel, ta, tb):
     rng = np.random.default_rng(4)
-    for M, N, K in itertools.product((1, 3, 7, 17, 129), (1, 16, 33, 130), (1, 17, 300)):
+    for M, N, K in itertools.product((1, 3, 7, 17, 129), (1, 16, 33, 130), (1, 17, 600)):   # k blocks: 256, 384, 512
         a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
         b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
         close_to_emulation(kernel.matmul(a, b, ta, tb, bf16=True), a, b, ta, tb)
