@@ -9,7 +9,8 @@
               (mgk_amx.inc)
      AVX2     6x16 tile of ymm FMAs, mgk_gemm_generic.inc compiled for avx2,fma
      generic  4x16 tile, mgk_gemm_generic.inc compiled for the baseline (SSE2 on x86-64; any CPU elsewhere)
-   Products of at most SMALL_M rows (decoding) skip packing on AVX-512 and AVX2 (mgk_small.inc, fp32 only).
+   Products of at most SMALL_M rows (decoding) skip packing on AVX-512 and AVX2 (mgk_small.inc; its bf16 products
+   round the operands as they are read).
    A test build (-DMGK_EMULATE_AVX512) runs both AVX-512 paths on the scalar intrinsics of mgk_avx512_emu.h, so
    that CPUs without AVX-512 test them (tests/test_native_emulated.py).
    No -ffast-math: the packed paths sum plain (fused) multiply-adds in k order within each k block (KC deep,
@@ -127,6 +128,12 @@ static inline __attribute__((always_inline)) uint32_t bf16_bits(float x)
     if ((u & 0x7fffffffu) > 0x7f800000u) return (u | 0x00400000u) & 0xffff0000u;    /* NaN */
     return (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;   /* + half an ulp of bf16, odd halves up */
 }
+
+/* bf16_bits on every lane of u, a GCC vector of uint32 of type T (any width): the same operations, for the SIMD
+   code (the avx512bf16 packs, the few-rows path) */
+#define BF16_BITS_VEC(T, u) __extension__({                                                        \
+        T nan_ = (T)(((u) & 0x7fffffffu) > 0x7f800000u);            /* all ones in NaN lanes */     \
+        ((((u) + 0x7fffu + (((u) >> 16) & 1u)) & ~nan_) | (((u) | 0x00400000u) & nan_)) & 0xffff0000u; })
 
 /* p[0:n] = bf16(p[0:n]) in place: a packed panel becomes bf16 values in float32 slots */
 static inline __attribute__((always_inline)) void round_bf16(float *p, long n)
@@ -361,20 +368,18 @@ static void kernel_8x16(int kc, const float *ap, const float *bp, float *c, long
    avx512bf16: the same packs, rounded to bf16 and folded into k-pairs, then vdpbf16ps, which adds
    a[2p]*b[2p] + a[2p+1]*b[2p+1] (exact products of bf16 values) into each float32 lane: twice the multiply-adds
    of an fp32 FMA per instruction. mgk_isa() takes this path only where it measures at least 1.2x the fp32 FMA
-   rate (best_isa; vdpbf16ps is reported at about 2x on AMD Zen 4 and half on Intel Xeons). */
+   rate (best_isa; vdpbf16ps measured 2.0x on AMD Zen 5, is reported at about 2x on Zen 4, half on Intel Xeons). */
 #ifdef MGK_BF16
 #pragma GCC push_options
 TARGET_AVX512BF16
 
-/* bf16_bits on 8 lanes: the same operations, as GCC vector code (ymm here and in the test build) */
+/* bf16_bits on 8 floats at x */
 typedef uint32_t u32x8 __attribute__((vector_size(32)));
 static inline __attribute__((always_inline)) u32x8 bf16_bits8(const float *x)
 {
     u32x8 u;
     memcpy(&u, x, 32);
-    u32x8 nan = (u32x8)((u & 0x7fffffffu) > 0x7f800000u);               /* all ones in NaN lanes */
-    u32x8 r = (u + 0x7fffu + ((u >> 16) & 1u)) & ~nan;
-    return (r | ((u | 0x00400000u) & nan)) & 0xffff0000u;
+    return BF16_BITS_VEC(u32x8, u);
 }
 
 /* a packed fp32 panel [kc][w] (w a multiple of 8) -> [ceil(kc/2)][w] 32-bit words, in place (row p is written
@@ -937,8 +942,8 @@ static double peak_once(peak_fn *fn, int flops, long long iters)   /* GFLOP/s of
 #endif
 
 /* the fastest path: the highest the CPU runs, except that a bf16 path must beat fp32 FMAs on rounded operands
-   by its own measured rate (vdpbf16ps is about 2x an FMA on AMD Zen 4, 0.5x on Intel Xeons): best of 3 ~1 ms
-   register loops each */
+   by its own measured rate (vdpbf16ps: 2x an FMA on AMD Zen 5, about 2x on Zen 4, 0.5x on Intel Xeons): best of
+   3 ~1 ms register loops each */
 static int best_isa(void)
 {
     int isa = mgk_cpu_isa();                   /* amx: tiles are reported at about 15x the fp32 FMAs: not measured */
@@ -1043,9 +1048,9 @@ static int gemm_batched(int bf16, int causal, int start, int L1, int L2, int ta,
     if (L1 < 0 || L2 < 1 || (long long)L1 * L2 > 0x7fffffff || sA1 < 0 || sB1 < 0 || sC1 < 0 || sA2 < 0 ||
         sB2 < 0 || sC2 < 0 || bad_args(ta, tb, M, N, K, A, lda, B, ldb, C, ldc))
         return MGK_EBADARG;
-    /* small: few rows skip packing, but bf16 always packs (the rounding is there) */
+    /* small: few rows skip packing (bf16 too: mgk_small.inc rounds as it reads) */
     job_t g = {NULL, ta != 0, tb != 0, M, N, K, lda, ldb, ldc, L1 * L2, A, B, C, beta, sA1, sB1, sC1, L2, sA2, sB2, sC2,
-               0, 1, M <= SMALL_M && !(ta && tb) && !bf16, 0, bf16, causal, start};
+               0, 1, M <= SMALL_M && !(ta && tb), 0, bf16, causal, start};
     return run(&g);
 }
 

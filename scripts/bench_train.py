@@ -7,8 +7,8 @@ One invocation, the same threads: rounds alternate the implementations, each in 
 (`--child NAME`), medians after warm-up. A profiled pass splits a minigpt step into matmul / attention /
 LayerNorm / GELU / loss / optimizer / other (exclusive times). PyTorch is optional.
 --baseline: a checkout of an older commit (its native library built in place: `python setup.py build_ext
---inplace`); every round then also runs that tree's own children ("native@base", ...), so before and after are
-measured side by side, in the same invocation. The child protocol (--child/--config/--steps/--threads/--profile
+--inplace`); every round then also runs that tree's own children ("native@base", "native bf16@base", ...: each
+dtype, on the default ISA path), so before and after are measured side by side, in the same invocation. The child protocol (--child/--config/--steps/--threads/--profile
 in, one JSON line {median, shares, rss} out) is the one this script has had since b972235; --dtype bf16 (new)
 is passed to bf16 children only. --dtypes float32,bf16 runs every implementation in both (PyTorch's bf16 is its
 autocast); --isas adds native rows on lower ISA paths (MINIGPT_ISA in the child).
@@ -294,10 +294,10 @@ def main():
             for name, impl in impls.items():       # a backend's before right after its after
                 for tag, tree in trees.items():    # (the profiled pass, for the shares, only in the first round)
                     label = name + tag
-                    if (tag and (impl[0] not in where[tag]["backends"] or impl != (impl[0], "float32", None)
+                    if (tag and (impl[0] not in where[tag]["backends"] or impl[2] is not None
                                  or impl[0] == "pytorch")) or label in failed or f"{cfg_name}:{name}" in skip:
                         continue                   # pytorch runs once (it is the same in both trees); the
-                                                   # baseline, float32 on the default path only
+                                                   # baseline, each dtype on the default path only
                     r = run_child(tree, impl, cfg_name, n, a.threads, rnd == 0)
                     if "error" in r:
                         failed[label] = r["error"]

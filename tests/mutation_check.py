@@ -144,8 +144,13 @@ M = [
         "acc[i * nj] = SV_FMA(av[i], bv, acc[i * nj]);", f"{TO}::test_few_rows_match_float64"),
     ("native/mgk_small.inc", "for (; j < n1; j++) SV(small_nt_tile)", "for (; j + 1 < n1; j++) SV(small_nt_tile)",
         f"{TO}::test_few_rows_match_float64"),
-    ("native/mgk_small.inc", "for (int u = 0; u < 4; u++) bv[u] = SV_LD(b + u * g->ldb + j, m);",
-        "for (int u = 0; u < 4; u++) bv[u] = SV_LD(b + j, m);", EMU),
+    ("native/mgk_small.inc", "for (int u = 0; u < 4; u++) bv[u] = SV_OPERAND(SV_LD(b + u * g->ldb + j, m));",
+        "for (int u = 0; u < 4; u++) bv[u] = SV_OPERAND(SV_LD(b + j, m));", EMU),
+    # bf16 products on the few-rows path: each operand rounded as it is read
+    ("native/mgk_small.inc", "#define SV_OPERAND(v) (bf ? SV(rnd)(v) : (v))", "#define SV_OPERAND(v) (v)",
+        f"{TB}::test_bf16_products_round_ties_to_even_in_both_operands"),
+    ("native/mgk_small.inc", "bv[u] = SV_OPERAND(SV_LD(b + u * g->ldb + j, m));", "bv[u] = SV_LD(b + u * g->ldb + j, m);",
+        f"{TB}::test_bf16_products_round_ties_to_even_in_both_operands"),
     # k blocks on the AVX2 and generic paths (AVX2's are 384 deep: the tests' K of 400 crosses both depths)
     ("native/mgk_gemm_generic.inc", "float beta = pc == 0 ? g->beta : 1.0f;", "float beta = g->beta;",
         ISA),

@@ -128,22 +128,24 @@ def test_bf16_products_round_both_operands_exactly(kernel, ta, tb):
             assert not np.array_equal(ops.matmul(a, b, ta, tb, bf16=False), want)   # float32 keeps the 2^-10s
 
 
+@pytest.mark.parametrize("M", [37, 3])
 @pytest.mark.parametrize("ta,tb", list(itertools.product((False, True), repeat=2)))
-def test_bf16_products_round_ties_to_even_in_both_packs(kernel, ta, tb):
-    """x @ I and I @ x are round_bf16(x) bit for bit: each output is one product by 1 (the other terms are 0), so
-    every kernel's packs must round as the definition does, ties to even included (half the entries are ties)."""
+def test_bf16_products_round_ties_to_even_in_both_operands(kernel, ta, tb, M):
+    """x[:M] @ I and I[:M] @ x are round_bf16(x[:M]) bit for bit: each output is one product by 1 (the other terms
+    are 0), so every kernel's packs (M = 37; odd: the tails of the tiles and of the k-pairs) and the native
+    few-rows path (M = 3, no packs) must round both operands as the definition does, ties to even included."""
     rng = np.random.default_rng(8)
-    M, K = 37, 70                                         # odd: the tails of the tiles and of the k-pairs
-    bits = (rng.integers(0x3000, 0x5000, (M, K), dtype=np.uint32) << 16) | rng.choice(
-        np.array([0x8000, 0x7FFF, 0x8001, 0x0000], np.uint32), (M, K))               # ties, just below, above
+    R, K = 37, 70
+    bits = (rng.integers(0x3000, 0x5000, (R, K), dtype=np.uint32) << 16) | rng.choice(
+        np.array([0x8000, 0x7FFF, 0x8001, 0x0000], np.uint32), (R, K))               # ties, just below, above
     x = bits.view(np.float32)
-    want = round_bf16(x, np.empty_like(x))
-    eye = np.eye(K, dtype=np.float32)
-    got = kernel.matmul(np.ascontiguousarray(x.T) if ta else x, eye, ta, tb, bf16=True)
-    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
-    eye = np.eye(M, dtype=np.float32)                     # x as the right operand: I (M, M) @ x (M, K)
-    got = kernel.matmul(eye, np.ascontiguousarray(x.T) if tb else x, ta, tb, bf16=True)
-    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    want = round_bf16(x[:M], np.empty((M, K), np.float32)).view(np.uint32)
+    t = np.ascontiguousarray                              # the operand stored transposed, for ta / tb
+    got = kernel.matmul(t(x[:M].T) if ta else x[:M], np.eye(K, dtype=np.float32), ta, tb, bf16=True)
+    assert np.array_equal(got.view(np.uint32), want)
+    eye = np.eye(R, dtype=np.float32)[:M]                 # x as the right operand, K = 37 deep
+    got = kernel.matmul(t(eye.T) if ta else eye, t(x.T) if tb else x, ta, tb, bf16=True)
+    assert np.array_equal(got.view(np.uint32), want)
 
 
 def emulated(a, b, ta=False, tb=False):
