@@ -310,7 +310,9 @@ def main():
             if name in failed:
                 continue
             med = float(np.median([r["median"] for r in rs]))
+            _, dtype, isa = impls[name[:-len(BASE)] if name.endswith(BASE) else name]
             rows[name] = {"ms": 1000 * med, "tok_s": tokens / med, "gflops": model_flops(c) / med / 1e9,
+                          "bf16_peak": dtype == "bf16" and isa is None,   # measured against the bf16 peak
                           "share": rs[0]["shares"], "rss": max(r["rss"] for r in rs),
                           "spread": [round(1000 * r["median"], 1) for r in rs]}
             print(f"{cfg_name} {name:13s} {1000 * med:9.1f} ms/step {tokens / med:9,.0f} tok/s  "
@@ -330,6 +332,7 @@ def env_line():
 
 
 def write_report(a, results, have_torch, where, peak, failed, parent_rss):
+    bf16_peak, isa = where[""].get("bf16_peak"), where[""].get("isa")
     here = where[""]
     lines = ["# Training-step speed: minigpt backends vs PyTorch", "",
              f"Command: `python scripts/bench_train.py {shlex.join(sys.argv[1:])}` on {cpu_line()}, "
@@ -364,11 +367,12 @@ def write_report(a, results, have_torch, where, peak, failed, parent_rss):
         lines += [f"## Config {cfg_name}: n_layer {c['n_layer']}, n_head {c['n_head']}, n_embd {c['n_embd']}, "
                   f"block {c['block_size']}, batch {c['batch']} ({model_flops(c) / 1e9:.2f} GFLOP of matmul per step)", "",
                   "| implementation | ms/step | tokens/s | vs PyTorch | " + ("vs PyTorch bf16 autocast | " if ref16 else "")
-                  + "GFLOP/s | % of fp32 peak | peak RSS MiB |", "|---|---|---|---|---|---|---|" + ("---|" if ref16 else "")]
+                  + "GFLOP/s | % of peak | peak RSS MiB |", "|---|---|---|---|---|---|---|" + ("---|" if ref16 else "")]
         for name, r in rows.items():
             ratio = f"{r['tok_s'] / ref:.2f}x" if ref else "n/a"
             ratio16 = f" {r['tok_s'] / ref16:.2f}x |" if ref16 else ""
-            pct = f"{100 * r['gflops'] / peak:.0f}%" if peak else "n/a"
+            top = bf16_peak if r["bf16_peak"] and bf16_peak else peak
+            pct = f"{100 * r['gflops'] / top:.0f}%" if top else "n/a"
             lines.append(f"| {name} | {r['ms']:.1f} {r['spread']} | {r['tok_s']:,.0f} | {ratio} |{ratio16} "
                          f"{r['gflops']:.1f} | {pct} | {r['rss']:.0f} |")
         pairs = [(n, n + BASE) for n in rows if not n.endswith(BASE) and n + BASE in rows]
@@ -390,13 +394,14 @@ def write_report(a, results, have_torch, where, peak, failed, parent_rss):
         lines.append("PyTorch is not in this run (not installed, or not in --backends), so there is no ratio.")
     lines.append(f"fp32 peak: {peak:.0f} GFLOP/s on {a.threads} threads (the native library's register-only FMA "
                  "loop, measured before the rounds)." if peak else "fp32 peak: n/a (no native backend here).")
-    bf16_peak, isa = where[""].get("bf16_peak"), where[""].get("isa")
     if "bf16" in a.dtypes and bf16_peak:
         on = {3: "vdpbf16ps", 4: "AMX tiles (tdpbf16ps)"}.get(isa, "the same fp32 FMAs (no bf16 instruction on this "
                                                                   "path)")                  # MGK_ISA_* numbers
         lines += ["", f"bf16 peak: {bf16_peak:.0f} GFLOP/s on {a.threads} threads, on {on}. A `bf16` minigpt row rounds "
                   "the operands of every product to bfloat16 and sums in float32 (README: bf16); `pytorch bf16 "
-                  "autocast` runs the twin's forward under torch.autocast(\"cpu\", torch.bfloat16)."]
+                  "autocast` runs the twin's forward under torch.autocast(\"cpu\", torch.bfloat16). % of peak: of this "
+                  "bf16 peak for the bf16 rows on the default path (minigpt's and PyTorch's), of the fp32 peak for "
+                  "the others (a forced-down path's bf16 products run on fp32 FMAs)."]
     write_keeping_notes(a.out, "\n".join(lines), NOTES)
     print(f"wrote {a.out}")
 
