@@ -18,8 +18,8 @@
    products of each k-pair in the instruction's own order). The few-rows path (small_*) sums a transposed op(B) in vector-lane
    partials, and a product split over k between threads (ksplit) adds the threads' partial sums: the same value
    up to float32 summation order, which depends on the path and the thread count.
-   bfloat16 products (mgk_bgemm*, mgk.h): both operands are rounded to bf16 as they are packed, and the exact
-   products are summed in float32. generic, avx2 and avx512 round their fp32 packs (bf16 values are floats whose
+   bfloat16 products (mgk_bgemm*, mgk.h): both operands are rounded to bf16 as they are packed (on the few-rows
+   path, as they are read), and the exact products are summed in float32. generic, avx2 and avx512 round their fp32 packs (bf16 values are floats whose
    low 16 bits are zero); the avx512bf16 path turns its packs into k-pairs for vdpbf16ps, and amx packs straight
    into bf16 halves (mgk_amx.inc). */
 #include <stdint.h>
@@ -46,15 +46,16 @@
 #endif
 #define NR 32      /* micro-tile columns: two zmm vectors */
 #ifndef KC
-#define KC 256     /* depth of one packed block (AVX-512, generic, amx): a 32-wide B panel (32 KB) stays in L1 */
+#define KC 256     /* depth of one packed block (AVX-512, generic, amx): a 32-wide B panel (32 KB) stays in L1.
+                      The buffers below are sized by AVX2_KC: a KC over 256 needs KC_MAX raised (the asserts say) */
 #endif
 #ifndef AVX2_KC
 #define AVX2_KC 384  /* AVX2's depth: a 16-wide B panel is 24 KB, and a K of 384 or 1536 makes fewer passes over C
                         than with 256 (on Zen 3, config M's products with op(A) = A 4-14% faster) */
 #endif
 #define KC_MAX (KC > AVX2_KC ? KC : AVX2_KC)   /* the depth of the per-thread pack buffers */
-#define KC_DP (2 * KC)   /* avx512bf16's depth: k-pairs of bf16 fill a B panel's 32 KB at twice KC, and a K of 384
-                            is one block (one pass over C) */
+#define KC_DP (2 * KC)   /* avx512bf16's depth: k-pairs of bf16 fill a B panel's 32 KB at twice KC (its fp32 copy
+                            before pairing is twice that, in L2), and any K <= 512 is one block (config M's 384) */
 #ifndef MC
 #define MC 192     /* rows of A packed at once (192 KB, in L2) */
 #endif
@@ -83,7 +84,7 @@ typedef struct {
     int pm, pn;    /* thread grid over (M, N); pm*pn == threads, or 0 when threads split the batch */
     int small;     /* AVX-512 or AVX2, few rows, A not transposed with B: the unpacked path (small_any) */
     int ksplit;    /* small, one product, op(B) = B: threads split K, each its own partial sum (see run) */
-    int bf16;      /* round both operands to bfloat16 while packing (mgk_bgemm*) */
+    int bf16;      /* round both operands to bfloat16 while packing, or reading on the few rows path (mgk_bgemm*) */
     int causal, start;   /* 0, or MGK_CAUSAL_OUT / MGK_CAUSAL_A with the diagonal's offset (mgk_gemm_causal) */
 } job_t;
 
@@ -130,7 +131,7 @@ static inline __attribute__((always_inline)) uint32_t bf16_bits(float x)
 }
 
 /* bf16_bits on every lane of u, a GCC vector of uint32 of type T (any width): the same operations, for the SIMD
-   code (the avx512bf16 packs, the few-rows path) */
+   code (the avx512bf16 packs, the few-rows path). u is read several times: pass a variable */
 #define BF16_BITS_VEC(T, u) __extension__({                                                        \
         T nan_ = (T)(((u) & 0x7fffffffu) > 0x7f800000u);            /* all ones in NaN lanes */     \
         ((((u) + 0x7fffu + (((u) >> 16) & 1u)) & ~nan_) | (((u) | 0x00400000u) & nan_)) & 0xffff0000u; })
@@ -446,8 +447,8 @@ static void kernel_dp_8x16(int kp, const float *ap, const float *bp, float *c, l
 { kernel_dp(1, kp, ap, bp, c, ldc, mr, nr, beta); }
 
 /* peak: 16 independent vdpbf16ps chains per thread, registers only (64 flops each), for reports and mgk_isa.
-   The inner loop must unroll whole: at 24 chains gcc -O3 kept the sums in memory (Zen 5: 415 against 530
-   GFLOP/s per core) */
+   The inner loop must unroll whole (the pragma), or gcc -O3 keeps the sums in memory: it did at the 24 chains
+   this loop had (Zen 5: 415 against 530 GFLOP/s per core); 16 cover the latency times two ports */
 static void peak_job_dp(void *arg, int tid, int nt)
 {
     long long iters = *(long long *)arg;
@@ -462,7 +463,7 @@ static void peak_job_dp(void *arg, int tid, int nt)
     (void)sink; (void)nt;
 }
 #pragma GCC pop_options
-#define DP(x) x            /* the dp branches of gemm_loops */
+#define DP(x) x            /* the dp branches of pack_b_block and gemm_rows (none without MGK_BF16) */
 #else
 #define DP(x)
 #endif
@@ -471,55 +472,83 @@ static void peak_job_dp(void *arg, int tid, int nt)
 TARGET_AVX512
 
 /* ----------------------------------------------------------------------------
-   one thread's block C[m0:m1, n0:n1] of one product: loops jc (NC) > pc (KC) > ic (MC) > jr (32) > ir (8).
+   one thread's block C[m0:m1, n0:n1] of one product, in three parts: pack_b_block, gemm_rows, gemm_loops.
    dp: bf16 products on vdpbf16ps, k blocks KC_DP deep, the packs in k-pairs (panels ceil(kc/2) words deep);
    else fp32 FMAs, on rounded packs for bf16.
    causal: a causal product (mgk_gemm_causal) packs and multiplies only the k range of causal_k, and skips the
    tiles of causal_past. Both are constants in each caller, so the plain product compiles without them. */
+
+/* columns jc..jc+nc of op(B), k block pc..pc+kc -> bp (pack_b's panels; dp: k-pairs) */
+static inline __attribute__((always_inline)) void pack_b_block(int dp, const job_t *g, const float *B, int jc, int nc,
+                                                               int pc, int kc, float *bp)
+{
+    DP(if (dp) { pack_b_pairs(g, B, jc, nc, pc, kc, bp); return; })
+    pack_b(g, B, jc, nc, pc, kc, bp);
+    if (g->bf16) round_bf16(bp, b_panels(nc) * kc);
+    (void)dp;
+}
+
+/* C[ic:ic+mc, jc:jc+nc] (+)= op(A)[ic:ic+mc, pc:pc+kc] @ the packed k block at bp: the row panels of op(A) are
+   packed (MR rows each), then every micro-tile of the block runs: loops jr (32) > ir (8) */
+static inline __attribute__((always_inline)) void gemm_rows(int dp, int causal, const job_t *g, const float *A,
+                                                            float *C, int ic, int mc, int jc, int nc, int pc,
+                                                            int kc, float *ap, const float *bp)
+{
+    int d = dp ? (kc + 1) / 2 : kc;                       /* a panel's depth: k (fp32 slots) or k-pairs (words) */
+    float beta = pc == 0 ? g->beta : 1.0f;                /* later k blocks add to the first one's result */
+    for (int ir = 0; ir < mc; ir += MR) {       /* row panel ir: k0..k1 of it at ap + ir*d + k0*MR (dp: (k0/2)*MR) */
+        int mr = mc - ir < MR ? mc - ir : MR, k0 = 0, k1 = kc;
+        if (causal) causal_k(g, ic + ir, mr, pc, kc, &k0, &k1);
+        DP(if (dp) { pack_a_pairs(g, A, ic + ir, mr, pc + k0, k1 - k0, ap + (long)ir * d + k0 / 2 * MR);
+                     continue; })
+        pack_a(g, A, ic + ir, mr, pc + k0, k1 - k0, ap + ir * kc + k0 * MR);
+        if (g->bf16) round_bf16(ap + ir * kc + k0 * MR, (long)MR * (k1 - k0));
+    }
+    for (int jr = 0; jr < nc; jr += NR) {
+        int nr = nc - jr < NR ? nc - jr : NR, w = nr > 16 ? NR : 16;   /* w: the panel's width */
+        for (int ir = 0; ir < mc; ir += MR) {
+            float *c = C + (long)(ic + ir) * g->ldc + jc + jr;
+            int mr = mc - ir < MR ? mc - ir : MR, k0 = 0, k1 = kc;
+            if (causal) {
+                causal_k(g, ic + ir, mr, pc, kc, &k0, &k1);
+                if (causal_past(g, ic + ir, mr, jc + jr) || (k0 == k1 && pc > 0))
+                    continue;                             /* nothing to add here (k0 == k1 at pc 0: beta*C) */
+            }
+            DP(if (dp) (nr > 16 ? kernel_dp_8x32 : kernel_dp_8x16)((k1 - k0 + 1) / 2, ap + (long)ir * d + k0 / 2 * MR,
+                                                                   bp + (long)jr * d + k0 / 2 * w, c, g->ldc, mr, nr,
+                                                                   beta); else)
+            (nr > 16 ? kernel_8x32 : kernel_8x16)(k1 - k0, ap + ir * kc + k0 * MR, bp + jr * kc + k0 * w, c, g->ldc,
+                                                  mr, nr, beta);
+        }
+    }
+}
+
+/* loops jc (NC) > pc (k blocks) > ic (MC), packing op(B) once per k block; or, where the whole of op(B)'s
+   columns jc..jc+nc fits the B buffer in its k blocks, jc > ic > pc, so that a row block of C (MC x nc) stays
+   in L2 across its k blocks instead of making a pass over all of C per block (K = 1152, 1536 at config M). The
+   sums are the same either way: each element adds its k blocks in order. */
 static inline __attribute__((always_inline)) void gemm_loops(int dp, int causal, const job_t *g, const float *A,
                                                              const float *B, float *C, int m0, int m1, int n0,
                                                              int n1, float *ap, float *bp)
 {
+    int KB = dp ? KC_DP : KC, nk = (g->K + KB - 1) / KB;             /* the depth and number of k blocks */
     for (int jc = n0; jc < n1; jc += NC) {
         int nc = n1 - jc < NC ? n1 - jc : NC;
-        int KB = dp ? KC_DP : KC;
+        long step = (long)(dp ? KB / 2 : KB) * b_panels(nc);         /* one whole k block of packed op(B) */
+        if (nk > 1 && nk * step + (long)KB * NR <= (long)KC_MAX * NC) {   /* (+ dp's fp32 staging of a panel) */
+            for (int b = 0; b < nk; b++)
+                pack_b_block(dp, g, B, jc, nc, b * KB, g->K - b * KB < KB ? g->K - b * KB : KB, bp + b * step);
+            for (int ic = m0; ic < m1; ic += MC)
+                for (int b = 0; b < nk; b++)
+                    gemm_rows(dp, causal, g, A, C, ic, m1 - ic < MC ? m1 - ic : MC, jc, nc, b * KB,
+                              g->K - b * KB < KB ? g->K - b * KB : KB, ap, bp + b * step);
+            continue;
+        }
         for (int pc = 0; pc < g->K || pc == 0; pc += KB) {
             int kc = g->K - pc < KB ? g->K - pc : KB;
-            int d = dp ? (kc + 1) / 2 : kc;               /* a panel's depth: k (fp32 slots) or k-pairs (words) */
-            float beta = pc == 0 ? g->beta : 1.0f;        /* later k blocks add to the first one's result */
-            DP(if (dp) pack_b_pairs(g, B, jc, nc, pc, kc, bp); else) {
-                pack_b(g, B, jc, nc, pc, kc, bp);
-                if (g->bf16) round_bf16(bp, b_panels(nc) * kc);
-            }
-            for (int ic = m0; ic < m1; ic += MC) {
-                int mc = m1 - ic < MC ? m1 - ic : MC;
-                for (int ir = 0; ir < mc; ir += MR) {    /* row panel ir: k0..k1 of it at ap + ir*d + k0*MR(/2) */
-                    int mr = mc - ir < MR ? mc - ir : MR, k0 = 0, k1 = kc;
-                    if (causal) causal_k(g, ic + ir, mr, pc, kc, &k0, &k1);
-                    DP(if (dp) { pack_a_pairs(g, A, ic + ir, mr, pc + k0, k1 - k0, ap + (long)ir * d + k0 / 2 * MR);
-                                 continue; })
-                    pack_a(g, A, ic + ir, mr, pc + k0, k1 - k0, ap + ir * kc + k0 * MR);
-                    if (g->bf16) round_bf16(ap + ir * kc + k0 * MR, (long)MR * (k1 - k0));
-                }
-                for (int jr = 0; jr < nc; jr += NR) {
-                    int nr = nc - jr < NR ? nc - jr : NR, w = nr > 16 ? NR : 16;   /* w: the panel's width */
-                    for (int ir = 0; ir < mc; ir += MR) {
-                        float *c = C + (long)(ic + ir) * g->ldc + jc + jr;
-                        int mr = mc - ir < MR ? mc - ir : MR, k0 = 0, k1 = kc;
-                        if (causal) {
-                            causal_k(g, ic + ir, mr, pc, kc, &k0, &k1);
-                            if (causal_past(g, ic + ir, mr, jc + jr) || (k0 == k1 && pc > 0))
-                                continue;                 /* nothing to add here (k0 == k1 at pc 0: beta*C) */
-                        }
-                        DP(if (dp) (nr > 16 ? kernel_dp_8x32 : kernel_dp_8x16)((k1 - k0 + 1) / 2,
-                                                                               ap + (long)ir * d + k0 / 2 * MR,
-                                                                               bp + (long)jr * d + k0 / 2 * w, c,
-                                                                               g->ldc, mr, nr, beta); else)
-                        (nr > 16 ? kernel_8x32 : kernel_8x16)(k1 - k0, ap + ir * kc + k0 * MR, bp + jr * kc + k0 * w,
-                                                              c, g->ldc, mr, nr, beta);
-                    }
-                }
-            }
+            pack_b_block(dp, g, B, jc, nc, pc, kc, bp);
+            for (int ic = m0; ic < m1; ic += MC)
+                gemm_rows(dp, causal, g, A, C, ic, m1 - ic < MC ? m1 - ic : MC, jc, nc, pc, kc, ap, bp);
             if (kc == 0) break;                           /* K == 0: one pass stores beta*C */
         }
     }
@@ -942,8 +971,8 @@ static double peak_once(peak_fn *fn, int flops, long long iters)   /* GFLOP/s of
 #endif
 
 /* the fastest path: the highest the CPU runs, except that a bf16 path must beat fp32 FMAs on rounded operands
-   by its own measured rate (vdpbf16ps: 2x an FMA on AMD Zen 5, about 2x on Zen 4, 0.5x on Intel Xeons): best of
-   3 ~1 ms register loops each */
+   by its own measured rate (vdpbf16ps: 2x an FMA on AMD Zen 5, about 2x on Zen 4, 0.5x on Intel Xeons): the best of
+   3 register-only loops each (about 0.4 ms each on Zen 5) */
 static int best_isa(void)
 {
     int isa = mgk_cpu_isa();                   /* amx: tiles are reported at about 15x the fp32 FMAs: not measured */
@@ -952,7 +981,7 @@ static int best_isa(void)
         const struct isa_gemm *b = &ISA_GEMM[MGK_ISA_AVX512BF16];
         double fp32 = 0, bf16 = 0;
         for (int r = 0; r < 3; r++) {
-            double f = peak_once(b->peak, b->peak_flops, 200000), h = peak_once(b->bf16_peak, b->bf16_peak_flops, 100000);
+            double f = peak_once(b->peak, b->peak_flops, 200000), h = peak_once(b->bf16_peak, b->bf16_peak_flops, 200000);
             fp32 = f > fp32 ? f : fp32;
             bf16 = h > bf16 ? h : bf16;
         }

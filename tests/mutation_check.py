@@ -135,11 +135,15 @@ M = [
         "if (NV == 2) acc[i][1] = _mm512_fmadd_ps(a, b0, acc[i][1]);", EMU),
     ("native/mgk.c", "kernel_dp_8x16)((k1 - k0 + 1) / 2,", "kernel_dp_8x16)((k1 - k0) / 2,", EMU),
     ("native/mgk.c", "float *panel = bp + (long)jp * ((kc + 1) / 2);", "float *panel = bp + (long)jp * (kc / 2);", EMU),
-    ("native/mgk.c", "u32x8 r = (u + 0x7fffu + ((u >> 16) & 1u)) & ~nan;", "u32x8 r = (u + 0x7fffu) & ~nan;", EMU),
-    ("native/mgk.c", "int KB = dp ? KC_DP : KC;", "int KB = KC_DP;", EMU),
+    ("native/mgk.c", "(((u) + 0x7fffu + (((u) >> 16) & 1u)) & ~nan_)", "(((u) + 0x7fffu) & ~nan_)",
+        f"{TB}::test_bf16_products_round_ties_to_even_in_both_operands"),
+    ("native/mgk.c", "float beta = pc == 0 ? g->beta : 1.0f;                /* later k blocks",
+        "float beta = g->beta;                /* later k blocks", EMU),
+    ("native/mgk.c", "g->K - b * KB < KB ? g->K - b * KB : KB, ap, bp + b * step);",
+        "g->K - b * KB < KB ? g->K - b * KB : KB, ap, bp);", EMU),
     ("native/mgk.c", "__m512bh b1 = NV == 2 ? (__m512bh)_mm512_loadu_si512(bp + 16) : b0;",
         "__m512bh b1 = NV == 2 ? (__m512bh)_mm512_loadu_si512(bp) : b0;", EMU),
-    # the few-rows path (mgk_small.inc, on AVX2 here; AVX-512 by the emulated build): op(B) = B^T tiles and tails
+    # the few-rows path (mgk_small.inc, on this CPU's path; AVX-512 by the emulated build): op(B) = B^T tiles and tails
     ("native/mgk_small.inc", "acc[i * nj + q] = SV_FMA(av[i], bv, acc[i * nj + q]);",
         "acc[i * nj] = SV_FMA(av[i], bv, acc[i * nj]);", f"{TO}::test_few_rows_match_float64"),
     ("native/mgk_small.inc", "for (; j < n1; j++) SV(small_nt_tile)", "for (; j + 1 < n1; j++) SV(small_nt_tile)",

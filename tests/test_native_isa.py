@@ -8,6 +8,7 @@ import pytest
 
 from minigpt import backends
 from minigpt.backends import native
+from minigpt.backends.numpy_ops import round_bf16
 from minigpt.layers import heads
 from minigpt.model import GPT, GPTConfig
 from helpers import causal_products
@@ -52,6 +53,24 @@ def test_matmul_every_path_matches_float64(path, ta, tb):
         c0 = rng.standard_normal((M, N)).astype(np.float32)
         out = c0.copy()
         close(path.matmul(a, b, ta=ta, tb=tb, out=out, acc=True), want + c0, K)   # acc: beta = 1
+
+
+@pytest.mark.parametrize("N", [130, 3000])
+def test_k_blocks_in_both_loop_orders(path, N):
+    """More than one k block (K 1100: blocks of 256, 384 or 512 by path): with 130 columns all of op(B) fits the
+    pack buffer and each row block of C takes its k blocks in turn; with 3000 it does not, and each k block makes
+    a pass over C. Both must sum the same way, float32 and bf16, with and without beta."""
+    rng = np.random.default_rng(3)
+    M, K = 70, 1100
+    a = rng.standard_normal((M, K)).astype(np.float32)
+    b = rng.standard_normal((K, N)).astype(np.float32)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    close(path.matmul(a, b), want, K)
+    c0 = rng.standard_normal((M, N)).astype(np.float32)
+    out = c0.copy()
+    close(path.matmul(a, b, out=out, acc=True), want + c0, K)
+    r = lambda x: round_bf16(x, np.empty_like(x)).astype(np.float64)            # noqa: E731
+    close(path.matmul(a, b, bf16=True), r(a) @ r(b), K)
 
 
 def test_bmm_on_head_views_every_path(path):

@@ -10,7 +10,8 @@ products cannot walk. backend() raises BackendUnavailable with the reason and th
 or fails to load. The library runs on any CPU: it picks its AVX-512 (+ AMX tiles, or AVX512_BF16 where vdpbf16ps
 measures at least 1.2x the fp32 FMAs' rate, for bf16 products), AVX2+FMA or generic path by cpuid, and
 MINIGPT_ISA (one of ISAS) forces another one this CPU runs.
-bf16 products (matmul(..., bf16=True)) run mgk_bgemm*: the operands are rounded to bf16 as they are packed.
+bf16 products (matmul(..., bf16=True)) run mgk_bgemm*: the operands are rounded to bf16 as they are packed (as
+they are read, for at most 8 rows).
 Attention's causal products (bmm(..., causal=...)) run mgk_gemm_causal, which skips the causal matrix's zeros on
 its packed paths (mgk.h says which).
 MINIGPT_NATIVE_LIB=/path/to/lib overrides the location.
@@ -164,7 +165,7 @@ class NativeOps(Ops):
             self._bmm(a[None], b[None], ta, tb, out[None], acc, bf16)
             return out                                                 # out itself, not a view of it
         M, N, K = gemm_dims(a, b, ta, tb)                          # the common case, with the cheapest call
-        gemm = self.lib.mgk_bgemm if bf16 else self.lib.mgk_sgemm  # bgemm rounds the operands as it packs
+        gemm = self.lib.mgk_bgemm if bf16 else self.lib.mgk_sgemm  # bgemm rounds the operands (native/mgk.c)
         _check(gemm(ta, tb, M, N, K, a, a.shape[1], b, b.shape[1], 1.0 if acc else 0.0, out, N), "gemm", a, b)
         return out
 
