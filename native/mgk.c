@@ -47,7 +47,7 @@
 #define NR 32      /* micro-tile columns: two zmm vectors */
 #ifndef KC
 #define KC 256     /* depth of one packed block (AVX-512, generic, amx): a 32-wide B panel (32 KB) stays in L1.
-                      The buffers below are sized by AVX2_KC: a KC over 256 needs KC_MAX raised (the asserts say) */
+                      KC_MAX below is max(KC, AVX2_KC): a KC over 352 fails the KC_DP asserts */
 #endif
 #ifndef AVX2_KC
 #define AVX2_KC 384  /* AVX2's depth: a 16-wide B panel is 24 KB, and a K of 384 or 1536 makes fewer passes over C
@@ -525,8 +525,8 @@ static inline __attribute__((always_inline)) void gemm_rows(int dp, int causal, 
 
 /* loops jc (NC) > pc (k blocks) > ic (MC), packing op(B) once per k block; or, where the whole of op(B)'s
    columns jc..jc+nc fits the B buffer in its k blocks, jc > ic > pc, so that a row block of C (MC x nc) stays
-   in L2 across its k blocks instead of making a pass over all of C per block (K = 1152, 1536 at config M). The
-   sums are the same either way: each element adds its k blocks in order. */
+   in L2 across its k blocks instead of making a pass over all of C per block (config M: K = 1152 and 1536, and
+   K = 384 in fp32). The sums are the same either way: each element adds its k blocks in order. */
 static inline __attribute__((always_inline)) void gemm_loops(int dp, int causal, const job_t *g, const float *A,
                                                              const float *B, float *C, int m0, int m1, int n0,
                                                              int n1, float *ap, float *bp)
@@ -535,7 +535,8 @@ static inline __attribute__((always_inline)) void gemm_loops(int dp, int causal,
     for (int jc = n0; jc < n1; jc += NC) {
         int nc = n1 - jc < NC ? n1 - jc : NC;
         long step = (long)(dp ? KB / 2 : KB) * b_panels(nc);         /* one whole k block of packed op(B) */
-        if (nk > 1 && nk * step + (long)KB * NR <= (long)KC_MAX * NC) {   /* (+ dp's fp32 staging of a panel) */
+        if (nk > 1 && nk * step + (dp ? (long)KB / 2 * NR : 0) <= (long)KC_MAX * NC) {   /* dp: + the last panel's
+                                                                                   fp32 before it is paired */
             for (int b = 0; b < nk; b++)
                 pack_b_block(dp, g, B, jc, nc, b * KB, g->K - b * KB < KB ? g->K - b * KB : KB, bp + b * step);
             for (int ic = m0; ic < m1; ic += MC)

@@ -57,9 +57,20 @@ def test_matmul_every_path_matches_float64(path, ta, tb):
 
 @pytest.mark.parametrize("N", [130, 3000])
 def test_k_blocks_in_both_loop_orders(path, N):
-    """More than one k block (K 1100: blocks of 256, 384 or 512 by path): with 130 columns all of op(B) fits the
-    pack buffer and each row block of C takes its k blocks in turn; with 3000 it does not, and each k block makes
-    a pass over C. Both must sum the same way, float32 and bf16, with and without beta."""
+    """More than one k block (K 1100: blocks of 256, 384 or 512 by path). On the AVX-512 paths, with 130 columns
+    all of op(B) fits the pack buffer and each row block of C takes its k blocks in turn; with 3000 split over 2
+    threads it does not, and each k block makes a pass over C (the other paths have only that order). Both must
+    sum the same way, float32 and bf16, with and without beta."""
+    lib = native._lib()
+    saved = lib.mgk_get_num_threads()
+    lib.mgk_set_num_threads(2)                            # the columns per thread decide the order
+    try:
+        k_blocks(path, N)
+    finally:
+        lib.mgk_set_num_threads(saved)
+
+
+def k_blocks(path, N):
     rng = np.random.default_rng(3)
     M, K = 70, 1100
     a = rng.standard_normal((M, K)).astype(np.float32)
