@@ -15,12 +15,12 @@
    that CPUs without AVX-512 test them (tests/test_native_emulated.py).
    No -ffast-math: the packed paths sum plain (fused) multiply-adds in k order within each k block (KC deep,
    AVX2_KC on AVX2, KC_DP on vdpbf16ps), and add each block's sums into C (vdpbf16ps and AMX tiles add the two
-   products of each k-pair in the instruction's own order). The few-rows path (small_*) sums a transposed op(B) in vector-lane
-   partials, and a product split over k between threads (ksplit) adds the threads' partial sums: the same value
+   products of each k-pair in the instruction's own order). The few-rows path (small_*) sums a transposed op(B)
+   in vector-lane partials, and a product split over k between threads (ksplit) adds the threads' partial sums: the same value
    up to float32 summation order, which depends on the path and the thread count.
    bfloat16 products (mgk_bgemm*, mgk.h): both operands are rounded to bf16 as they are packed (on the few-rows
-   path, as they are read), and the exact products are summed in float32. generic, avx2 and avx512 round their fp32 packs (bf16 values are floats whose
-   low 16 bits are zero); the avx512bf16 path turns its packs into k-pairs for vdpbf16ps, and amx packs straight
+   path, as they are read), and the exact products are summed in float32. generic, avx2 and avx512 round their
+   fp32 packs (bf16 values are floats whose low 16 bits are zero); the avx512bf16 path turns its packs into k-pairs for vdpbf16ps, and amx packs straight
    into bf16 halves (mgk_amx.inc). */
 #include <stdint.h>
 #include <stdlib.h>
@@ -532,28 +532,31 @@ static inline __attribute__((always_inline)) void gemm_loops(int dp, int causal,
                                                              int n1, float *ap, float *bp)
 {
     int KB = dp ? KC_DP : KC, nk = (g->K + KB - 1) / KB;             /* the depth and number of k blocks */
+#define KC_AT(pc) (g->K - (pc) < KB ? g->K - (pc) : KB)             /* the depth of the k block at pc */
+#define MC_AT(ic) (m1 - (ic) < MC ? m1 - (ic) : MC)                 /* the rows of the row block at ic */
     for (int jc = n0; jc < n1; jc += NC) {
         int nc = n1 - jc < NC ? n1 - jc : NC;
         long step = (long)(dp ? KB / 2 : KB) * b_panels(nc);         /* one whole k block of packed op(B) */
         if (nk > 1 && nk * step + (dp ? (long)KB / 2 * NR : 0) <= (long)KC_MAX * NC) {   /* dp: + the last panel's
                                                                                    fp32 before it is paired */
             for (int b = 0; b < nk; b++)
-                pack_b_block(dp, g, B, jc, nc, b * KB, g->K - b * KB < KB ? g->K - b * KB : KB, bp + b * step);
+                pack_b_block(dp, g, B, jc, nc, b * KB, KC_AT(b * KB), bp + b * step);
             for (int ic = m0; ic < m1; ic += MC)
                 for (int b = 0; b < nk; b++)
-                    gemm_rows(dp, causal, g, A, C, ic, m1 - ic < MC ? m1 - ic : MC, jc, nc, b * KB,
-                              g->K - b * KB < KB ? g->K - b * KB : KB, ap, bp + b * step);
+                    gemm_rows(dp, causal, g, A, C, ic, MC_AT(ic), jc, nc, b * KB, KC_AT(b * KB), ap, bp + b * step);
             continue;
         }
         for (int pc = 0; pc < g->K || pc == 0; pc += KB) {
-            int kc = g->K - pc < KB ? g->K - pc : KB;
+            int kc = KC_AT(pc);
             pack_b_block(dp, g, B, jc, nc, pc, kc, bp);
             for (int ic = m0; ic < m1; ic += MC)
-                gemm_rows(dp, causal, g, A, C, ic, m1 - ic < MC ? m1 - ic : MC, jc, nc, pc, kc, ap, bp);
+                gemm_rows(dp, causal, g, A, C, ic, MC_AT(ic), jc, nc, pc, kc, ap, bp);
             if (kc == 0) break;                           /* K == 0: one pass stores beta*C */
         }
     }
 }
+#undef KC_AT
+#undef MC_AT
 
 static void gemm_block(const job_t *g, const float *A, const float *B, float *C, int m0, int m1, int n0, int n1,
                        float *ap, float *bp)
@@ -982,7 +985,8 @@ static int best_isa(void)
         const struct isa_gemm *b = &ISA_GEMM[MGK_ISA_AVX512BF16];
         double fp32 = 0, bf16 = 0;
         for (int r = 0; r < 3; r++) {
-            double f = peak_once(b->peak, b->peak_flops, 200000), h = peak_once(b->bf16_peak, b->bf16_peak_flops, 200000);
+            double f = peak_once(b->peak, b->peak_flops, 200000);
+            double h = peak_once(b->bf16_peak, b->bf16_peak_flops, 200000);
             fp32 = f > fp32 ? f : fp32;
             bf16 = h > bf16 ? h : bf16;
         }

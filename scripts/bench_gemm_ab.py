@@ -1,8 +1,8 @@
 """Two builds of the native library, side by side: each product of a training step (or a decoding step's few-row
 products) timed with the calls of the two builds alternating in one process, so that a busy machine slows both
-alike. Prints GFLOP/s per product and the speed-up (after / before; with --ops, ns per element and before / after,
-the same speed-up); for kernel work, where step-level timings of a
-shared machine are too noisy to show a few per cent.
+alike. Prints GFLOP/s per product and the speed-up (after / before; with --ops, ns per element and before /
+after, the same speed-up); for kernel work, where step-level timings of a shared machine are too noisy to show a
+few per cent.
 
     python setup.py build_ext --inplace   (in a checkout of the old commit: its minigpt/_mgk*.so is BEFORE)
     python scripts/bench_gemm_ab.py BEFORE.so AFTER.so [--config M] [--threads 2] [--calls 9] [--rows 0] [--ops]
@@ -92,7 +92,8 @@ def main():
     a = ap.parse_args()
     libs = [load(a.before, a.threads), load(a.after, a.threads)]
     rng = np.random.default_rng(0)
-    print(f"{cpu_line()}; {a.threads} threads; {'bf16' if a.bf16 else 'float32'} products; before {a.before}, after {a.after}; median of {a.calls} calls each")
+    print(f"{cpu_line()}; {a.threads} threads; {'bf16' if a.bf16 else 'float32'} products; before {a.before}, "
+          f"after {a.after}; median of {a.calls} calls each")
     if a.ops:
         print("| op | before ns/element | after ns/element | before / after |\n|---|---:|---:|---:|")
         for name, n, call in ops(a.config, rng):

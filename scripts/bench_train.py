@@ -8,10 +8,10 @@ One invocation, the same threads: rounds alternate the implementations, each in 
 LayerNorm / GELU / loss / optimizer / other (exclusive times). PyTorch is optional.
 --baseline: a checkout of an older commit (its native library built in place: `python setup.py build_ext
 --inplace`); every round then also runs that tree's own children ("native@base", "native bf16@base", ...: each
-dtype, on the default ISA path), so before and after are measured side by side, in the same invocation. The child protocol (--child/--config/--steps/--threads/--profile
-in, one JSON line {median, shares, rss} out) is the one this script has had since b972235; --dtype bf16 (new)
-is passed to bf16 children only. --dtypes float32,bf16 runs every implementation in both (PyTorch's bf16 is its
-autocast); --isas adds native rows on lower ISA paths (MINIGPT_ISA in the child).
+dtype, on the default ISA path), so before and after are measured side by side, in the same invocation. The
+child protocol (--child/--config/--steps/--threads/--profile in, one JSON line {median, shares, rss} out) is the
+one this script has had since b972235; --dtype bf16 (new) is passed to bf16 children only. --dtypes
+float32,bf16 runs every implementation in both (PyTorch's bf16 is its autocast); --isas adds native rows on lower ISA paths (MINIGPT_ISA in the child).
 """
 import argparse
 import importlib.util
@@ -332,8 +332,8 @@ def env_line():
 
 
 def write_report(a, results, have_torch, where, peak, failed, parent_rss):
-    bf16_peak, isa = where[""].get("bf16_peak"), where[""].get("isa")
     here = where[""]
+    bf16_peak, isa = here.get("bf16_peak"), here.get("isa")
     lines = ["# Training-step speed: minigpt backends vs PyTorch", "",
              f"Command: `python scripts/bench_train.py {shlex.join(sys.argv[1:])}` on {cpu_line()}, "
              f"{a.threads} threads for every implementation, {time.strftime('%Y-%m-%d %H:%M')}. "

@@ -140,8 +140,7 @@ M = [
         f"{TB}::test_bf16_products_round_ties_to_even_in_both_operands"),
     ("native/mgk.c", "float beta = pc == 0 ? g->beta : 1.0f;                /* later k blocks",
         "float beta = g->beta;                /* later k blocks", EMU),
-    ("native/mgk.c", "g->K - b * KB < KB ? g->K - b * KB : KB, ap, bp + b * step);",
-        "g->K - b * KB < KB ? g->K - b * KB : KB, ap, bp);", EMU),
+    ("native/mgk.c", "KC_AT(b * KB), ap, bp + b * step);", "KC_AT(b * KB), ap, bp);", EMU),
     ("native/mgk.c", "__m512bh b1 = NV == 2 ? (__m512bh)_mm512_loadu_si512(bp + 16) : b0;",
         "__m512bh b1 = NV == 2 ? (__m512bh)_mm512_loadu_si512(bp) : b0;", EMU),
     # the few-rows path (mgk_small.inc, on this CPU's path; AVX-512 by the emulated build): op(B) = B^T tiles and tails
@@ -154,8 +153,8 @@ M = [
     # bf16 products on the few-rows path: each operand rounded as it is read
     ("native/mgk_small.inc", "#define SV_OPERAND(v) (bf ? SV(rnd)(v) : (v))", "#define SV_OPERAND(v) (v)",
         f"{TB}::test_bf16_products_round_ties_to_even_in_both_operands"),
-    ("native/mgk_small.inc", "bv[u] = SV_OPERAND(SV_LD(b + u * g->ldb + j, m));", "bv[u] = SV_LD(b + u * g->ldb + j, m);",
-        f"{TB}::test_bf16_products_round_ties_to_even_in_both_operands"),
+    ("native/mgk_small.inc", "bv[u] = SV_OPERAND(SV_LD(b + u * g->ldb + j, m));",
+        "bv[u] = SV_LD(b + u * g->ldb + j, m);", f"{TB}::test_bf16_products_round_ties_to_even_in_both_operands"),
     # k blocks on the AVX2 and generic paths (AVX2's are 384 deep: the tests' K of 400 crosses both depths)
     ("native/mgk_gemm_generic.inc", "float beta = pc == 0 ? g->beta : 1.0f;", "float beta = g->beta;",
         ISA),

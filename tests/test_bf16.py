@@ -133,7 +133,8 @@ def test_bf16_products_round_both_operands_exactly(kernel, ta, tb):
 def test_bf16_products_round_ties_to_even_in_both_operands(kernel, ta, tb, M):
     """x[:M] @ I and I[:M] @ x are round_bf16(x[:M]) bit for bit: each output is one product by 1 (the other terms
     are 0), so every kernel's packs (M = 37; odd: the tails of the tiles and of the k-pairs) and the native
-    few-rows path (M = 3, no packs, unless both are transposed) must round both operands as the definition does, ties to even included."""
+    few-rows path (M = 3, no packs, unless both are transposed) must round both operands as the definition
+    does, ties to even included."""
     rng = np.random.default_rng(8)
     R, K = 37, 70
     bits = (rng.integers(0x3000, 0x5000, (R, K), dtype=np.uint32) << 16) | rng.choice(
