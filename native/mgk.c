@@ -281,6 +281,26 @@ static void pack_a(const job_t *g, const float *A, int i0, int mr, int k0, int k
             ap[k * MR + i] = i < mr ? a[(long)i * g->lda + k] : 0.0f;
 }
 
+/* rows i0..i0+mc of op(A) = A^T (ta), k0..k0+kc -> every row panel of pack_a at once (panel ir at ap + ir*kc),
+   reading A a row (one k) at a time, its mc floats in order; pack_a reads a column of A per panel instead (32 bytes
+   of each of kc rows), which at config M's x^T dy products took about 40% of their time. The row PF_ROWS ahead
+   is prefetched: the rows are short pieces of a long stride, which the hardware's prefetchers miss
+   (pack_at_pairs: 1.03-1.11x on those products) */
+#define PF_ROWS 8
+static void pack_at(const job_t *g, const float *A, int i0, int mc, int k0, int kc, float *ap)
+{
+    for (int k = 0; k < kc; k++) {
+        const float *a = A + (long)(k0 + k) * g->lda + i0;
+        int ir = 0;
+        for (int i = 0; k + PF_ROWS < kc && i < mc; i += 16)
+            _mm_prefetch((const char *)(a + (long)PF_ROWS * g->lda + i), _MM_HINT_T0);
+        for (; ir + MR <= mc; ir += MR)
+            memcpy(ap + (long)ir * kc + k * MR, a + ir, sizeof(float) * MR);
+        for (int i = 0; ir < mc && i < MR; i++)                 /* the last panel's rows beyond mc are zero */
+            ap[(long)ir * kc + k * MR + i] = ir + i < mc ? a[ir + i] : 0.0f;
+    }
+}
+
 /* floats per k of the packed op(B) columns 0..nc: panels of 32, the last one 16 wide if it fits */
 static inline long b_panels(int nc)
 {
@@ -397,6 +417,33 @@ static void pair_panel(float *panel, int kc, int w)
         }
 }
 
+/* pack_at for the dp path: every row panel of op(A) = A^T in k-pairs (panel ir at ap + ir*ceil(kc/2)), two rows
+   of A (one k-pair) at a time, rounded and paired as they are read */
+static void pack_at_pairs(const job_t *g, const float *A, int i0, int mc, int k0, int kc, float *ap)
+{
+    static const float zeros[MC];
+    int d = (kc + 1) / 2;
+    for (int p = 0; p < d; p++) {
+        const float *a0 = A + (long)(k0 + 2 * p) * g->lda + i0, *a1 = 2 * p + 1 < kc ? a0 + g->lda : zeros;
+        for (int ir = 0; ir < mc; ir += MR) {
+            if (2 * p + PF_ROWS < kc && ir % 16 == 0) {
+                _mm_prefetch((const char *)(a0 + (long)PF_ROWS * g->lda + ir), _MM_HINT_T0);
+                _mm_prefetch((const char *)(a0 + (long)(PF_ROWS + 1) * g->lda + ir), _MM_HINT_T0);
+            }
+            float x0[MR] = {0}, x1[MR] = {0};                  /* the last panel's rows beyond mc are zero */
+            const float *r0 = a0 + ir, *r1 = a1 + ir;
+            if (mc - ir < MR) {
+                memcpy(x0, r0, sizeof(float) * (size_t)(mc - ir));
+                memcpy(x1, r1, sizeof(float) * (size_t)(mc - ir));
+                r0 = x0;
+                r1 = x1;
+            }
+            u32x8 word = bf16_bits8(r1) | bf16_bits8(r0) >> 16;
+            memcpy(ap + (long)ir * d + p * MR, &word, 32);
+        }
+    }
+}
+
 /* the packs of the dp path: panels of k-pairs, each ceil(kc/2) words deep. Each panel is packed as fp32 (the
    fp32 paths' pack_a, pack_b) where it will lie, over the space of the panels after it, which are packed later,
    then paired in place. (Pairing straight from the source, with the rounding between the loads, measured
@@ -496,13 +543,19 @@ static inline __attribute__((always_inline)) void gemm_rows(int dp, int causal, 
 {
     int d = dp ? (kc + 1) / 2 : kc;                       /* a panel's depth: k (fp32 slots) or k-pairs (words) */
     float beta = pc == 0 ? g->beta : 1.0f;                /* later k blocks add to the first one's result */
-    for (int ir = 0; ir < mc; ir += MR) {       /* row panel ir: k0..k1 of it at ap + ir*d + k0*MR (dp: (k0/2)*MR) */
-        int mr = mc - ir < MR ? mc - ir : MR, k0 = 0, k1 = kc;
-        if (causal) causal_k(g, ic + ir, mr, pc, kc, &k0, &k1);
-        DP(if (dp) { pack_a_pairs(g, A, ic + ir, mr, pc + k0, k1 - k0, ap + (long)ir * d + k0 / 2 * MR);
-                     continue; })
-        pack_a(g, A, ic + ir, mr, pc + k0, k1 - k0, ap + ir * kc + k0 * MR);
-        if (g->bf16) round_bf16(ap + ir * kc + k0 * MR, (long)MR * (k1 - k0));
+    if (!causal && g->ta) {                               /* op(A) = A^T: every panel at once, a row of A at a time */
+        DP(if (dp) pack_at_pairs(g, A, ic, mc, pc, kc, ap); else)
+        pack_at(g, A, ic, mc, pc, kc, ap);
+        if (!dp && g->bf16) round_bf16(ap, (long)(mc + MR - 1) / MR * MR * kc);
+    } else {
+        for (int ir = 0; ir < mc; ir += MR) {   /* row panel ir: k0..k1 of it at ap + ir*d + k0*MR (dp: (k0/2)*MR) */
+            int mr = mc - ir < MR ? mc - ir : MR, k0 = 0, k1 = kc;
+            if (causal) causal_k(g, ic + ir, mr, pc, kc, &k0, &k1);
+            DP(if (dp) { pack_a_pairs(g, A, ic + ir, mr, pc + k0, k1 - k0, ap + (long)ir * d + k0 / 2 * MR);
+                         continue; })
+            pack_a(g, A, ic + ir, mr, pc + k0, k1 - k0, ap + ir * kc + k0 * MR);
+            if (g->bf16) round_bf16(ap + ir * kc + k0 * MR, (long)MR * (k1 - k0));
+        }
     }
     for (int jr = 0; jr < nc; jr += NR) {
         int nr = nc - jr < NR ? nc - jr : NR, w = nr > 16 ? NR : 16;   /* w: the panel's width */
