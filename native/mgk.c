@@ -136,6 +136,9 @@ static inline __attribute__((always_inline)) uint32_t bf16_bits(float x)
         T nan_ = (T)(((u) & 0x7fffffffu) > 0x7f800000u);            /* all ones in NaN lanes */     \
         ((((u) + 0x7fffu + (((u) >> 16) & 1u)) & ~nan_) | (((u) | 0x00400000u) & nan_)) & 0xffff0000u; })
 
+typedef uint32_t u32x8 __attribute__((vector_size(32)));   /* for BF16_BITS_VEC on 8 floats */
+typedef uint16_t u16x8 __attribute__((vector_size(16)));   /* ... and their 8 top halves (amx packs) */
+
 /* p[0:n] = bf16(p[0:n]) in place: a packed panel becomes bf16 values in float32 slots */
 static inline __attribute__((always_inline)) void round_bf16(float *p, long n)
 {
@@ -395,7 +398,6 @@ static void kernel_8x16(int kc, const float *ap, const float *bp, float *c, long
 TARGET_AVX512BF16
 
 /* bf16_bits on 8 floats at x */
-typedef uint32_t u32x8 __attribute__((vector_size(32)));
 static inline __attribute__((always_inline)) u32x8 bf16_bits8(const float *x)
 {
     u32x8 u;
@@ -758,6 +760,7 @@ static void amx_config(void)       /* tiles 0-3: C (16 x 16 floats), 4-5: A, 6-7
 #define TILE_STORE(t, p, s) do { _tile_stored(t, p, s); BARRIER(); } while (0)
 #define TILE_DP(c, a, b) _tile_dpbf16ps(c, a, b)
 #define TILE_RELEASE() _tile_release()
+#define TRANSPOSE8(src, lds, dst) tr8x8(src, lds, dst, 8)
 #include "mgk_amx.inc"
 #undef GA
 #undef TILE_CONFIG
@@ -766,6 +769,7 @@ static void amx_config(void)       /* tiles 0-3: C (16 x 16 floats), 4-5: A, 6-7
 #undef TILE_STORE
 #undef TILE_DP
 #undef TILE_RELEASE
+#undef TRANSPOSE8
 
 /* peak: 4 accumulator tiles, 2 A and 2 B tiles loaded once, registers (tiles) only: 4 x 16384 flops a pass,
    one pass per 8 iterations (a pass takes ~8x an FMA loop's iteration: the same iters take about as long) */
@@ -844,6 +848,11 @@ static void emu_dp(int c, int a, int b)
                 for (int e = 0; e < 2; e++)
                     emu[c].f[m][n] += emu_bf16(emu[a].h[m][2 * p + e]) * emu_bf16(emu[b].h[p][2 * n + e]);
 }
+static void emu_tr8x8(const float *src, long lds, float *dst)   /* tr8x8 in plain C: dst[c*8 + r] = src[r*lds + c] */
+{
+    for (int r = 0; r < 8; r++)
+        for (int c = 0; c < 8; c++) dst[c * 8 + r] = src[r * lds + c];
+}
 #define GA(name) name##_amxemu
 #define TILE_CONFIG() (void)0
 #define TILE_ZERO(t) memset(&emu[t], 0, sizeof emu[t])
@@ -851,6 +860,7 @@ static void emu_dp(int c, int a, int b)
 #define TILE_STORE(t, p, s) emu_store(t, p, s)
 #define TILE_DP(c, a, b) emu_dp(c, a, b)
 #define TILE_RELEASE() (void)0
+#define TRANSPOSE8(src, lds, dst) emu_tr8x8(src, lds, dst)
 #include "mgk_amx.inc"
 #undef GA
 #undef TILE_CONFIG
@@ -859,6 +869,7 @@ static void emu_dp(int c, int a, int b)
 #undef TILE_STORE
 #undef TILE_DP
 #undef TILE_RELEASE
+#undef TRANSPOSE8
 
 typedef void block_fn(const job_t *g, const float *A, const float *B, float *C, int m0, int m1, int n0, int n1,
                       float *ap, float *bp);
