@@ -264,6 +264,18 @@ static inline __attribute__((always_inline)) void tr8x8(const float *src, long l
 #pragma GCC push_options
 TARGET_AVX512
 
+#define PF_ROWS 8  /* the packs that read a row of the source at a time prefetch the one this far ahead */
+
+/* prefetch n rows of len floats at p, ld floats apart: for packs whose source rows are short pieces of a long
+   stride (attention's heads in the fused qkv, A^T's rows), which the hardware's prefetchers miss */
+static inline __attribute__((always_inline)) void prefetch_rows(const float *p, long ld, int n, int len)
+{
+    for (int r = 0; r < n && len > 0; r++) {
+        for (int k = 0; k < len; k += 16) _mm_prefetch((const char *)(p + r * ld + k), _MM_HINT_T0);
+        _mm_prefetch((const char *)(p + r * ld + len - 1), _MM_HINT_T0);
+    }
+}
+
 /* one row-panel of op(A): rows i0..i0+mr (mr <= MR) by k0..k0+kc -> ap[k*MR + i], zero rows beyond mr */
 static void pack_a(const job_t *g, const float *A, int i0, int mr, int k0, int kc, float *ap)
 {
@@ -276,6 +288,7 @@ static void pack_a(const job_t *g, const float *A, int i0, int mr, int k0, int k
         return;
     }
     const float *a = A + (long)i0 * g->lda + k0;          /* op(A)[i,k] = A[i,k]: transpose 8x8 blocks */
+    prefetch_rows(a + 2 * MR * (long)g->lda, g->lda, MR, kc);   /* the panel after next */
     if (mr == MR)
         for (; k + 8 <= kc; k += 8)
             tr8x8(a + k, g->lda, ap + k * MR, MR);
@@ -289,7 +302,6 @@ static void pack_a(const job_t *g, const float *A, int i0, int mr, int k0, int k
    of each of kc rows), which at config M's x^T dy products took about 40% of their time. The row PF_ROWS ahead
    is prefetched: the rows are short pieces of a long stride, which the hardware's prefetchers miss
    (pack_at_pairs: 1.03-1.11x on those products) */
-#define PF_ROWS 8
 static void pack_at(const job_t *g, const float *A, int i0, int mc, int k0, int kc, float *ap)
 {
     for (int k = 0; k < kc; k++) {
@@ -320,6 +332,7 @@ static void pack_b(const job_t *g, const float *B, int j0, int nc, int k0, int k
             __mmask16 m1 = nr >= 32 ? 0xFFFF : nr > 16 ? (__mmask16)((1u << (nr - 16)) - 1) : 0;
             const float *b = B + (long)k0 * g->ldb + j0 + jp;
             for (int k = 0; k < kc; k++, b += g->ldb) {
+                if (k + PF_ROWS < kc) prefetch_rows(b + PF_ROWS * (long)g->ldb, 0, 1, nr);
                 _mm512_storeu_ps(bp + k * w, _mm512_maskz_loadu_ps(m0, b));
                 if (w == NR) _mm512_storeu_ps(bp + k * w + 16, _mm512_maskz_loadu_ps(m1, b + 16));
             }
@@ -329,6 +342,7 @@ static void pack_b(const job_t *g, const float *B, int j0, int nc, int k0, int k
         int j = 0;
         for (; j + 8 <= nr; j += 8) {
             int k = 0;
+            prefetch_rows(b + (long)(j + 16) * g->ldb, g->ldb, 8, kc);   /* the rows of the block after next */
             for (; k + 8 <= kc; k += 8)
                 tr8x8(b + (long)j * g->ldb + k, g->ldb, bp + k * w + j, w);
             for (; k < kc; k++)
