@@ -72,6 +72,7 @@ _Static_assert(MC % MR == 0 && MC % AVX2_MR == 0 && MC % 4 == 0,
 #ifndef SMALL_M
 #define SMALL_M 8  /* products with at most this many rows skip packing (mgk_small.inc): decoding, a few samples */
 #endif
+#define PF_ROWS 8  /* the packs that read a row of the source at a time prefetch the one this far ahead */
 
 struct isa_gemm;
 typedef struct {
@@ -263,8 +264,6 @@ static inline __attribute__((always_inline)) void tr8x8(const float *src, long l
 
 #pragma GCC push_options
 TARGET_AVX512
-
-#define PF_ROWS 8  /* the packs that read a row of the source at a time prefetch the one this far ahead */
 
 /* prefetch n rows of len floats at p, ld floats apart: for packs whose source rows are short pieces of a long
    stride (attention's heads in the fused qkv, A^T's rows), which the hardware's prefetchers miss */

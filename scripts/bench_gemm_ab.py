@@ -6,11 +6,12 @@ few per cent.
 
     python setup.py build_ext --inplace   (in a checkout of the old commit: its minigpt/_mgk*.so is BEFORE)
     python scripts/bench_gemm_ab.py BEFORE.so AFTER.so [--config M] [--threads 2] [--calls 9] [--rows 0] [--ops]
-                                    [--bf16]
+                                    [--bf16] [--isa avx2]
 
 --rows N (1-8) times N-row products against the step's weights (decoding) instead of the step's own products.
 --bf16 times the bf16 products (mgk_bgemm: operands rounded to bfloat16) instead of the float32 ones.
 --ops times the step's ops built on exp (GELU forward, causal softmax forward) and exp itself, in ns per element.
+--isa NAME runs both builds on that path (mgk_set_isa; one this CPU runs) instead of their fastest.
 """
 import argparse
 import ctypes
@@ -19,13 +20,16 @@ import time
 import numpy as np
 
 from bench_util import cpu_line
+from minigpt.backends.native import ISAS                           # the paths, in mgk_set_isa's numbering
 
 CONFIGS = {"S": (12 * 64, 128), "M": (64 * 256, 384)}             # (rows of a step's activations, n_embd)
 ATTENTION = {"S": (12 * 4, 64), "M": (64 * 6, 256)}                # (batch * heads, block) of attention's matrices
 
 
-def load(path, threads):
+def load(path, threads, isa=None):
     lib = ctypes.CDLL(path)
+    if isa is not None and lib.mgk_set_isa(ISAS.index(isa)) != 0:
+        raise SystemExit(f"bench_gemm_ab: {path} cannot run the {isa} path on this CPU (mgk_set_isa refused it)")
     P = ctypes.c_void_p
     lib.mgk_sgemm.argtypes = [ctypes.c_int] * 5 + [P, ctypes.c_int, P, ctypes.c_int, ctypes.c_float, P, ctypes.c_int]
     lib.mgk_bgemm.argtypes = lib.mgk_sgemm.argtypes
@@ -89,10 +93,12 @@ def main():
     ap.add_argument("--ops", action="store_true", help="the ops built on exp (GELU, causal softmax) instead "
                     "(--rows does not apply)")
     ap.add_argument("--bf16", action="store_true", help="bf16 products (mgk_bgemm) instead of float32 (mgk_sgemm)")
+    ap.add_argument("--isa", choices=ISAS, help="run both builds on this path (default: each one's fastest)")
     a = ap.parse_args()
-    libs = [load(a.before, a.threads), load(a.after, a.threads)]
+    libs = [load(a.before, a.threads, a.isa), load(a.after, a.threads, a.isa)]
     rng = np.random.default_rng(0)
-    print(f"{cpu_line()}; {a.threads} threads; {'bf16' if a.bf16 else 'float32'} products; before {a.before}, "
+    print(f"{cpu_line()}; {a.threads} threads; {a.isa or 'fastest'} path; {'bf16' if a.bf16 else 'float32'} "
+          f"products; before {a.before}, "
           f"after {a.after}; median of {a.calls} calls each")
     if a.ops:
         print("| op | before ns/element | after ns/element | before / after |\n|---|---:|---:|---:|")
