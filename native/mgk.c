@@ -139,6 +139,8 @@ static inline __attribute__((always_inline)) uint32_t bf16_bits(float x)
 
 typedef uint32_t u32x8 __attribute__((vector_size(32)));   /* for BF16_BITS_VEC on 8 floats */
 typedef uint16_t u16x8 __attribute__((vector_size(16)));   /* ... and their 8 top halves (amx packs) */
+typedef uint32_t u32x16 __attribute__((vector_size(64)));  /* 16 floats' bits, and their top halves (avx512bf16 */
+typedef uint16_t u16x16 __attribute__((vector_size(32)));  /* pack_a_pairs) */
 
 /* p[0:n] = bf16(p[0:n]) in place: a packed panel becomes bf16 values in float32 slots */
 static inline __attribute__((always_inline)) void round_bf16(float *p, long n)
@@ -459,14 +461,36 @@ static void pack_at_pairs(const job_t *g, const float *A, int i0, int mc, int k0
     }
 }
 
-/* the packs of the dp path: panels of k-pairs, each ceil(kc/2) words deep. Each panel is packed as fp32 (the
-   fp32 paths' pack_a, pack_b) where it will lie, over the space of the panels after it, which are packed later,
-   then paired in place. (Pairing straight from the source, with the rounding between the loads, measured
-   0.75-0.9x on config M's products: the source streams from memory, and fewer of its loads are in flight.) */
+/* the packs of the dp path: panels of k-pairs, each ceil(kc/2) words deep. A whole panel of op(A) = A is
+   rounded and paired straight from A's rows (below), as op(A) = A^T is by pack_at_pairs; every other panel is
+   packed as fp32 (the fp32 paths' pack_a, pack_b) where it will lie, over the space of the panels after it,
+   which are packed later, then paired in place. (Pairing op(B) straight from the source, a panel's columns at a
+   time, measured 0.75-0.9x on config M's products: fewer of the source's loads were in flight.) */
 static void pack_a_pairs(const job_t *g, const float *A, int i0, int mr, int k0, int kc, float *ap)
 {
-    pack_a(g, A, i0, mr, k0, kc, ap);
-    pair_panel(ap, kc, MR);
+    int k = 0;
+    if (!g->ta && mr == MR) {           /* op(A) = A, a whole panel: a row's k-pairs are its bf16 halves in order,
+                                           so 16 floats of each row round and narrow to 8 words, and the 8 x 8
+                                           words are transposed into the panel: one pass, no fp32 copy */
+        const float *a = A + (long)i0 * g->lda + k0;
+        prefetch_rows(a + 2 * MR * (long)g->lda, g->lda, MR, kc);   /* the panel after next */
+        for (; k + 16 <= kc; k += 16) {
+            __m256 r[8];
+            for (int i = 0; i < MR; i++) {
+                u32x16 u;
+                memcpy(&u, a + (long)i * g->lda + k, 64);
+                u16x16 h = __builtin_convertvector(BF16_BITS_VEC(u32x16, u) >> 16, u16x16);
+                memcpy(&r[i], &h, 32);                   /* words k/2 .. k/2+7 of row i */
+            }
+            transpose_quads(r);
+            for (int c = 0; c < 4; c++) {                 /* word k/2 + c of rows 0-7 from r[c] and r[4+c] */
+                _mm256_storeu_ps(ap + (k / 2 + c) * MR, _mm256_permute2f128_ps(r[c], r[4 + c], 0x20));
+                _mm256_storeu_ps(ap + (k / 2 + c + 4) * MR, _mm256_permute2f128_ps(r[c], r[4 + c], 0x31));
+            }
+        }
+    }
+    pack_a(g, A, i0, mr, k0 + k, kc - k, ap + k / 2 * MR);    /* the rest (all of it for A^T or a part panel) */
+    pair_panel(ap + k / 2 * MR, kc - k, MR);
 }
 
 static void pack_b_pairs(const job_t *g, const float *B, int j0, int nc, int k0, int kc, float *bp)
