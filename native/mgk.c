@@ -464,8 +464,8 @@ static void pack_at_pairs(const job_t *g, const float *A, int i0, int mc, int k0
 /* the packs of the dp path: panels of k-pairs, each ceil(kc/2) words deep. A whole panel of op(A) = A is
    rounded and paired straight from A's rows (below), as op(A) = A^T is by pack_at_pairs; every other panel is
    packed as fp32 (the fp32 paths' pack_a, pack_b) where it will lie, over the space of the panels after it,
-   which are packed later, then paired in place. (Pairing op(B) straight from the source, a panel's columns at a
-   time, measured 0.75-0.9x on config M's products: fewer of the source's loads were in flight.) */
+   which are packed later, then paired in place. (An earlier pairing of every pack straight from the source, a
+   k-pair of a panel at a time, measured 0.75-0.9x on config M's products: fewer of its loads were in flight.) */
 static void pack_a_pairs(const job_t *g, const float *A, int i0, int mr, int k0, int kc, float *ap)
 {
     int k = 0;
