@@ -495,6 +495,36 @@ static void pack_a_pairs(const job_t *g, const float *A, int i0, int mr, int k0,
 
 static void pack_b_pairs(const job_t *g, const float *B, int j0, int nc, int k0, int kc, float *bp)
 {
+    int d = (kc + 1) / 2;
+    if (!g->tb) {                       /* op(B) = B: two rows of B (one k-pair) at a time, every panel of them,
+                                           rounded and paired as they are read (as pack_at_pairs) */
+        static const float zeros[NC];
+        for (int p = 0; p < d; p++) {
+            const float *b0 = B + (long)(k0 + 2 * p) * g->ldb + j0, *b1 = 2 * p + 1 < kc ? b0 + g->ldb : zeros;
+            if (2 * p + PF_ROWS + 1 < kc) {
+                prefetch_rows(b0 + PF_ROWS * (long)g->ldb, 0, 1, nc);
+                prefetch_rows(b0 + (PF_ROWS + 1) * (long)g->ldb, 0, 1, nc);
+            }
+            for (int jp = 0; jp < nc; jp += NR) {
+                int nr = nc - jp < NR ? nc - jp : NR, w = nr > 16 ? NR : 16;
+                float *row = bp + (long)jp * d + (long)p * w;   /* k-pair p of the panel at jp */
+                for (int j = 0; j < w; j += 8) {
+                    float t0[8] = {0}, t1[8] = {0};       /* columns past nc are zero */
+                    const float *s0 = b0 + jp + j, *s1 = b1 + jp + j;
+                    if (nr - j < 8) {
+                        int n = nr - j > 0 ? nr - j : 0;
+                        memcpy(t0, s0, sizeof(float) * (size_t)n);
+                        memcpy(t1, s1, sizeof(float) * (size_t)n);
+                        s0 = t0;
+                        s1 = t1;
+                    }
+                    u32x8 word = bf16_bits8(s1) | bf16_bits8(s0) >> 16;
+                    memcpy(row + j, &word, 32);
+                }
+            }
+        }
+        return;
+    }
     for (int jp = 0; jp < nc; jp += NR) {
         int nr = nc - jp < NR ? nc - jp : NR;
         float *panel = bp + (long)jp * ((kc + 1) / 2);
