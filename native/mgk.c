@@ -466,28 +466,36 @@ static void pack_at_pairs(const job_t *g, const float *A, int i0, int mc, int k0
    packed as fp32 (the fp32 paths' pack_a, pack_b) where it will lie, over the space of the panels after it,
    which are packed later, then paired in place. (An earlier pairing of every pack straight from the source, a
    k-pair of a panel at a time, measured 0.75-0.9x on config M's products: fewer of its loads were in flight.) */
+/* 8 rows of floats at src (lds apart), k-pairs along each row: pairs 0..kc/16*8 -> dst[p*ldd + r] (words). A
+   row's k-pairs are its bf16 halves in order, so 16 floats of each row round and narrow to 8 words, and the 8 x 8
+   words are transposed into place: one pass, no fp32 copy. Returns the k done (a multiple of 16). */
+static inline __attribute__((always_inline)) int pair_rows8(const float *src, long lds, float *dst, long ldd, int kc)
+{
+    int k = 0;
+    for (; k + 16 <= kc; k += 16) {
+        __m256 r[8];
+        for (int i = 0; i < 8; i++) {
+            u32x16 u;
+            memcpy(&u, src + (long)i * lds + k, 64);
+            u16x16 h = __builtin_convertvector(BF16_BITS_VEC(u32x16, u) >> 16, u16x16);
+            memcpy(&r[i], &h, 32);                       /* words k/2 .. k/2+7 of row i */
+        }
+        transpose_quads(r);
+        for (int c = 0; c < 4; c++) {                     /* word k/2 + c of rows 0-7 from r[c] and r[4+c] */
+            _mm256_storeu_ps(dst + (k / 2 + c) * ldd, _mm256_permute2f128_ps(r[c], r[4 + c], 0x20));
+            _mm256_storeu_ps(dst + (k / 2 + c + 4) * ldd, _mm256_permute2f128_ps(r[c], r[4 + c], 0x31));
+        }
+    }
+    return k;
+}
+
 static void pack_a_pairs(const job_t *g, const float *A, int i0, int mr, int k0, int kc, float *ap)
 {
     int k = 0;
-    if (!g->ta && mr == MR) {           /* op(A) = A, a whole panel: a row's k-pairs are its bf16 halves in order,
-                                           so 16 floats of each row round and narrow to 8 words, and the 8 x 8
-                                           words are transposed into the panel: one pass, no fp32 copy */
+    if (!g->ta && mr == MR) {                             /* op(A) = A, a whole panel: rows of A are k-pairs */
         const float *a = A + (long)i0 * g->lda + k0;
         prefetch_rows(a + 2 * MR * (long)g->lda, g->lda, MR, kc);   /* the panel after next */
-        for (; k + 16 <= kc; k += 16) {
-            __m256 r[8];
-            for (int i = 0; i < MR; i++) {
-                u32x16 u;
-                memcpy(&u, a + (long)i * g->lda + k, 64);
-                u16x16 h = __builtin_convertvector(BF16_BITS_VEC(u32x16, u) >> 16, u16x16);
-                memcpy(&r[i], &h, 32);                   /* words k/2 .. k/2+7 of row i */
-            }
-            transpose_quads(r);
-            for (int c = 0; c < 4; c++) {                 /* word k/2 + c of rows 0-7 from r[c] and r[4+c] */
-                _mm256_storeu_ps(ap + (k / 2 + c) * MR, _mm256_permute2f128_ps(r[c], r[4 + c], 0x20));
-                _mm256_storeu_ps(ap + (k / 2 + c + 4) * MR, _mm256_permute2f128_ps(r[c], r[4 + c], 0x31));
-            }
-        }
+        k = pair_rows8(a, g->lda, ap, MR, kc);
     }
     pack_a(g, A, i0, mr, k0 + k, kc - k, ap + k / 2 * MR);    /* the rest (all of it for A^T or a part panel) */
     pair_panel(ap + k / 2 * MR, kc - k, MR);
@@ -525,11 +533,18 @@ static void pack_b_pairs(const job_t *g, const float *B, int j0, int nc, int k0,
         }
         return;
     }
-    for (int jp = 0; jp < nc; jp += NR) {
-        int nr = nc - jp < NR ? nc - jp : NR;
-        float *panel = bp + (long)jp * ((kc + 1) / 2);
-        pack_b(g, B, j0 + jp, nr, k0, kc, panel);
-        pair_panel(panel, kc, nr > 16 ? NR : 16);
+    for (int jp = 0; jp < nc; jp += NR) {                /* op(B) = B^T: rows of B are k-pairs */
+        int nr = nc - jp < NR ? nc - jp : NR, w = nr > 16 ? NR : 16, k = 0;
+        float *panel = bp + (long)jp * d;
+        const float *b = B + (long)(j0 + jp) * g->ldb + k0;
+        for (int j = 0; nr == w && j < w; j += 8) {       /* a whole panel: 8 of its columns at a time */
+            prefetch_rows(b + (long)(j + 16) * g->ldb, g->ldb, 8, kc);   /* the rows of the block after next */
+            k = pair_rows8(b + (long)j * g->ldb, g->ldb, panel + j, w, kc);
+        }
+        if (k < kc) {                                     /* k past the last 16, or a part panel: fp32, paired */
+            pack_b(g, B, j0 + jp, nr, k0 + k, kc - k, panel + k / 2 * w);
+            pair_panel(panel + k / 2 * w, kc - k, w);
+        }
     }
 }
 
