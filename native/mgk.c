@@ -420,6 +420,15 @@ static inline __attribute__((always_inline)) u32x8 bf16_bits8(const float *x)
     return BF16_BITS_VEC(u32x8, u);
 }
 
+/* the packs of the dp path: panels of k-pairs, each ceil(kc/2) words deep, rounded and paired straight from
+   the source: two rows of it at a time where its rows are k (pack_at_pairs, pack_b_pairs), 8 rows by 16 k where
+   its rows hold the pairs (pair_rows8). In the latter, part panels and the k past the last multiple of 16, and
+   the single panels of op(A) = A^T in causal products (pack_at_pairs on one panel measured 0.85x there), are
+   packed as fp32 (the fp32 paths' pack_a, pack_b) where they will lie, over the space of the panels after them,
+   which are packed later, then paired in place (pair_panel). (An earlier pairing of every pack straight from the
+   source, a k-pair of a panel at a time, measured 0.75-0.9x on config M's products: fewer of its loads were in
+   flight.) */
+
 /* a packed fp32 panel [kc][w] (w a multiple of 8) -> [ceil(kc/2)][w] 32-bit words, in place (row p is written
    after rows 2p, 2p+1 are read): word (p, j) holds bf16(x[2p][j]) in its low half and bf16(x[2p+1][j]) (0 past
    kc) in its high half */
@@ -461,11 +470,6 @@ static void pack_at_pairs(const job_t *g, const float *A, int i0, int mc, int k0
     }
 }
 
-/* the packs of the dp path: panels of k-pairs, each ceil(kc/2) words deep. A whole panel of op(A) = A is
-   rounded and paired straight from A's rows (below), as op(A) = A^T is by pack_at_pairs; every other panel is
-   packed as fp32 (the fp32 paths' pack_a, pack_b) where it will lie, over the space of the panels after it,
-   which are packed later, then paired in place. (An earlier pairing of every pack straight from the source, a
-   k-pair of a panel at a time, measured 0.75-0.9x on config M's products: fewer of its loads were in flight.) */
 /* 8 rows of floats at src (lds apart), k-pairs along each row: pairs 0..kc/16*8 -> dst[p*ldd + r] (words). A
    row's k-pairs are its bf16 halves in order, so 16 floats of each row round and narrow to 8 words, and the 8 x 8
    words are transposed into place: one pass, no fp32 copy. Returns the k done (a multiple of 16). */
