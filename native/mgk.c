@@ -20,8 +20,8 @@
    up to float32 summation order, which depends on the path and the thread count.
    bfloat16 products (mgk_bgemm*, mgk.h): both operands are rounded to bf16 as they are packed (on the few-rows
    path, as they are read), and the exact products are summed in float32. generic, avx2 and avx512 round their
-   fp32 packs (bf16 values are floats whose low 16 bits are zero); the avx512bf16 path turns its packs into k-pairs for vdpbf16ps, and amx packs straight
-   into bf16 halves (mgk_amx.inc). */
+   fp32 packs (bf16 values are floats whose low 16 bits are zero); the avx512bf16 path packs k-pairs of bf16 for
+   vdpbf16ps, mostly straight from the source, and amx packs straight into bf16 halves (mgk_amx.inc). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,8 +54,8 @@
                         than with 256 (on Zen 3, config M's products with op(A) = A 4-14% faster) */
 #endif
 #define KC_MAX (KC > AVX2_KC ? KC : AVX2_KC)   /* the depth of the per-thread pack buffers */
-#define KC_DP (2 * KC)   /* avx512bf16's depth: k-pairs of bf16 fill a B panel's 32 KB at twice KC (its fp32 copy
-                            before pairing is twice that, in L2), and any K <= 512 is one block (config M's 384) */
+#define KC_DP (2 * KC)   /* avx512bf16's depth: k-pairs of bf16 fill a B panel's 32 KB at twice KC (a panel packed
+                            through fp32 first takes twice that, in L2), and any K <= 512 is one block (M's 384) */
 #ifndef MC
 #define MC 192     /* rows of A packed at once (192 KB, in L2) */
 #endif
@@ -139,8 +139,8 @@ static inline __attribute__((always_inline)) uint32_t bf16_bits(float x)
 
 typedef uint32_t u32x8 __attribute__((vector_size(32)));   /* for BF16_BITS_VEC on 8 floats */
 typedef uint16_t u16x8 __attribute__((vector_size(16)));   /* ... and their 8 top halves (amx packs) */
-typedef uint32_t u32x16 __attribute__((vector_size(64)));  /* 16 floats' bits, and their top halves (avx512bf16 */
-typedef uint16_t u16x16 __attribute__((vector_size(32)));  /* pack_a_pairs) */
+typedef uint32_t u32x16 __attribute__((vector_size(64)));  /* 16 floats' bits, and their top halves */
+typedef uint16_t u16x16 __attribute__((vector_size(32)));  /* (avx512bf16's pair_rows8) */
 
 /* p[0:n] = bf16(p[0:n]) in place: a packed panel becomes bf16 values in float32 slots */
 static inline __attribute__((always_inline)) void round_bf16(float *p, long n)
@@ -404,7 +404,7 @@ static void kernel_8x16(int kc, const float *ap, const float *bp, float *c, long
 #pragma GCC pop_options
 
 /* ----------------------------------------------------------------------------
-   avx512bf16: the same packs, rounded to bf16 and folded into k-pairs, then vdpbf16ps, which adds
+   avx512bf16: the same panels, rounded to bf16 and folded into k-pairs, then vdpbf16ps, which adds
    a[2p]*b[2p] + a[2p+1]*b[2p+1] (exact products of bf16 values) into each float32 lane: twice the multiply-adds
    of an fp32 FMA per instruction. mgk_isa() takes this path only where it measures at least 1.2x the fp32 FMA
    rate (best_isa; vdpbf16ps measured 2.0x on AMD Zen 5, is reported at about 2x on Zen 4, half on Intel Xeons). */
