@@ -422,10 +422,11 @@ static inline __attribute__((always_inline)) u32x8 bf16_bits8(const float *x)
 
 /* the packs of the dp path: panels of k-pairs, each ceil(kc/2) words deep, rounded and paired straight from
    the source: two rows of it at a time where its rows are k (pack_at_pairs, pack_b_pairs), 8 rows by 16 k where
-   its rows hold the pairs (pair_rows8). In the latter, part panels and the k past the last multiple of 16, and
-   the single panels of op(A) = A^T in causal products (pack_at_pairs on one panel measured 0.85x there), are
-   packed as fp32 (the fp32 paths' pack_a, pack_b) where they will lie, over the space of the panels after them,
-   which are packed later, then paired in place (pair_panel). (An earlier pairing of every pack straight from the
+   its rows hold the pairs (pair_rows8); a causal product's op(A) = A^T is packed a row block at a time from its
+   first panel's k range on (the later panels' extra k are zeros they skip; one panel at a time measured 0.85x).
+   In pair_rows8's cases, part panels and the k past the last multiple of 16 are packed as fp32 (the fp32 paths'
+   pack_a, pack_b) where they will lie, over the space of the panels after them, which are packed later, then
+   paired in place (pair_panel). (An earlier pairing of every pack straight from the
    source, a k-pair of a panel at a time, measured 0.75-0.9x on config M's products: fewer of its loads were in
    flight.) */
 
@@ -445,11 +446,10 @@ static void pair_panel(float *panel, int kc, int w)
 
 /* pack_at for the dp path: every row panel of op(A) = A^T in k-pairs (panel ir at ap + ir*ceil(kc/2)), two rows
    of A (one k-pair) at a time, rounded and paired as they are read */
-static void pack_at_pairs(const job_t *g, const float *A, int i0, int mc, int k0, int kc, float *ap)
+static void pack_at_pairs(const job_t *g, const float *A, int i0, int mc, int k0, int kc, float *ap, int d)
 {
     static const float zeros[MC];
-    int d = (kc + 1) / 2;
-    for (int p = 0; p < d; p++) {
+    for (int p = 0; p < (kc + 1) / 2; p++) {
         const float *a0 = A + (long)(k0 + 2 * p) * g->lda + i0, *a1 = 2 * p + 1 < kc ? a0 + g->lda : zeros;
         for (int ir = 0; ir < mc; ir += MR) {
             if (2 * p + PF_ROWS < kc && ir % 16 == 0) {
@@ -632,9 +632,13 @@ static inline __attribute__((always_inline)) void gemm_rows(int dp, int causal, 
     int d = dp ? (kc + 1) / 2 : kc;                       /* a panel's depth: k (fp32 slots) or k-pairs (words) */
     float beta = pc == 0 ? g->beta : 1.0f;                /* later k blocks add to the first one's result */
     if (!causal && g->ta) {                               /* op(A) = A^T: every panel at once, a row of A at a time */
-        DP(if (dp) pack_at_pairs(g, A, ic, mc, pc, kc, ap); else)
+        DP(if (dp) pack_at_pairs(g, A, ic, mc, pc, kc, ap, d); else)
         pack_at(g, A, ic, mc, pc, kc, ap);
         if (!dp && g->bf16) round_bf16(ap, (long)(mc + MR - 1) / MR * MR * kc);
+    } else if (dp && g->ta) {                             /* causal: from the first panel's k range on */
+        int k0 = 0, k1 = kc;
+        causal_k(g, ic, MR, pc, kc, &k0, &k1);
+        DP(pack_at_pairs(g, A, ic, mc, pc + k0, kc - k0, ap + k0 / 2 * MR, d);)
     } else {
         for (int ir = 0; ir < mc; ir += MR) {   /* row panel ir: k0..k1 of it at ap + ir*d + k0*MR (dp: (k0/2)*MR) */
             int mr = mc - ir < MR ? mc - ir : MR, k0 = 0, k1 = kc;

@@ -150,6 +150,8 @@ M = [
     ("native/mgk.c", "_mm256_storeu_ps(dst + (k / 2 + c + 4) * ldd,", "_mm256_storeu_ps(dst + (k / 2 + c + 3) * ldd,", EMU),
     ("native/mgk.c", "k = pair_rows8(b + (long)j * g->ldb, g->ldb, panel + j, w, kc);",
         "k = pair_rows8(b + (long)j * g->ldb, g->ldb, panel, w, kc);", EMU),
+    ("native/mgk.c", "pack_at_pairs(g, A, ic, mc, pc + k0, kc - k0, ap + k0 / 2 * MR, d);",
+        "pack_at_pairs(g, A, ic, mc, pc + k0, kc - k0, ap, d);", EMU),
     ("native/mgk.c", "u32x8 word = bf16_bits8(s1) | bf16_bits8(s0) >> 16;", "u32x8 word = bf16_bits8(s0) | bf16_bits8(s1) >> 16;",
         EMU),
     ("native/mgk.c", "float *row = bp + (long)jp * d + (long)p * w;", "float *row = bp + (long)jp * d + (long)p * NR;", EMU),
