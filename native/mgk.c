@@ -74,6 +74,17 @@ _Static_assert(MC % MR == 0 && MC % AVX2_MR == 0 && MC % 4 == 0,
 #endif
 #define PF_ROWS 8  /* the packs that read a row of the source at a time prefetch the one this far ahead */
 
+/* prefetch n rows of len floats at p, ld floats apart (every cache line, the last included): for packs whose
+   source rows are short pieces of a long stride (attention's heads in the fused qkv, A^T's rows), which the
+   hardware's prefetchers miss. Plain GNU C, inlined into every ISA path's packs */
+static inline __attribute__((always_inline)) void prefetch_rows(const float *p, long ld, int n, int len)
+{
+    for (int r = 0; r < n && len > 0; r++) {
+        for (int k = 0; k < len; k += 16) __builtin_prefetch(p + r * ld + k);
+        __builtin_prefetch(p + r * ld + len - 1);
+    }
+}
+
 struct isa_gemm;
 typedef struct {
     const struct isa_gemm *isa;  /* the path that runs this job: its tile and its block function */
@@ -267,16 +278,6 @@ static inline __attribute__((always_inline)) void tr8x8(const float *src, long l
 #pragma GCC push_options
 TARGET_AVX512
 
-/* prefetch n rows of len floats at p, ld floats apart: for packs whose source rows are short pieces of a long
-   stride (attention's heads in the fused qkv, A^T's rows), which the hardware's prefetchers miss */
-static inline __attribute__((always_inline)) void prefetch_rows(const float *p, long ld, int n, int len)
-{
-    for (int r = 0; r < n && len > 0; r++) {
-        for (int k = 0; k < len; k += 16) _mm_prefetch((const char *)(p + r * ld + k), _MM_HINT_T0);
-        _mm_prefetch((const char *)(p + r * ld + len - 1), _MM_HINT_T0);
-    }
-}
-
 /* one row-panel of op(A): rows i0..i0+mr (mr <= MR) by k0..k0+kc -> ap[k*MR + i], zero rows beyond mr */
 static void pack_a(const job_t *g, const float *A, int i0, int mr, int k0, int kc, float *ap)
 {
@@ -308,8 +309,8 @@ static void pack_at(const job_t *g, const float *A, int i0, int mc, int k0, int 
     for (int k = 0; k < kc; k++) {
         const float *a = A + (long)(k0 + k) * g->lda + i0;
         int ir = 0;
-        for (int i = 0; k + PF_ROWS < kc && i < mc; i += 16)
-            _mm_prefetch((const char *)(a + (long)PF_ROWS * g->lda + i), _MM_HINT_T0);
+        if (k + PF_ROWS < kc)
+            prefetch_rows(a + PF_ROWS * (long)g->lda, 0, 1, mc);
         for (; ir + MR <= mc; ir += MR)
             memcpy(ap + (long)ir * kc + k * MR, a + ir, sizeof(float) * MR);
         for (int i = 0; ir < mc && i < MR; i++)                 /* the last panel's rows beyond mc are zero */
@@ -426,9 +427,8 @@ static inline __attribute__((always_inline)) u32x8 bf16_bits8(const float *x)
    first panel's k range on (the later panels' extra k are zeros they skip; one panel at a time measured 0.85x).
    In pair_rows8's cases, part panels and the k past the last multiple of 16 are packed as fp32 (the fp32 paths'
    pack_a, pack_b) where they will lie, over the space of the panels after them, which are packed later, then
-   paired in place (pair_panel). (An earlier pairing of every pack straight from the
-   source, a k-pair of a panel at a time, measured 0.75-0.9x on config M's products: fewer of its loads were in
-   flight.) */
+   paired in place (pair_panel). (An earlier pairing of every pack straight from the source, a k-pair of a panel
+   at a time, measured 0.75-0.9x on config M's products: fewer of its loads were in flight.) */
 
 /* a packed fp32 panel [kc][w] (w a multiple of 8) -> [ceil(kc/2)][w] 32-bit words, in place (row p is written
    after rows 2p, 2p+1 are read): word (p, j) holds bf16(x[2p][j]) in its low half and bf16(x[2p+1][j]) (0 past
@@ -513,10 +513,8 @@ static void pack_b_pairs(const job_t *g, const float *B, int j0, int nc, int k0,
         static const float zeros[NC];
         for (int p = 0; p < d; p++) {
             const float *b0 = B + (long)(k0 + 2 * p) * g->ldb + j0, *b1 = 2 * p + 1 < kc ? b0 + g->ldb : zeros;
-            if (2 * p + PF_ROWS + 1 < kc) {
-                prefetch_rows(b0 + PF_ROWS * (long)g->ldb, 0, 1, nc);
-                prefetch_rows(b0 + (PF_ROWS + 1) * (long)g->ldb, 0, 1, nc);
-            }
+            if (2 * p + PF_ROWS + 1 < kc)
+                prefetch_rows(b0 + PF_ROWS * (long)g->ldb, g->ldb, 2, nc);
             for (int jp = 0; jp < nc; jp += NR) {
                 int nr = nc - jp < NR ? nc - jp : NR, w = nr > 16 ? NR : 16;
                 float *row = bp + (long)jp * d + (long)p * w;   /* k-pair p of the panel at jp */

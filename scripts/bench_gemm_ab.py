@@ -98,8 +98,7 @@ def main():
     libs = [load(a.before, a.threads, a.isa), load(a.after, a.threads, a.isa)]
     rng = np.random.default_rng(0)
     print(f"{cpu_line()}; {a.threads} threads; {a.isa or 'fastest'} path; {'bf16' if a.bf16 else 'float32'} "
-          f"products; before {a.before}, "
-          f"after {a.after}; median of {a.calls} calls each")
+          f"products; before {a.before}, after {a.after}; median of {a.calls} calls each")
     if a.ops:
         print("| op | before ns/element | after ns/element | before / after |\n|---|---:|---:|---:|")
         for name, n, call in ops(a.config, rng):

@@ -11,7 +11,8 @@ LayerNorm / GELU / loss / optimizer / other (exclusive times). PyTorch is option
 dtype, on the default ISA path), so before and after are measured side by side, in the same invocation. The
 child protocol (--child/--config/--steps/--threads/--profile in, one JSON line {median, shares, rss} out) is the
 one this script has had since b972235; --dtype bf16 (new) is passed to bf16 children only. --dtypes
-float32,bf16 runs every implementation in both (PyTorch's bf16 is its autocast); --isas adds native rows on lower ISA paths (MINIGPT_ISA in the child).
+float32,bf16 runs every implementation in both (PyTorch's bf16 is its autocast); --isas adds native rows on
+lower ISA paths (MINIGPT_ISA in the child).
 """
 import argparse
 import importlib.util
