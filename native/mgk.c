@@ -14,7 +14,7 @@
    A test build (-DMGK_EMULATE_AVX512) runs both AVX-512 paths on the scalar intrinsics of mgk_avx512_emu.h, so
    that CPUs without AVX-512 test them (tests/test_native_emulated.py).
    No -ffast-math: the packed paths sum plain (fused) multiply-adds in k order within each k block (KC deep,
-   AVX2_KC on AVX2, KC_DP on vdpbf16ps), and add each block's sums into C (vdpbf16ps and AMX tiles add the two
+   AVX2_KC on AVX2, KC_DP on vdpbf16ps and AMX), and add each block's sums into C (vdpbf16ps and AMX tiles add the two
    products of each k-pair in the instruction's own order). The few-rows path (small_*) sums a transposed op(B)
    in vector-lane partials, and a product split over k between threads (ksplit) adds the threads' partial sums: the same value
    up to float32 summation order, which depends on the path and the thread count.
@@ -46,7 +46,7 @@
 #endif
 #define NR 32      /* micro-tile columns: two zmm vectors */
 #ifndef KC
-#define KC 256     /* depth of one packed block (AVX-512, generic, amx): a 32-wide B panel (32 KB) stays in L1.
+#define KC 256     /* depth of one packed block (AVX-512, generic): a 32-wide B panel (32 KB) stays in L1.
                       KC_MAX below is max(KC, AVX2_KC): a KC over 352 fails the KC_DP asserts */
 #endif
 #ifndef AVX2_KC
@@ -54,15 +54,16 @@
                         than with 256 (on Zen 3, config M's products with op(A) = A 4-14% faster) */
 #endif
 #define KC_MAX (KC > AVX2_KC ? KC : AVX2_KC)   /* the depth of the per-thread pack buffers */
-#define KC_DP (2 * KC)   /* avx512bf16's depth: k-pairs of bf16 fill a B panel's 32 KB at twice KC (a panel packed
-                            through fp32 first takes twice that, in L2), and any K <= 512 is one block (M's 384) */
+#define KC_DP (2 * KC)   /* avx512bf16's and amx's depth: k-pairs of bf16 fill a B panel's 32 KB at twice KC (a
+                            panel packed through fp32 first takes twice that, in L2), and any K <= 512 is one block
+                            (M's 384) */
 #ifndef MC
 #define MC 192     /* rows of A packed at once (192 KB, in L2) */
 #endif
 #ifndef NC
 #define NC 2048    /* columns of B packed at once */
 #endif
-_Static_assert(KC >= 32 && KC % 32 == 0 && MC % 32 == 0 && NC % 32 == 0,
+_Static_assert(KC_DP % 32 == 0 && MC % 32 == 0 && NC % 32 == 0,
                "the amx packs pad k, rows and columns to 32 inside the fp32 paths' buffers");
 _Static_assert((long)MC * KC_DP / 2 + (long)KC_DP * MR <= (long)MC * KC_MAX &&
                (long)NC * KC_DP / 2 + (long)KC_DP * NR <= (long)NC * KC_MAX,
@@ -122,6 +123,16 @@ static inline void causal_k(const job_t *g, int i0, int mr, int pc, int kc, int 
 static inline int causal_past(const job_t *g, int i0, int mr, int j0)
 {
     return g->causal == MGK_CAUSAL_OUT && j0 > i0 + mr - 1 + g->start;
+}
+
+/* causal_k for amx's tiles: k0 down and k1 up to multiples of 32 (k1 at most kc rounded up to 32); empty stays
+   empty */
+static inline void causal_k32(const job_t *g, int i0, int mr, int pc, int kc, int *k0, int *k1)
+{
+    causal_k(g, i0, mr, pc, kc, k0, k1);
+    int empty = *k0 >= *k1;
+    *k0 &= ~31;
+    *k1 = empty ? *k0 : (*k1 + 31) & ~31;
 }
 
 /* offset of item l of the batch, in floats, for outer/inner strides s1/s2 */
@@ -230,7 +241,7 @@ int mgk_bgemm_ref(int ta, int tb, int M, int N, int K, const float *A, int lda, 
 #endif
 /* The AVX-512 regions' targets. The test build -DMGK_EMULATE_AVX512 compiles them for AVX2+FMA instead, on the
    scalar intrinsics of mgk_avx512_emu.h, and reports avx512bf16 as this CPU's path (mgk_cpu_isa); it has no amx
-   path, whose tiles the tests run on the scalar tile emulation below (mgk_amx_emulated). */
+   path, whose tiles the tests run on the scalar tile emulation below (mgk_emulate_amx). */
 #ifdef MGK_EMULATE_AVX512
 #define TARGET_AVX512 _Pragma("GCC target(\"avx2,fma\")")
 #define TARGET_AVX512BF16 TARGET_AVX512
@@ -906,9 +917,9 @@ static void small_any(const job_t *g, const float *A, const float *B, float *C, 
 
 /* ----------------------------------------------------------------------------
    mgk_amx.inc once more, on a scalar emulation of the tile instructions (plain C, any CPU): the tests run the
-   amx path's packs, tiling, edges and k blocks here, on CPUs without AMX (mgk_amx_emulated) */
+   amx path's packs, tiling, edges, k blocks and causal skipping here, on CPUs without AMX (mgk_emulate_amx) */
 typedef union { float f[16][16]; uint16_t h[16][32]; unsigned char b[16][64]; } emu_tile_t;
-static emu_tile_t emu[8];                    /* one caller at a time (mgk_amx_emulated holds call_mu) */
+static emu_tile_t emu[8];                    /* one thread at a time: run() and plan() see to it */
 
 static void emu_load(int t, const void *p, long stride)
 {
@@ -986,6 +997,12 @@ static const struct isa_gemm ISA_GEMM[] = {
 #endif
 #endif
 };
+
+/* mgk_emulate_amx(1): bf16 products on the amx path's code with the tiles emulated (one thread, no few-rows path;
+   run() keeps fp32 products on the path in use, so the entry's fp32 fields are never used) */
+static const struct isa_gemm AMX_EMULATED = {"amx (emulated tiles)", 4, 16, 32, 32, gemm_block_generic,
+                                             gemm_block_amx_amxemu, peak_job_generic, NULL, 2 * 12 * 4, 0};
+static int amx_emulation;
 
 /* the unit of the thread grid: a block edge between threads falls on a micro-tile edge */
 static inline int tile_m(const job_t *g) { return g->bf16 ? g->isa->bf16_mr : g->isa->mr; }
@@ -1167,7 +1184,8 @@ static int plan(job_t *g)
 {
     int nt = threads_now();
     double flops = 2.0 * g->M * g->N * (g->K + 1) * g->L;
-    if (flops < 4e5) nt = 1;                   /* below ~4 us of work, waking a thread costs more than it saves */
+    if (flops < 4e5 || g->isa == &AMX_EMULATED)   /* below ~4 us of work, waking a thread costs more than it */
+        nt = 1;                                        /* saves; the emulated tiles are one set, for one thread */
     g->pm = 0; g->pn = 1;
     if (g->L >= nt && (g->L % nt == 0 || g->L >= 4 * nt)) return nt;
     if (g->small) {                            /* few rows: split K (each thread streams its own rows of B), */
@@ -1191,8 +1209,8 @@ static int plan(job_t *g)
 static int run(job_t *g)
 {
     if (g->M == 0 || g->N == 0 || g->L == 0) return MGK_OK;
-    g->isa = &ISA_GEMM[mgk_isa()];
-    g->small = g->small && mgk_isa() >= MGK_ISA_AVX2;
+    g->isa = amx_emulation && g->bf16 ? &AMX_EMULATED : &ISA_GEMM[mgk_isa()];
+    g->small = g->small && mgk_isa() >= MGK_ISA_AVX2 && g->isa != &AMX_EMULATED;
     pthread_mutex_lock(&call_mu);
     int nt = plan(g), rc = MGK_OK;
     for (int t = 0; t < nt && rc == MGK_OK; t++)
@@ -1273,21 +1291,12 @@ int mgk_bgemm(int ta, int tb, int M, int N, int K, const float *A, int lda, cons
     return mgk_bgemm_batched(1, 1, ta, tb, M, N, K, A, lda, 0, 0, B, ldb, 0, 0, beta, C, ldc, 0, 0);
 }
 
-int mgk_amx_emulated(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
-                     float beta, float *C, int ldc)
+int mgk_emulate_amx(int on)
 {
-    if (bad_args(ta, tb, M, N, K, A, lda, B, ldb, C, ldc)) return MGK_EBADARG;
-    job_t g = {NULL, ta != 0, tb != 0, M, N, K, lda, ldb, ldc, 1, A, B, C, beta, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 1, 0, 0};
-    float *abuf = aligned_alloc(64, sizeof(float) * MC * KC), *bbuf = aligned_alloc(64, sizeof(float) * KC * NC);
-    int rc = abuf && bbuf ? MGK_OK : MGK_ENOMEM;
-    if (rc == MGK_OK && M && N) {
-        pthread_mutex_lock(&call_mu);
-        gemm_block_amx_amxemu(&g, A, B, C, 0, M, 0, N, abuf, bbuf);
-        pthread_mutex_unlock(&call_mu);
-    }
-    free(abuf);
-    free(bbuf);
-    return rc;
+    pthread_mutex_lock(&call_mu);              /* not while a product runs */
+    amx_emulation = on != 0;
+    pthread_mutex_unlock(&call_mu);
+    return MGK_OK;
 }
 
 static double peak_gflops(int bf16, long long iters)

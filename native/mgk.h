@@ -1,12 +1,12 @@
 /* mgk.h: the C API of the GEMM and its thread pool (native/mgk.c, mgk_pool.c; the other ops: mgk_ops.h), loaded
    by minigpt/backends/native.py. Row-major float32 GEMM: C = op(A) @ op(B) + beta*C, op(X) = X or X^T by flag
    (ta, tb); beta == 0 never reads C. Every function returns MGK_OK (0) or a negative MGK_E* code; nothing here
-   allocates per call (packing buffers are allocated once per thread, on first use), except the test hook
-   mgk_amx_emulated. Not a BLAS: no alpha, no column-major. */
+   allocates per call (packing buffers are allocated once per thread, on first use). Not a BLAS: no alpha, no
+   column-major. */
 #ifndef MGK_H
 #define MGK_H
 
-#define MGK_ABI      5   /* bumped when a signature changes; minigpt/backends/native.py refuses any other build */
+#define MGK_ABI      6   /* bumped when a signature changes; minigpt/backends/native.py refuses any other build */
 
 #define MGK_OK       0
 #define MGK_EBADARG -1   /* negative size, too small leading dimension, NULL pointer */
@@ -24,9 +24,9 @@ int mgk_sgemm_batched(int L1, int L2, int ta, int tb, int M, int N, int K,
                       const float *B, int ldb, long long sB1, long long sB2,
                       float beta, float *C, int ldc, long long sC1, long long sC2);
 /* attention's causal products: mgk_sgemm_batched (bf16: mgk_bgemm_batched) where every item involves the causal
-   T x Tk matrix of attention (query i sees keys 0..start+i), and the packed paths (fp32 on every ISA, and the
-   vdpbf16ps kernel) skip the products of its known zeros; the few-rows path (M <= 8) and the amx path compute
-   the full product:
+   T x Tk matrix of attention (query i sees keys 0..start+i), and the packed paths (fp32 on every ISA, the
+   vdpbf16ps kernel and AMX tiles, the latter in whole tiles of 32 x 32 by 32 deep) skip the products of its
+   known zeros; the few-rows path (M <= 8) computes the full product:
      MGK_CAUSAL_OUT  the result C is that matrix: entries with j > start + i are written 0, and the micro-tiles
                      that hold only such entries are not computed (beta must be 0);
      MGK_CAUSAL_A    the stored A is that matrix, zero where column > start + row (so op(A) = A^T is zero where
@@ -52,10 +52,10 @@ int mgk_bgemm_batched(int L1, int L2, int ta, int tb, int M, int N, int K,
                       float beta, float *C, int ldc, long long sC1, long long sC2);
 int mgk_bgemm_ref(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                   float beta, float *C, int ldc);
-/* the amx path's bf16 product (mgk_amx.inc) on a scalar emulation of the tile instructions, one thread, any CPU:
-   tests run the path's packing and tiling where there is no AMX */
-int mgk_amx_emulated(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
-                     float beta, float *C, int ldc);
+/* tests: on != 0 runs every bf16 product (mgk_bgemm*, mgk_gemm_causal with bf16) on the amx path's code
+   (mgk_amx.inc) with a scalar emulation of the tile instructions, on one thread and with no few-rows path, on any
+   CPU; 0 (the default) restores the path in use */
+int mgk_emulate_amx(int on);
 /* out[i] = x[i] rounded to bf16 (float32 with the low 16 bits zero; NaN stays NaN, overflow -> inf); out may be x */
 int mgk_round_bf16(long long n, const float *x, float *out);
 

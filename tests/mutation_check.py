@@ -140,6 +140,12 @@ M = [
     ("native/mgk.c", "for (int c = 0; c < 8; c++) dst[c * 8 + r] = src[r * lds + c];",
         "for (int c = 0; c < 8; c++) dst[r * 8 + c] = src[r * lds + c];",
         f"{TB}::test_amx_path_on_emulated_tiles_matches_the_emulation"),
+    ("native/mgk_amx.inc", "ap, bp + b * step, t);", "ap, bp, t);",
+        f"{TB}::test_amx_path_on_emulated_tiles_matches_the_emulation"),
+    ("native/mgk.c", "*k1 = empty ? *k0 : (*k1 + 31) & ~31;", "*k1 = empty ? *k0 : *k1 & ~31;",
+        f"{TB}::test_bf16_causal_products_match_the_emulation"),
+    ("native/mgk_amx.inc", "GA(pack_a)(g, A, ic + ir, mr, pc + k0,", "GA(pack_a)(g, A, ic + ir, mr, pc,",
+        f"{TB}::test_bf16_causal_products_match_the_emulation"),
     # the avx512 and avx512bf16 micro-kernels, caught on any AVX2 CPU by their emulated build
     ("native/mgk.c", "if (NV == 2) acc[i][1] = _mm512_fmadd_ps(a, b1, acc[i][1]);",
         "if (NV == 2) acc[i][1] = _mm512_fmadd_ps(a, b0, acc[i][1]);", EMU),

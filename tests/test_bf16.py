@@ -22,20 +22,26 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NATIVE = backends.why_unavailable("native")
 NUMBA = backends.why_unavailable("numba")
 PATHS = list(native.ISAS[:native._lib().mgk_cpu_isa() + 1]) if NATIVE is None else []
-# (backend, ISA path or None): every bf16 product kernel this machine has
-KERNELS = ([("numba", None)] if NUMBA is None else []) + [("native", p) for p in PATHS]
+# (backend, ISA path or None): every bf16 product kernel this machine has, and the amx path's code on emulated
+# tiles (mgk_emulate_amx: any CPU runs its packs, tiling, k blocks and causal skipping; the tiles themselves only
+# run on a CPU with AMX, as native:amx)
+KERNELS = ([("numba", None)] if NUMBA is None else []) + [("native", p) for p in PATHS] + \
+    ([("native", "amx-emulated")] if NATIVE is None else [])
 
 
 @pytest.fixture(params=KERNELS, ids=lambda k: k[0] + (f":{k[1]}" if k[1] else ""))
 def kernel(request):
-    """Select the backend (and force the native ISA path) for the test; restored after."""
+    """Select the backend (and force the native ISA path, or the emulated amx one) for the test; restored after."""
     name, path = request.param
     saved = native._lib().mgk_isa() if name == "native" else None
     backends.select(name, verbose=False)
-    if path:
+    if path == "amx-emulated":
+        native._lib().mgk_emulate_amx(1)
+    elif path:
         assert native._lib().mgk_set_isa(native.ISAS.index(path)) == 0
     yield backends.current()
     if saved is not None:
+        native._lib().mgk_emulate_amx(0)
         native._lib().mgk_set_isa(saved)
     backends.select("numpy", verbose=False)
 
@@ -218,20 +224,33 @@ def test_native_scalar_reference_matches_the_emulation():
 
 
 @pytest.mark.skipif(NATIVE is not None, reason=str(NATIVE))
-@pytest.mark.parametrize("ta,tb", list(itertools.product((0, 1), repeat=2)))
+@pytest.mark.parametrize("ta,tb", list(itertools.product((False, True), repeat=2)))
 def test_amx_path_on_emulated_tiles_matches_the_emulation(ta, tb):
-    """The amx path's packs, 32 x 32 tiling, edges, k blocks (K > 256) and beta, run here on a scalar emulation
-    of the tile instructions (the instructions themselves run only on a CPU with AMX, in the tests above)."""
-    lib, rng = native._lib(), np.random.default_rng(7)
-    for M, N, K, beta in ((1, 1, 1, 0.0), (5, 17, 31, 0.0), (32, 32, 32, 1.0), (33, 47, 70, 1.0), (64, 64, 300, 0.0),
-                          (70, 33, 600, 0.5), (3, 2100, 40, 1.0), (200, 40, 0, 1.0),
-                          (200, 70, 300, 0.5)):                  # two MC row blocks, two k blocks
-        a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
-        b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
-        c = rng.standard_normal((M, N)).astype(np.float32)
-        base = beta * c.astype(np.float64)
-        assert lib.mgk_amx_emulated(ta, tb, M, N, K, a, max(a.shape[1], 1), b, max(b.shape[1], 1), beta, c, N) == 0
-        close_to_emulation(c, a, b, ta, tb, base)
+    """The amx path's blocking on emulated tiles, at the sizes that cross its blocks (the kernel tests above run
+    it on odd shapes): two MC row blocks, k blocks (K > 512) packed one at a time (N > 1536) or all of op(B) at
+    once, columns past NC, K = 0, and beta."""
+    rng = np.random.default_rng(7)
+    backends.select("native", verbose=False)
+    native._lib().mgk_emulate_amx(1)
+    try:
+        for M, N, K, beta in ((33, 47, 70, 1.0), (70, 33, 1100, 0.5), (40, 1600, 600, 1.0), (3, 2100, 40, 1.0),
+                              (200, 40, 0, 1.0), (200, 70, 300, 0.5)):
+            a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
+            b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
+            c = rng.standard_normal((M, N)).astype(np.float32)
+            base = beta * c.astype(np.float64)
+            if beta == 1.0:
+                close_to_emulation(backends.current().matmul(a, b, ta, tb, out=c, acc=True, bf16=True), a, b, ta,
+                                   tb, base)
+            else:                                         # another beta: straight through the C call
+                lib = native._lib()
+                assert lib.mgk_bgemm_batched(1, 1, ta, tb, M, N, K, a.ctypes.data, max(a.shape[1], 1), 0, 0,
+                                             b.ctypes.data, max(b.shape[1], 1), 0, 0, beta, c.ctypes.data, N, 0,
+                                             0) == 0
+                close_to_emulation(c, a, b, ta, tb, base)
+    finally:
+        native._lib().mgk_emulate_amx(0)
+        backends.select("numpy", verbose=False)
 
 
 def test_bf16_products_refuse_float64():

@@ -30,7 +30,7 @@ from . import BackendUnavailable, Ops, check_float32, gemm_dims
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # minigpt/
 _ERRORS = {-1: "bad argument", -2: "out of memory", -3: "could not start a worker thread"}
 _i, _ll = ctypes.c_int, ctypes.c_longlong
-_ABI = 5                                                  # MGK_ABI in native/mgk.h
+_ABI = 6                                                  # MGK_ABI in native/mgk.h
 _CAUSAL = {"out": 1, "a": 2}                              # MGK_CAUSAL_OUT, MGK_CAUSAL_A in native/mgk.h
 _ndf32 = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
 
@@ -109,7 +109,7 @@ def _lib():
     lib.mgk_sgemm_batched.restype = _i
     lib.mgk_sgemm.argtypes = [_i] * 5 + [_f32, _i, _f32, _i, ctypes.c_float, _f32, _i]
     lib.mgk_sgemm.restype = _i
-    for f in ("mgk_sgemm_ref", "mgk_bgemm", "mgk_bgemm_ref", "mgk_amx_emulated"):   # bf16 operands, same call
+    for f in ("mgk_sgemm_ref", "mgk_bgemm", "mgk_bgemm_ref"):          # bf16 operands, the same call
         getattr(lib, f).argtypes, getattr(lib, f).restype = lib.mgk_sgemm.argtypes, _i
     lib.mgk_bgemm_batched.argtypes = lib.mgk_sgemm_batched.argtypes
     lib.mgk_bgemm_batched.restype = _i
@@ -119,6 +119,7 @@ def _lib():
     for f in ("mgk_cpu_isa", "mgk_isa"):
         getattr(lib, f).argtypes, getattr(lib, f).restype = [], _i
     lib.mgk_set_isa.argtypes, lib.mgk_set_isa.restype = [_i], _i
+    lib.mgk_emulate_amx.argtypes, lib.mgk_emulate_amx.restype = [_i], _i
     lib.mgk_set_num_threads.argtypes, lib.mgk_set_num_threads.restype = [_i], _i
     lib.mgk_set_spin_us.argtypes, lib.mgk_set_spin_us.restype = [_i], _i
     for f in ("mgk_peak_gflops", "mgk_peak_bf16_gflops"):
