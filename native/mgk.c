@@ -53,7 +53,7 @@
 #define AVX2_KC 384  /* AVX2's depth: a 16-wide B panel is 24 KB, and a K of 384 or 1536 makes fewer passes over C
                         than with 256 (on Zen 3, config M's products with op(A) = A 4-14% faster) */
 #endif
-#define KC_MAX (KC > AVX2_KC ? KC : AVX2_KC)   /* the depth of the per-thread pack buffers */
+#define KC_MAX (KC > AVX2_KC ? KC : AVX2_KC)   /* the deepest fp32 k block */
 #define KC_DP (2 * KC)   /* avx512bf16's and amx's depth: k-pairs of bf16 fill a B panel's 32 KB at twice KC (a
                             panel packed through fp32 first takes twice that, in L2), and any K <= 512 is one block
                             (M's 384) */
@@ -63,13 +63,24 @@
 #ifndef NC
 #define NC 2048    /* columns of B packed at once */
 #endif
-_Static_assert(KC_DP % 32 == 0 && MC % 32 == 0 && NC % 32 == 0,
-               "the amx packs pad k, rows and columns to 32 inside the fp32 paths' buffers");
-_Static_assert((long)MC * KC_DP / 2 + (long)KC_DP * MR <= (long)MC * KC_MAX &&
-               (long)NC * KC_DP / 2 + (long)KC_DP * NR <= (long)NC * KC_MAX,
-               "the k-pair packs of a KC_DP block, and the last panel's fp32 before pairing, fit the pack buffers");
+#define PANEL_PAD 2  /* AVX-512 paths: panels of a packed block lie a panel's depth and PANEL_PAD more (k slots or
+                        k-pairs) apart, 64 bytes more per 8-row panel of op(A) and 256 per 32-column panel of
+                        op(B): at 2^n bytes apart (8 KB, 32 KB), the packs that write a row of every panel in turn
+                        (pack_at, pack_at_pairs, pack_b_pairs) stored into one set of L1 and missed on each store
+                        (AMD Zen 5: pack_at_pairs 0.27 -> 0.10 ns an element with the pad) */
+#define BUF_K (KC_MAX + 2 * PANEL_PAD)   /* the depth of the per-thread pack buffers (MC x BUF_K for op(A), BUF_K
+                                           x NC for op(B)): the deepest block, and the pads of two (a K of 2*KC, as
+                                           config M's 384 in fp32, keeps its whole op(B) of 1536 columns) */
+_Static_assert(KC_DP % 32 == 0 && MC % 32 == 0 && NC % 32 == 0 && (long)MC * (KC_DP + 32) / 2 <= (long)MC * BUF_K &&
+               (long)NC / 16 * (KC_DP * 8 + 16) <= (long)NC * BUF_K,
+               "the amx packs (k, rows and columns padded to 32; mgk_amx.inc's AMX_LD, AMX_PANEL) fit the buffers");
+_Static_assert((long)MC * (KC_DP / 2 + PANEL_PAD) + (long)KC_DP * MR <= (long)MC * BUF_K &&
+               (long)NC * (KC_DP / 2 + PANEL_PAD) + (long)KC_DP * NR <= (long)NC * BUF_K,
+               "the k-pair packs of a KC_DP block (panels PANEL_PAD apart), and the last panel's fp32 before pairing, "
+               "fit the pack buffers");
 _Static_assert(MC % MR == 0 && MC % AVX2_MR == 0 && MC % 4 == 0,
-               "pack_a pads the last row panel to a whole tile inside the MC x KC_MAX buffer: MC is whole tiles of rows");
+               "pack_a pads the last row panel to a whole tile inside the MC x BUF_K buffer: MC is whole tiles of "
+               "rows");
 #ifndef SMALL_M
 #define SMALL_M 8  /* products with at most this many rows skip packing (mgk_small.inc): decoding, a few samples */
 #endif
@@ -310,22 +321,24 @@ static void pack_a(const job_t *g, const float *A, int i0, int mr, int k0, int k
             ap[k * MR + i] = i < mr ? a[(long)i * g->lda + k] : 0.0f;
 }
 
-/* rows i0..i0+mc of op(A) = A^T (ta), k0..k0+kc -> every row panel of pack_a at once (panel ir at ap + ir*kc),
+/* rows i0..i0+mc of op(A) = A^T (ta), k0..k0+kc -> every row panel of pack_a at once (panel ir at ap + ir*d,
+   d = kc + PANEL_PAD),
    reading A a row (one k) at a time, its mc floats in order; pack_a reads a column of A per panel instead (32 bytes
    of each of kc rows), which at config M's x^T dy products took about 40% of their time. The row PF_ROWS ahead
    is prefetched: the rows are short pieces of a long stride, which the hardware's prefetchers miss
    (pack_at_pairs: 1.03-1.11x on those products) */
 static void pack_at(const job_t *g, const float *A, int i0, int mc, int k0, int kc, float *ap)
 {
+    long d = kc + PANEL_PAD;
     for (int k = 0; k < kc; k++) {
         const float *a = A + (long)(k0 + k) * g->lda + i0;
         int ir = 0;
         if (k + PF_ROWS < kc)
             prefetch_rows(a + PF_ROWS * (long)g->lda, 0, 1, mc);
         for (; ir + MR <= mc; ir += MR)
-            memcpy(ap + (long)ir * kc + k * MR, a + ir, sizeof(float) * MR);
+            memcpy(ap + ir * d + k * MR, a + ir, sizeof(float) * MR);
         for (int i = 0; ir < mc && i < MR; i++)                 /* the last panel's rows beyond mc are zero */
-            ap[(long)ir * kc + k * MR + i] = ir + i < mc ? a[ir + i] : 0.0f;
+            ap[ir * d + k * MR + i] = ir + i < mc ? a[ir + i] : 0.0f;
     }
 }
 
@@ -335,10 +348,11 @@ static inline long b_panels(int nc)
     return (long)nc / NR * NR + (nc % NR == 0 ? 0 : nc % NR > 16 ? NR : 16);
 }
 
-/* columns j0..j0+nc of op(B), k0..k0+kc -> panels of width 32 (the last one 16 if it fits): bp[j/32*32*kc + k*w + j%32] */
+/* columns j0..j0+nc of op(B), k0..k0+kc -> panels of width 32 (the last one 16 if it fits):
+   bp[j/32*32*(kc + PANEL_PAD) + k*w + j%32] */
 static void pack_b(const job_t *g, const float *B, int j0, int nc, int k0, int kc, float *bp)
 {
-    for (int jp = 0; jp < nc; jp += NR, bp += NR * kc) {
+    for (int jp = 0; jp < nc; jp += NR, bp += NR * (kc + PANEL_PAD)) {
         int nr = nc - jp < NR ? nc - jp : NR, w = nr > 16 ? NR : 16;
         if (!g->tb) {                                     /* op(B)[k,j] = B[k,j]: copy rows, zero the tail */
             __mmask16 m0 = nr >= 16 ? 0xFFFF : (__mmask16)((1u << nr) - 1);
@@ -455,8 +469,9 @@ static void pair_panel(float *panel, int kc, int w)
         }
 }
 
-/* pack_at for the dp path: every row panel of op(A) = A^T in k-pairs (panel ir at ap + ir*ceil(kc/2)), two rows
-   of A (one k-pair) at a time, rounded and paired as they are read */
+/* pack_at for the dp path: every row panel of op(A) = A^T in k-pairs (panel ir at ap + ir*d, d the panels'
+   stride: ceil(kc/2) + PANEL_PAD, or a causal block's), two rows of A (one k-pair) at a time, rounded and paired
+   as they are read */
 static void pack_at_pairs(const job_t *g, const float *A, int i0, int mc, int k0, int kc, float *ap, int d)
 {
     static const float zeros[MC];
@@ -518,11 +533,11 @@ static void pack_a_pairs(const job_t *g, const float *A, int i0, int mr, int k0,
 
 static void pack_b_pairs(const job_t *g, const float *B, int j0, int nc, int k0, int kc, float *bp)
 {
-    int d = (kc + 1) / 2;
+    int d = (kc + 1) / 2 + PANEL_PAD;                     /* the panels' stride, over 32 columns */
     if (!g->tb) {                       /* op(B) = B: two rows of B (one k-pair) at a time, every panel of them,
                                            rounded and paired as they are read (as pack_at_pairs) */
         static const float zeros[NC];
-        for (int p = 0; p < d; p++) {
+        for (int p = 0; p < (kc + 1) / 2; p++) {
             const float *b0 = B + (long)(k0 + 2 * p) * g->ldb + j0, *b1 = 2 * p + 1 < kc ? b0 + g->ldb : zeros;
             if (2 * p + PF_ROWS + 1 < kc)
                 prefetch_rows(b0 + PF_ROWS * (long)g->ldb, g->ldb, 2, nc);
@@ -628,7 +643,7 @@ static inline __attribute__((always_inline)) void pack_b_block(int dp, const job
 {
     DP(if (dp) { pack_b_pairs(g, B, jc, nc, pc, kc, bp); return; })
     pack_b(g, B, jc, nc, pc, kc, bp);
-    if (g->bf16) round_bf16(bp, b_panels(nc) * kc);
+    if (g->bf16) round_bf16(bp, b_panels(nc) * (kc + PANEL_PAD));
     (void)dp;
 }
 
@@ -638,12 +653,13 @@ static inline __attribute__((always_inline)) void gemm_rows(int dp, int causal, 
                                                             float *C, int ic, int mc, int jc, int nc, int pc,
                                                             int kc, float *ap, const float *bp)
 {
-    int d = dp ? (kc + 1) / 2 : kc;                       /* a panel's depth: k (fp32 slots) or k-pairs (words) */
+    int d = (dp ? (kc + 1) / 2 : kc) + PANEL_PAD;         /* the panels' stride over a row or column of the tile:
+                                                             k (fp32 slots) or k-pairs (words), and the pad */
     float beta = pc == 0 ? g->beta : 1.0f;                /* later k blocks add to the first one's result */
     if (!causal && g->ta) {                               /* op(A) = A^T: every panel at once, a row of A at a time */
         DP(if (dp) pack_at_pairs(g, A, ic, mc, pc, kc, ap, d); else)
         pack_at(g, A, ic, mc, pc, kc, ap);
-        if (!dp && g->bf16) round_bf16(ap, (long)(mc + MR - 1) / MR * MR * kc);
+        if (!dp && g->bf16) round_bf16(ap, (long)(mc + MR - 1) / MR * MR * d);
     } else if (dp && g->ta) {                             /* causal: from the first panel's k range on */
         int k0 = 0, k1 = kc;
         causal_k(g, ic, MR, pc, kc, &k0, &k1);
@@ -654,8 +670,8 @@ static inline __attribute__((always_inline)) void gemm_rows(int dp, int causal, 
             if (causal) causal_k(g, ic + ir, mr, pc, kc, &k0, &k1);
             DP(if (dp) { pack_a_pairs(g, A, ic + ir, mr, pc + k0, k1 - k0, ap + (long)ir * d + k0 / 2 * MR);
                          continue; })
-            pack_a(g, A, ic + ir, mr, pc + k0, k1 - k0, ap + ir * kc + k0 * MR);
-            if (g->bf16) round_bf16(ap + ir * kc + k0 * MR, (long)MR * (k1 - k0));
+            pack_a(g, A, ic + ir, mr, pc + k0, k1 - k0, ap + (long)ir * d + k0 * MR);
+            if (g->bf16) round_bf16(ap + (long)ir * d + k0 * MR, (long)MR * (k1 - k0));
         }
     }
     for (int jr = 0; jr < nc; jr += NR) {
@@ -671,8 +687,8 @@ static inline __attribute__((always_inline)) void gemm_rows(int dp, int causal, 
             DP(if (dp) (nr > 16 ? kernel_dp_8x32 : kernel_dp_8x16)((k1 - k0 + 1) / 2, ap + (long)ir * d + k0 / 2 * MR,
                                                                    bp + (long)jr * d + k0 / 2 * w, c, g->ldc, mr, nr,
                                                                    beta); else)
-            (nr > 16 ? kernel_8x32 : kernel_8x16)(k1 - k0, ap + ir * kc + k0 * MR, bp + jr * kc + k0 * w, c, g->ldc,
-                                                  mr, nr, beta);
+            (nr > 16 ? kernel_8x32 : kernel_8x16)(k1 - k0, ap + (long)ir * d + k0 * MR, bp + (long)jr * d + k0 * w, c,
+                                                  g->ldc, mr, nr, beta);
         }
     }
 }
@@ -690,8 +706,8 @@ static inline __attribute__((always_inline)) void gemm_loops(int dp, int causal,
 #define MC_AT(ic) (m1 - (ic) < MC ? m1 - (ic) : MC)                 /* the rows of the row block at ic */
     for (int jc = n0; jc < n1; jc += NC) {
         int nc = n1 - jc < NC ? n1 - jc : NC;
-        long step = (long)(dp ? KB / 2 : KB) * b_panels(nc);         /* one whole k block of packed op(B) */
-        if (nk > 1 && nk * step + (dp ? (long)KB / 2 * NR : 0) <= (long)KC_MAX * NC) {   /* dp: + the last panel's
+        long step = (long)((dp ? KB / 2 : KB) + PANEL_PAD) * b_panels(nc);   /* one whole k block of packed op(B) */
+        if (nk > 1 && nk * step + (dp ? (long)KB / 2 * NR : 0) <= (long)BUF_K * NC) {    /* dp: + the last panel's
                                                                                    fp32 before it is paired */
             for (int b = 0; b < nk; b++)
                 pack_b_block(dp, g, B, jc, nc, b * KB, KC_AT(b * KB), bp + b * step);
@@ -1010,7 +1026,7 @@ static inline int tile_n(const job_t *g) { return g->bf16 ? g->isa->bf16_nr : g-
 
 /* ----------------------------------------------------------------------------
    threading: split the batch over threads, or each product over a pm x pn grid of tile-aligned blocks */
-static float *bufs[256][2];   /* per thread id: packed A (MC x KC_MAX), packed B (KC_MAX x NC); allocated once */
+static float *bufs[256][2];   /* per thread id: packed A (MC x BUF_K), packed B (BUF_K x NC); allocated once */
 
 static void split(int n, int unit, int parts, int p, int *lo, int *hi)
 {
@@ -1215,7 +1231,7 @@ static int run(job_t *g)
     int nt = plan(g), rc = MGK_OK;
     for (int t = 0; t < nt && rc == MGK_OK; t++)
         for (int b = 0; b < 2; b++)
-            if (!bufs[t][b] && !(bufs[t][b] = aligned_alloc(64, sizeof(float) * KC_MAX * (b ? NC : MC))))
+            if (!bufs[t][b] && !(bufs[t][b] = aligned_alloc(64, sizeof(float) * BUF_K * (b ? NC : MC))))
                 rc = MGK_ENOMEM;
     if (rc == MGK_OK) {
 #ifdef MGK_X86
