@@ -63,11 +63,11 @@
 #ifndef NC
 #define NC 2048    /* columns of B packed at once */
 #endif
-#define PANEL_PAD 2  /* AVX-512 paths: panels of a packed block lie a panel's depth and PANEL_PAD more (k slots or
-                        k-pairs) apart, 64 bytes more per 8-row panel of op(A) and 256 per 32-column panel of
-                        op(B): at 2^n bytes apart (8 KB, 32 KB), the packs that write a row of every panel in turn
-                        (pack_at, pack_at_pairs, pack_b_pairs) stored into one set of L1 and missed on each store
-                        (AMD Zen 5: pack_at_pairs 0.27 -> 0.10 ns an element with the pad) */
+#define PANEL_PAD 2  /* panels of a packed block lie a panel's depth and PANEL_PAD more (k slots or k-pairs) apart
+                        (AVX-512 paths: 64 bytes more per 8-row panel of op(A), 256 per 32-column panel of op(B);
+                        AVX2 and generic: op(A)'s panels): at 2^n bytes apart (8 KB, 32 KB), the packs that write
+                        a row of every panel in turn (pack_at, pack_at_pairs, pack_b_pairs) stored into one set
+                        of L1 and missed on each store (AMD Zen 5: pack_at_pairs 0.27 -> 0.10 ns an element) */
 #define BUF_K (KC_MAX + 2 * PANEL_PAD)   /* the depth of the per-thread pack buffers (MC x BUF_K for op(A), BUF_K
                                            x NC for op(B)): the deepest block, and the pads of two (a K of 2*KC, as
                                            config M's 384 in fp32, keeps its whole op(B) of 1536 columns) */

@@ -147,6 +147,8 @@ M = [
         "TILE_LOAD(7, bp + (long)kp * 8 + k / 2 * 16, 64);",
         f"{TB}::test_amx_path_on_emulated_tiles_matches_the_emulation"),
     ("native/mgk.c", "    long d = kc + PANEL_PAD;", "    long d = kc;", ISA),
+    ("native/mgk_gemm_generic.inc", "memcpy(ap + ir * d + k * GV_MR, a + ir, sizeof(float) * GV_MR);",
+        "memcpy(ap + ir * d + k * GV_MR, a + ir + 1, sizeof(float) * GV_MR);", ISA),
     ("native/mgk_amx.inc", "ap, bp + b * step, t);", "ap, bp, t);",
         f"{TB}::test_amx_path_on_emulated_tiles_matches_the_emulation"),
     ("native/mgk.c", "*k1 = empty ? *k0 : (*k1 + 31) & ~31;", "*k1 = empty ? *k0 : *k1 & ~31;",
