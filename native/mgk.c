@@ -69,11 +69,13 @@
                         a row of every panel in turn (pack_at, pack_at_pairs, pack_b_pairs) stored into one set
                         of L1 and missed on each store (AMD Zen 5: pack_at_pairs 0.27 -> 0.10 ns an element) */
 #define BUF_K (KC_MAX + 2 * PANEL_PAD)   /* the depth of the per-thread pack buffers (MC x BUF_K for op(A), BUF_K
-                                           x NC for op(B)): the deepest block, and the pads of two (a K of 2*KC, as
-                                           config M's 384 in fp32, keeps its whole op(B) of 1536 columns) */
-_Static_assert(KC_DP % 32 == 0 && MC % 32 == 0 && NC % 32 == 0 && (long)MC * (KC_DP + 32) / 2 <= (long)MC * BUF_K &&
-               (long)NC / 16 * (KC_DP * 8 + 16) <= (long)NC * BUF_K,
-               "the amx packs (k, rows and columns padded to 32; mgk_amx.inc's AMX_LD, AMX_PANEL) fit the buffers");
+                                           x NC for op(B)): the deepest block, and the pads of two (a K of two fp32
+                                           k blocks, as config M's 384, keeps its whole op(B) of 1536 columns) */
+#define AMX_LD(kp) ((kp) + 32)              /* amx (mgk_amx.inc): bf16 from one packed row of op(A) to the next */
+#define AMX_PANEL(kp) ((long)(kp) * 8 + 16) /* ... and words from one packed panel of op(B) to the next */
+_Static_assert(KC_DP % 32 == 0 && MC % 32 == 0 && NC % 32 == 0 && (long)MC * AMX_LD(KC_DP) / 2 <= (long)MC * BUF_K &&
+               NC / 16 * AMX_PANEL(KC_DP) <= (long)NC * BUF_K,
+               "the amx packs (k, rows and columns padded to 32; rows AMX_LD, panels AMX_PANEL apart) fit the buffers");
 _Static_assert((long)MC * (KC_DP / 2 + PANEL_PAD) + (long)KC_DP * MR <= (long)MC * BUF_K &&
                (long)NC * (KC_DP / 2 + PANEL_PAD) + (long)KC_DP * NR <= (long)NC * BUF_K,
                "the k-pair packs of a KC_DP block (panels PANEL_PAD apart), and the last panel's fp32 before pairing, "
@@ -171,9 +173,8 @@ static inline __attribute__((always_inline)) uint32_t bf16_bits(float x)
         ((((u) + 0x7fffu + (((u) >> 16) & 1u)) & ~nan_) | (((u) | 0x00400000u) & nan_)) & 0xffff0000u; })
 
 typedef uint32_t u32x8 __attribute__((vector_size(32)));   /* for BF16_BITS_VEC on 8 floats */
-typedef uint16_t u16x8 __attribute__((vector_size(16)));   /* ... and their 8 top halves (amx packs) */
 typedef uint32_t u32x16 __attribute__((vector_size(64)));  /* 16 floats' bits, and their top halves */
-typedef uint16_t u16x16 __attribute__((vector_size(32)));  /* (avx512bf16's pair_rows8) */
+typedef uint16_t u16x16 __attribute__((vector_size(32)));  /* (avx512bf16's pair_rows8, amx's pack_b) */
 
 /* p[0:n] = bf16(p[0:n]) in place: a packed panel becomes bf16 values in float32 slots */
 static inline __attribute__((always_inline)) void round_bf16(float *p, long n)
@@ -935,7 +936,7 @@ static void small_any(const job_t *g, const float *A, const float *B, float *C, 
    mgk_amx.inc once more, on a scalar emulation of the tile instructions (plain C, any CPU): the tests run the
    amx path's packs, tiling, edges, k blocks and causal skipping here, on CPUs without AMX (mgk_emulate_amx) */
 typedef union { float f[16][16]; uint16_t h[16][32]; unsigned char b[16][64]; } emu_tile_t;
-static emu_tile_t emu[8];                    /* one thread at a time: run() and plan() see to it */
+static __thread emu_tile_t emu[8];           /* each thread's own tiles, as on the CPU */
 
 static void emu_load(int t, const void *p, long stride)
 {
@@ -1014,8 +1015,8 @@ static const struct isa_gemm ISA_GEMM[] = {
 #endif
 };
 
-/* mgk_emulate_amx(1): bf16 products on the amx path's code with the tiles emulated (one thread, no few-rows path;
-   run() keeps fp32 products on the path in use, so the entry's fp32 fields are never used) */
+/* mgk_emulate_amx(1): bf16 products on the amx path's code with the tiles emulated (its thread grid, no few-rows
+   path; run() keeps fp32 products on the path in use, so the entry's fp32 fields are never used) */
 static const struct isa_gemm AMX_EMULATED = {"amx (emulated tiles)", 4, 16, 32, 32, gemm_block_generic,
                                              gemm_block_amx_amxemu, peak_job_generic, NULL, 2 * 12 * 4, 0};
 static int amx_emulation;
@@ -1200,8 +1201,7 @@ static int plan(job_t *g)
 {
     int nt = threads_now();
     double flops = 2.0 * g->M * g->N * (g->K + 1) * g->L;
-    if (flops < 4e5 || g->isa == &AMX_EMULATED)   /* below ~4 us of work, waking a thread costs more than it */
-        nt = 1;                                        /* saves; the emulated tiles are one set, for one thread */
+    if (flops < 4e5) nt = 1;                   /* below ~4 us of work, waking a thread costs more than it saves */
     g->pm = 0; g->pn = 1;
     if (g->L >= nt && (g->L % nt == 0 || g->L >= 4 * nt)) return nt;
     if (g->small) {                            /* few rows: split K (each thread streams its own rows of B), */
@@ -1225,9 +1225,9 @@ static int plan(job_t *g)
 static int run(job_t *g)
 {
     if (g->M == 0 || g->N == 0 || g->L == 0) return MGK_OK;
+    pthread_mutex_lock(&call_mu);
     g->isa = amx_emulation && g->bf16 ? &AMX_EMULATED : &ISA_GEMM[mgk_isa()];
     g->small = g->small && mgk_isa() >= MGK_ISA_AVX2 && g->isa != &AMX_EMULATED;
-    pthread_mutex_lock(&call_mu);
     int nt = plan(g), rc = MGK_OK;
     for (int t = 0; t < nt && rc == MGK_OK; t++)
         for (int b = 0; b < 2; b++)

@@ -53,8 +53,8 @@ int mgk_bgemm_batched(int L1, int L2, int ta, int tb, int M, int N, int K,
 int mgk_bgemm_ref(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                   float beta, float *C, int ldc);
 /* tests: on != 0 runs every bf16 product (mgk_bgemm*, mgk_gemm_causal with bf16) on the amx path's code
-   (mgk_amx.inc) with a scalar emulation of the tile instructions, on one thread and with no few-rows path, on any
-   CPU; 0 (the default) restores the path in use */
+   (mgk_amx.inc) with a scalar emulation of the tile instructions (each thread its own tiles), with no few-rows
+   path, on any CPU; 0 (the default) restores the path in use */
 int mgk_emulate_amx(int on);
 /* out[i] = x[i] rounded to bf16 (float32 with the low 16 bits zero; NaN stays NaN, overflow -> inf); out may be x */
 int mgk_round_bf16(long long n, const float *x, float *out);
