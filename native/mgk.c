@@ -114,6 +114,28 @@ typedef struct {
     int causal, start;   /* 0, or MGK_CAUSAL_OUT / MGK_CAUSAL_A with the diagonal's offset (mgk_gemm_causal) */
 } job_t;
 
+/* rows i0..i0+mc of op(A) = A^T (ta), k0..k0+kc -> every row panel (mr rows each: the path's tile) at once, panel
+   ir at ap + ir*d with d = kc + PANEL_PAD, as each path's pack_a lays one out (ap[k*mr + i]); reading A a row
+   (one k) at a time, its mc floats in order. A pack_a of A^T reads a column strip of A per panel instead (mr
+   floats of each of kc rows), which at config M's x^T dy products took about 40% of their time. The row PF_ROWS
+   ahead is prefetched: the rows are short pieces of a long stride, which the hardware's prefetchers miss. Plain
+   C, inlined into every ISA path with its mr a constant */
+static inline __attribute__((always_inline)) void pack_at(const job_t *g, const float *A, int i0, int mc, int k0,
+                                                          int kc, float *ap, int mr)
+{
+    long d = kc + PANEL_PAD;
+    for (int k = 0; k < kc; k++) {
+        const float *a = A + (long)(k0 + k) * g->lda + i0;
+        int ir = 0;
+        if (k + PF_ROWS < kc)
+            prefetch_rows(a + PF_ROWS * (long)g->lda, 0, 1, mc);
+        for (; ir + mr <= mc; ir += mr)
+            memcpy(ap + ir * d + k * mr, a + ir, sizeof(float) * (size_t)mr);
+        for (int i = 0; ir < mc && i < mr; i++)                 /* the last panel's rows beyond mc are zero */
+            ap[ir * d + k * mr + i] = ir + i < mc ? a[ir + i] : 0.0f;
+    }
+}
+
 /* mgk_gemm_causal's skipping. causal_k: the part [*k0, *k1) of the k block pc..pc+kc in which rows i0..i0+mr of
    op(A) can hold nonzeros (MGK_CAUSAL_A; all of it otherwise), widened to even ends (or kc), so that it is whole
    k-pairs for vdpbf16ps; only that part of the row panel is packed and multiplied. */
@@ -320,27 +342,6 @@ static void pack_a(const job_t *g, const float *A, int i0, int mr, int k0, int k
     for (; k < kc; k++)
         for (int i = 0; i < MR; i++)
             ap[k * MR + i] = i < mr ? a[(long)i * g->lda + k] : 0.0f;
-}
-
-/* rows i0..i0+mc of op(A) = A^T (ta), k0..k0+kc -> every row panel of pack_a at once (panel ir at ap + ir*d,
-   d = kc + PANEL_PAD),
-   reading A a row (one k) at a time, its mc floats in order; pack_a reads a column of A per panel instead (32 bytes
-   of each of kc rows), which at config M's x^T dy products took about 40% of their time. The row PF_ROWS ahead
-   is prefetched: the rows are short pieces of a long stride, which the hardware's prefetchers miss
-   (pack_at_pairs: 1.03-1.11x on those products) */
-static void pack_at(const job_t *g, const float *A, int i0, int mc, int k0, int kc, float *ap)
-{
-    long d = kc + PANEL_PAD;
-    for (int k = 0; k < kc; k++) {
-        const float *a = A + (long)(k0 + k) * g->lda + i0;
-        int ir = 0;
-        if (k + PF_ROWS < kc)
-            prefetch_rows(a + PF_ROWS * (long)g->lda, 0, 1, mc);
-        for (; ir + MR <= mc; ir += MR)
-            memcpy(ap + ir * d + k * MR, a + ir, sizeof(float) * MR);
-        for (int i = 0; ir < mc && i < MR; i++)                 /* the last panel's rows beyond mc are zero */
-            ap[ir * d + k * MR + i] = ir + i < mc ? a[ir + i] : 0.0f;
-    }
 }
 
 /* floats per k of the packed op(B) columns 0..nc: panels of 32, the last one 16 wide if it fits */
@@ -659,7 +660,7 @@ static inline __attribute__((always_inline)) void gemm_rows(int dp, int causal, 
     float beta = pc == 0 ? g->beta : 1.0f;                /* later k blocks add to the first one's result */
     if (!causal && g->ta) {                               /* op(A) = A^T: every panel at once, a row of A at a time */
         DP(if (dp) pack_at_pairs(g, A, ic, mc, pc, kc, ap, d); else)
-        pack_at(g, A, ic, mc, pc, kc, ap);
+        pack_at(g, A, ic, mc, pc, kc, ap, MR);
         if (!dp && g->bf16) round_bf16(ap, (long)(mc + MR - 1) / MR * MR * d);
     } else if (dp && g->ta) {                             /* causal: from the first panel's k range on */
         int k0 = 0, k1 = kc;

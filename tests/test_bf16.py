@@ -224,33 +224,26 @@ def test_native_scalar_reference_matches_the_emulation():
 
 
 @pytest.mark.skipif(NATIVE is not None, reason=str(NATIVE))
+@pytest.mark.parametrize("kernel", [("native", "amx-emulated")], indirect=True, ids=["native:amx-emulated"])
 @pytest.mark.parametrize("ta,tb", list(itertools.product((False, True), repeat=2)))
-def test_amx_path_on_emulated_tiles_matches_the_emulation(ta, tb):
+def test_amx_path_on_emulated_tiles_matches_the_emulation(kernel, ta, tb):
     """The amx path's blocking on emulated tiles, at the sizes that cross its blocks (the kernel tests above run
     it on odd shapes): two MC row blocks, k blocks (K > 512) packed one at a time (N > 1536) or all of op(B) at
     once, columns past NC, K = 0, and beta."""
     rng = np.random.default_rng(7)
-    backends.select("native", verbose=False)
-    native._lib().mgk_emulate_amx(1)
-    try:
-        for M, N, K, beta in ((33, 47, 70, 1.0), (70, 33, 1100, 0.5), (40, 1600, 600, 1.0), (3, 2100, 40, 1.0),
-                              (200, 40, 0, 1.0), (200, 70, 300, 0.5)):
-            a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
-            b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
-            c = rng.standard_normal((M, N)).astype(np.float32)
-            base = beta * c.astype(np.float64)
-            if beta == 1.0:
-                close_to_emulation(backends.current().matmul(a, b, ta, tb, out=c, acc=True, bf16=True), a, b, ta,
-                                   tb, base)
-            else:                                         # another beta: straight through the C call
-                lib = native._lib()
-                assert lib.mgk_bgemm_batched(1, 1, ta, tb, M, N, K, a.ctypes.data, max(a.shape[1], 1), 0, 0,
-                                             b.ctypes.data, max(b.shape[1], 1), 0, 0, beta, c.ctypes.data, N, 0,
-                                             0) == 0
-                close_to_emulation(c, a, b, ta, tb, base)
-    finally:
-        native._lib().mgk_emulate_amx(0)
-        backends.select("numpy", verbose=False)
+    for M, N, K, beta in ((33, 47, 70, 1.0), (70, 33, 1100, 0.5), (40, 1600, 600, 1.0), (3, 2100, 40, 1.0),
+                          (200, 40, 0, 1.0), (200, 70, 300, 0.5)):
+        a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
+        b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
+        c = rng.standard_normal((M, N)).astype(np.float32)
+        base = beta * c.astype(np.float64)
+        if beta == 1.0:
+            close_to_emulation(kernel.matmul(a, b, ta, tb, out=c, acc=True, bf16=True), a, b, ta, tb, base)
+        else:                                             # another beta: straight through the C call
+            assert kernel.lib.mgk_bgemm_batched(1, 1, ta, tb, M, N, K, a.ctypes.data, max(a.shape[1], 1), 0, 0,
+                                                b.ctypes.data, max(b.shape[1], 1), 0, 0, beta, c.ctypes.data, N,
+                                                0, 0) == 0
+            close_to_emulation(c, a, b, ta, tb, base)
 
 
 def test_bf16_products_refuse_float64():
