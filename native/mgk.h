@@ -75,11 +75,13 @@ const char *mgk_isa_name(int isa);   /* "generic", "avx2", "avx512", "avx512bf16
 int mgk_set_num_threads(int n);      /* n >= 1 threads including the caller; the only threading knob */
 int mgk_get_num_threads(void);
 int mgk_set_spin_us(int us);         /* workers (and the caller) wait up to us microseconds on the CPU for the
-                                        next job before sleeping; 0 (the default) sleeps at once */
+                                        next job before sleeping; 0 (the default) sleeps at once. While > 0, the
+                                        ops split smaller work over the threads (mgk_ops.c) */
 double mgk_peak_gflops(long long iters); /* GFLOP/s of a register-only FMA loop on the current threads */
 double mgk_peak_bf16_gflops(long long iters); /* ... of bf16 products: a vdpbf16ps or AMX tile loop, or the FMA one */
 
 /* internal: the persistent worker pool (mgk_pool.c). fn(arg, tid, nt) runs on tids 0..nt-1, tid 0 = caller. */
 int mgk_pool_run(void (*fn)(void *arg, int tid, int nt), void *arg, int nt);
 void mgk_pool_set_ftz(void);         /* flush-to-zero + denormals-are-zero in the calling thread */
+int mgk_pool_spin_us(void);          /* mgk_set_spin_us's wait: > 0 when idle workers stay awake that long */
 #endif

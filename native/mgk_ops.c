@@ -32,10 +32,13 @@
 #define BODY static inline __attribute__((always_inline))
 #define LANES 16           /* independent partial sums of a row sum (below: four vectors of 4 floats) */
 /* Threads: an op runs on the calling thread alone unless its work, estimated as elements times the cost of one
-   element on one AVX-512 thread (the PS_* below, in picoseconds, measured at config-S sizes), passes PAR_MIN_PS.
+   element on one AVX-512 thread (the PS_* below, in picoseconds, measured at config-S sizes), passes a threshold.
    Waking the pool's sleeping workers costs ~50 us on the machine this was tuned on (a VM), so an op must take
-   ~100 us on one thread before a second one pays. */
+   ~100 us on one thread before a second one pays (PAR_MIN_PS). While they wait awake between calls
+   (mgk_set_spin_us: training and generation), handing them work costs about a microsecond, and an op of ~5 us
+   pays already (PAR_SPIN_PS; config S's ops all cross it: a step 6-7% faster on AMD Zen 5 than at 100 us). */
 #define PAR_MIN_PS 100000000LL
+#define PAR_SPIN_PS 5000000LL
 enum { PS_LN_FWD = 300, PS_LN_BWD = 400, PS_GELU_FWD = 700, PS_GELU_BWD = 150, PS_SM_FWD = 450, PS_SM_BWD = 250,
        PS_XENT = 800, PS_ADAM = 150, PS_EMB = 100, PS_EXP = 300 };
 
@@ -85,7 +88,7 @@ static void run(const job_fn *fns, const void *args, long long ps, long long uni
 {
     int isa = mgk_isa();
     job_fn fn = fns[isa < MGK_ISA_AVX512 ? isa : MGK_ISA_AVX512];   /* avx512bf16 and amx run the AVX-512 ops */
-    int nt = ps >= PAR_MIN_PS ? mgk_get_num_threads() : 1;
+    int nt = ps >= (mgk_pool_spin_us() > 0 ? PAR_SPIN_PS : PAR_MIN_PS) ? mgk_get_num_threads() : 1;
     if (nt > units) nt = (int)units;
     if (nt <= 1) { fn(args, 0, 1); return; }
     par_t j = {fn, args, 0};

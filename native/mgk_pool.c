@@ -1,8 +1,7 @@
 /* mgk_pool.c: the persistent worker pool behind the GEMM (mgk.c) and the other ops (mgk_ops.c). Workers SLEEP
    on a condition variable between calls (no spin-waiting: the machine's cores are shared with numpy/numba and
-   other processes) unless the caller asks for a bounded wait on the CPU first (mgk_set_spin_us: generation,
-   whose products come back to back with nothing else running between them, would otherwise pay a wake-up per
-   product), and run with flush-to-zero/denormals-are-zero set, because subnormal inputs slow the FMA loop down by
+   other processes) unless the caller asks for a bounded wait on the CPU first (mgk_set_spin_us: training and
+   generation, whose calls come back to back, would otherwise pay a wake-up per call), and run with flush-to-zero/denormals-are-zero set, because subnormal inputs slow the FMA loop down by
    two orders of magnitude. The caller is thread 0 and does its share of every job. One job at a time:
    mgk_pool_run serialises its callers. */
 #include <pthread.h>
@@ -34,6 +33,8 @@ int mgk_set_spin_us(int us)
     __atomic_store_n(&spin_us, us, __ATOMIC_RELAXED);
     return MGK_OK;
 }
+
+int mgk_pool_spin_us(void) { return __atomic_load_n(&spin_us, __ATOMIC_RELAXED); }
 
 /* wait on the CPU for at most spin_us microseconds until the job generation moves past old (workers), or
    until no worker is pending (the caller, gen_p NULL); returns at once when spin_us is 0 */

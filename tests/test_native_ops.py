@@ -232,7 +232,8 @@ def test_embedding_backward_fast_matches_reference_and_spec(lib, isas, N, C):
 # threads: every op on shapes large enough to be split, the same bits on 1 and 2 threads
 
 def test_same_bits_for_1_and_2_threads(lib, isas):
-    # shapes above each op's threading threshold (mgk_ops.c: ~100 us of work on one thread): rows split over
+    # shapes above each op's threading threshold (mgk_ops.c: ~100 us of work on one thread while the pool's
+    # workers sleep between calls, as here; ~5 us while they spin, which splits the same way): rows split over
     # threads, and dw, db, dW split by columns, each summed in row order by one thread
     rng = np.random.default_rng(5)
     x, w, b, dy = randn(rng, (2600, 257), 2, 1), randn(rng, 257), randn(rng, 257), randn(rng, (2600, 257))
