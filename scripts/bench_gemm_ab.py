@@ -10,7 +10,8 @@ few per cent.
 
 --rows N (1-8) times N-row products against the step's weights (decoding) instead of the step's own products.
 --bf16 times the bf16 products (mgk_bgemm: operands rounded to bfloat16) instead of the float32 ones.
---ops times the step's ops built on exp (GELU forward, causal softmax forward) and exp itself, in ns per element.
+--ops times the step's ops instead, in ns per element: those built on exp (GELU forward, causal softmax forward, and
+exp itself), LayerNorm forward and backward, and GELU backward with a bias's column sums.
 --isa NAME runs both builds on that path (mgk_set_isa; one this CPU runs) instead of their fastest.
 """
 import argparse
@@ -37,6 +38,9 @@ def load(path, threads, isa=None):
     lib.mgk_gelu_fwd.argtypes = [LL, I, P, P, P, P]
     lib.mgk_exp.argtypes = [LL, P, P]
     lib.mgk_causal_softmax_fwd.argtypes = [LL, I, I, I, ctypes.c_float, P]
+    lib.mgk_layernorm_fwd.argtypes = [LL, I, P, P, P, ctypes.c_double, P, P, P]
+    lib.mgk_layernorm_bwd.argtypes = [LL, I] + [P] * 8
+    lib.mgk_gelu_bwd.argtypes = [LL, I, P, P, P, P]
     lib.mgk_set_num_threads(threads)
     return lib
 
@@ -53,18 +57,28 @@ def products(config, rows):
 
 
 def ops(config, rng):
-    """(name, elements, call(lib)) of the step's ops whose cost is the exp, at the config's shapes. The softmax
-    runs in place on its own output again and again: probabilities, so every call does the same work."""
+    """(name, elements, call(lib)) of the step's ops at the config's shapes. The softmax runs in place on its own
+    output again and again: probabilities, so every call does the same work; the backwards keep adding into the
+    same parameter gradients."""
     R, C = CONFIGS[config]
     L, T = ATTENTION[config]
     x, b = rng.standard_normal((R, 4 * C)).astype(np.float32), rng.standard_normal(4 * C).astype(np.float32)
-    y, d = np.empty_like(x), np.empty_like(x)
+    y, d, db = np.empty_like(x), np.empty_like(x), np.zeros(4 * C, np.float32)
     att = rng.standard_normal((L, T, T)).astype(np.float32)
+    h, dh = rng.standard_normal((2, R, C)).astype(np.float32)          # LayerNorm: x and dy, (R, C)
+    w, hb, dw, dhb = np.ones(C, np.float32), np.zeros(C, np.float32), np.zeros(C, np.float32), np.zeros(C, np.float32)
+    hy, hdx, mean, rstd = np.empty_like(h), np.empty_like(h), np.empty(R, np.float32), np.empty(R, np.float32)
     p = lambda a: a.ctypes.data                                      # noqa: E731
     return [(f"GELU forward {R}x{4 * C}", x.size, lambda lib: lib.mgk_gelu_fwd(R, 4 * C, p(x), p(b), p(y), p(d))),
             (f"exp {x.size}", x.size, lambda lib: lib.mgk_exp(x.size, p(x), p(y))),
             (f"causal softmax {L}x{T}x{T}", att.size,
-             lambda lib: lib.mgk_causal_softmax_fwd(L, T, T, 0, 0.125, p(att)))]
+             lambda lib: lib.mgk_causal_softmax_fwd(L, T, T, 0, 0.125, p(att))),
+            (f"LayerNorm forward {R}x{C}", hy.size,
+             lambda lib: lib.mgk_layernorm_fwd(R, C, p(h), p(w), p(hb), 1e-5, p(hy), p(mean), p(rstd))),
+            (f"LayerNorm backward {R}x{C}", hy.size,
+             lambda lib: lib.mgk_layernorm_bwd(R, C, p(dh), p(h), p(w), p(mean), p(rstd), p(hdx), p(dw), p(dhb))),
+            (f"GELU backward, bias {R}x{4 * C}", x.size,
+             lambda lib: lib.mgk_gelu_bwd(R, 4 * C, p(x), p(d), p(y), p(db)))]
 
 
 def side_by_side(libs, call, calls, reps):
@@ -90,8 +104,8 @@ def main():
     ap.add_argument("--calls", type=int, default=9, help="calls of each build per product or op (median)")
     ap.add_argument("--rows", type=int, default=0, choices=range(9), metavar="0-8",
                     help="1-8: decoding's few-row products instead")
-    ap.add_argument("--ops", action="store_true", help="the ops built on exp (GELU, causal softmax) instead "
-                    "(--rows does not apply)")
+    ap.add_argument("--ops", action="store_true", help="the step's ops (GELU, causal softmax, LayerNorm) "
+                    "instead (--rows does not apply)")
     ap.add_argument("--bf16", action="store_true", help="bf16 products (mgk_bgemm) instead of float32 (mgk_sgemm)")
     ap.add_argument("--isa", choices=ISAS, help="run both builds on this path (default: each one's fastest)")
     a = ap.parse_args()
