@@ -223,13 +223,16 @@ def test_native_scalar_reference_matches_the_emulation():
         close_to_emulation(out, a, b, ta, tb)
 
 
+AMX_KERNELS = [("native", "amx-emulated")] + ([("native", "amx")] if "amx" in PATHS else [])
+
+
 @pytest.mark.skipif(NATIVE is not None, reason=str(NATIVE))
-@pytest.mark.parametrize("kernel", [("native", "amx-emulated")], indirect=True, ids=["native:amx-emulated"])
+@pytest.mark.parametrize("kernel", AMX_KERNELS, indirect=True, ids=lambda k: f"native:{k[1]}")
 @pytest.mark.parametrize("ta,tb", list(itertools.product((False, True), repeat=2)))
-def test_amx_path_on_emulated_tiles_matches_the_emulation(kernel, ta, tb):
-    """The amx path's blocking on emulated tiles, at the sizes that cross its blocks (the kernel tests above run
-    it on odd shapes): two MC row blocks, k blocks (K > 512) packed one at a time (N > 1536) or all of op(B) at
-    once, columns past NC, K = 0, and beta."""
+def test_amx_path_blocking_matches_the_emulation(kernel, ta, tb):
+    """The amx path's blocking on emulated tiles (and on the real ones where the CPU has AMX), at the sizes that
+    cross its blocks (the kernel tests above run it on odd shapes): two MC row blocks, k blocks (K > 512) packed
+    one at a time (N > 1536) or all of op(B) at once, columns past NC, K = 0, and beta."""
     rng = np.random.default_rng(7)
     for M, N, K, beta in ((33, 47, 70, 1.0), (70, 33, 1100, 0.5), (40, 1600, 600, 1.0), (3, 2100, 40, 1.0),
                           (200, 40, 0, 1.0), (200, 70, 300, 0.5)):
