@@ -336,7 +336,8 @@ BODY void ln_bwd_body(const ln_bwd_t *a, int tid, int nt)
             for (long long i = 0; i < N; i++) {
                 const float *dy = a->dy + i * C + j0, *x = a->x + i * C + j0, m = a->mean[i], r = a->rstd[i];
                 for (int j = 0; j < n; j++) sw[j] += dy[j] * ((x[j] - m) * r);       /* dw += dy * xhat */
-                for (int j = 0; j < n; j++) sb[j] += dy[j];                           /* db += dy */
+                if (db)
+                    for (int j = 0; j < n; j++) sb[j] += dy[j];                       /* db += dy */
             }
             for (int j = 0; j < n; j++) dw[j0 + j] = sw[j];
             if (db)
@@ -428,11 +429,11 @@ BODY void gelu_bwd_body(const gelu_bwd_t *a, int tid, int nt)
         float sb[COL_BLOCK];
         for (int j = 0; j < n; j++) sb[j] = db[j0 + j];
         for (long long i = 0; i < N; i++) {
-            const float *o = dout + i * H + j0, *e = dg + i * H + j0;
-            float *x = dx + i * H + j0;
+            const float *dout_i = dout + i * H + j0, *dg_i = dg + i * H + j0;   /* row i, from column j0 */
+            float *dx_i = dx + i * H + j0;
             for (int j = 0; j < n; j++) {
-                float v = o[j] * e[j];                             /* fwd: y = gelu(x + b) -> dx = dy gelu'(x + b) */
-                x[j] = v;
+                float v = dout_i[j] * dg_i[j];                     /* fwd: y = gelu(x + b) -> dx = dy gelu'(x + b) */
+                dx_i[j] = v;
                 sb[j] += v;                                        /*                          db = sum_rows dx */
             }
         }
