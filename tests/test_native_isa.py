@@ -84,6 +84,26 @@ def k_blocks(path, N):
     close(path.matmul(a, b, bf16=True), r(a) @ r(b), K)
 
 
+@pytest.mark.parametrize("ta", [False, True])
+def test_row_blocks(path, ta):
+    """More rows than one packed row block (mgk.c: MC = 192 rows, MC_TA = 384 where op(A) = A^T), on one
+    thread so that the rows are not split first: 400 rows make two or three blocks, the last a part one."""
+    lib = native._lib()
+    saved = lib.mgk_get_num_threads()
+    lib.mgk_set_num_threads(1)
+    try:
+        rng = np.random.default_rng(4)
+        M, N, K = 400, 40, 300
+        a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
+        b = rng.standard_normal((K, N)).astype(np.float32)
+        op_a = (a.T if ta else a).astype(np.float64)
+        close(path.matmul(a, b, ta=ta), op_a @ b.astype(np.float64), K)
+        r = lambda x: round_bf16(x, np.empty_like(x)).astype(np.float64)        # noqa: E731
+        close(path.matmul(a, b, ta=ta, bf16=True), (r(a).T if ta else r(a)) @ r(b), K)
+    finally:
+        lib.mgk_set_num_threads(saved)
+
+
 def test_bmm_on_head_views_every_path(path):
     rng = np.random.default_rng(1)
     B, T, C, nh = 3, 17, 24, 4
