@@ -62,7 +62,7 @@
 #endif
 #define MC_TA (2 * MC)   /* ... where op(A) = A^T (the weight gradients x^T dy, K = the batch's tokens): the pack
                             reads whole 384-float rows of x, and each packed k block of op(B) serves twice the rows
-                            (config M's four bf16 x^T dy 1.02-1.08x on AMD Zen 5; fp32 and AVX2 1.00x) */
+                            (config M's four bf16 x^T dy 1.00-1.09x on AMD Zen 5; fp32 1.00-1.03x, AVX2 1.00x) */
 #ifndef NC
 #define NC 2048    /* columns of B packed at once */
 #endif
