@@ -60,9 +60,11 @@
 #ifndef MC
 #define MC 192     /* rows of A packed at once (192 KB, in L2) */
 #endif
-#define MC_TA (2 * MC)   /* ... where op(A) = A^T (the weight gradients x^T dy, K = the batch's tokens): the pack
-                            reads whole 384-float rows of x, and each packed k block of op(B) serves twice the rows
-                            (config M's four bf16 x^T dy 1.00-1.09x on AMD Zen 5; fp32 1.00-1.03x, AVX2 1.00x) */
+#define MC_TA (2 * MC)   /* ... on the AVX-512 paths' gemm_loops where op(A) = A^T, not causal (the weight
+                            gradients x^T dy, K = the batch's tokens; ~390 KB packed): the pack reads whole
+                            384-float rows of x, and each packed k block of op(B) serves twice the rows (config M's
+                            four x^T dy 1.00-1.09x in bf16 on AMD Zen 5, 1.00-1.03x in fp32). AVX2, generic and amx
+                            keep MC */
 #ifndef NC
 #define NC 2048    /* columns of B packed at once */
 #endif
@@ -71,20 +73,21 @@
                         AVX2 and generic: op(A)'s panels): at 2^n bytes apart (8 KB, 32 KB), the packs that write
                         a row of every panel in turn (pack_at, pack_at_pairs, pack_b_pairs) stored into one set
                         of L1 and missed on each store (AMD Zen 5: pack_at_pairs 0.27 -> 0.10 ns an element) */
-#define BUF_K (KC_MAX + 2 * PANEL_PAD)   /* the depth of the per-thread pack buffers (MC_TA x BUF_K for op(A), BUF_K
+#define BUF_K (KC_MAX + 2 * PANEL_PAD)   /* the depth of the per-thread pack buffers (A_BUF for op(A), BUF_K
                                            x NC for op(B)): the deepest block, and the pads of two (a K of two fp32
                                            k blocks, as config M's 384, keeps its whole op(B) of 1536 columns) */
+#define A_BUF ((long)MC_TA * BUF_K)         /* floats of a thread's op(A) pack buffer: MC_TA rows of BUF_K */
 #define AMX_LD(kp) ((kp) + 32)              /* amx (mgk_amx.inc): bf16 from one packed row of op(A) to the next */
 #define AMX_PANEL(kp) ((long)(kp) * 8 + 16) /* ... and words from one packed panel of op(B) to the next */
-_Static_assert(KC_DP % 32 == 0 && MC % 32 == 0 && NC % 32 == 0 && (long)MC * AMX_LD(KC_DP) / 2 <= (long)MC * BUF_K &&
+_Static_assert(KC_DP % 32 == 0 && MC % 32 == 0 && NC % 32 == 0 && (long)MC * AMX_LD(KC_DP) / 2 <= A_BUF &&
                NC / 16 * AMX_PANEL(KC_DP) <= (long)NC * BUF_K,
                "the amx packs (k, rows and columns padded to 32; rows AMX_LD, panels AMX_PANEL apart) fit the buffers");
-_Static_assert((long)MC_TA * (KC_DP / 2 + PANEL_PAD) + (long)KC_DP * MR <= (long)MC_TA * BUF_K &&
+_Static_assert((long)MC_TA * (KC_DP / 2 + PANEL_PAD) + (long)KC_DP * MR <= A_BUF &&
                (long)NC * (KC_DP / 2 + PANEL_PAD) + (long)KC_DP * NR <= (long)NC * BUF_K,
                "the k-pair packs of a KC_DP block (panels PANEL_PAD apart), and the last panel's fp32 before pairing, "
                "fit the pack buffers");
 _Static_assert(MC % MR == 0 && MC % AVX2_MR == 0 && MC % 4 == 0,
-               "pack_a pads the last row panel to a whole tile inside the MC x BUF_K buffer: MC is whole tiles of "
+               "pack_a pads the last row panel to a whole tile inside the A_BUF buffer: MC is whole tiles of "
                "rows");
 #ifndef SMALL_M
 #define SMALL_M 8  /* products with at most this many rows skip packing (mgk_small.inc): decoding, a few samples */
@@ -698,9 +701,9 @@ static inline __attribute__((always_inline)) void gemm_rows(int dp, int causal, 
     }
 }
 
-/* loops jc (NC) > pc (k blocks) > ic (MC, or MC_TA rows for op(A) = A^T), packing op(B) once per k block; or,
-   where the whole of op(B)'s columns jc..jc+nc fits the B buffer in its k blocks, jc > ic > pc, so that a row
-   block of C (MC x nc) stays in L2 across its k blocks instead of making a pass over all of C per block (config
+/* loops jc (NC) > pc (k blocks) > ic (MB rows: MC, or MC_TA for op(A) = A^T not causal), packing op(B) once per
+   k block; or, where the whole of op(B)'s columns jc..jc+nc fits the B buffer in its k blocks, jc > ic > pc, so
+   that a row block of C (MB x nc) stays in L2 across its k blocks instead of making a pass over all of C per block (config
    M: K = 1152 and 1536, and K = 384 in fp32). The sums are the same either way: each element adds its k blocks
    in order. */
 static inline __attribute__((always_inline)) void gemm_loops(int dp, int causal, const job_t *g, const float *A,
@@ -1033,7 +1036,7 @@ static inline int tile_n(const job_t *g) { return g->bf16 ? g->isa->bf16_nr : g-
 
 /* ----------------------------------------------------------------------------
    threading: split the batch over threads, or each product over a pm x pn grid of tile-aligned blocks */
-static float *bufs[256][2];   /* per thread id: packed A (MC_TA x BUF_K), packed B (BUF_K x NC); allocated once */
+static float *bufs[256][2];   /* per thread id: packed A (A_BUF), packed B (BUF_K x NC); allocated once */
 
 static void split(int n, int unit, int parts, int p, int *lo, int *hi)
 {
@@ -1237,7 +1240,7 @@ static int run(job_t *g)
     int nt = plan(g), rc = MGK_OK;
     for (int t = 0; t < nt && rc == MGK_OK; t++)
         for (int b = 0; b < 2; b++)
-            if (!bufs[t][b] && !(bufs[t][b] = aligned_alloc(64, sizeof(float) * BUF_K * (b ? NC : MC_TA))))
+            if (!bufs[t][b] && !(bufs[t][b] = aligned_alloc(64, sizeof(float) * (b ? (long)BUF_K * NC : A_BUF))))
                 rc = MGK_ENOMEM;
     if (rc == MGK_OK) {
 #ifdef MGK_X86

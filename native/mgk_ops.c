@@ -34,9 +34,10 @@
 /* Threads: an op runs on the calling thread alone unless its work, estimated as elements times the cost of one
    element on one AVX-512 thread (the PS_* below, in picoseconds, measured at config-S sizes), passes a threshold.
    Waking the pool's sleeping workers costs ~50 us on the machine this was tuned on (a VM), so an op must take
-   ~100 us on one thread before a second one pays (PAR_MIN_PS). While they wait awake between calls
-   (mgk_set_spin_us: training and generation), handing them work costs about a microsecond, and an op of ~5 us
-   pays already (PAR_SPIN_PS; config S's ops all cross it: a step 6-7% faster on AMD Zen 5 than at 100 us). */
+   ~100 us on one thread before a second one pays (PAR_MIN_PS). While mgk_set_spin_us is > 0 (the native backend
+   sets it), workers wait awake between back-to-back calls and handing them work costs about a microsecond, so
+   each thread that gets ~5 us of work pays (PAR_SPIN_PS; config S's ops all cross it: a step 6-7% faster on AMD
+   Zen 5 than at 100 us). A call after a longer pause still wakes sleeping workers. */
 #define PAR_MIN_PS 100000000LL
 #define PAR_SPIN_PS 5000000LL
 enum { PS_LN_FWD = 300, PS_LN_BWD = 400, PS_GELU_FWD = 700, PS_GELU_BWD = 150, PS_SM_FWD = 450, PS_SM_BWD = 250,
@@ -95,7 +96,11 @@ static void run(const job_fn *fns, const void *args, long long ps, long long uni
 {
     int isa = mgk_isa();
     job_fn fn = fns[isa < MGK_ISA_AVX512 ? isa : MGK_ISA_AVX512];   /* avx512bf16 and amx run the AVX-512 ops */
-    int nt = ps >= (mgk_pool_spin_us() > 0 ? PAR_SPIN_PS : PAR_MIN_PS) ? mgk_get_num_threads() : 1;
+    int nt = mgk_get_num_threads();
+    if (mgk_pool_spin_us() > 0) {
+        if (ps / PAR_SPIN_PS < nt) nt = (int)(ps / PAR_SPIN_PS);  /* at least PAR_SPIN_PS of work per thread */
+    } else if (ps < PAR_MIN_PS)
+        nt = 1;
     if (nt > units) nt = (int)units;
     if (nt <= 1) { fn(args, 0, 1); return; }
     par_t j = {fn, args, 0};

@@ -6,7 +6,7 @@ few per cent.
 
     python setup.py build_ext --inplace   (in a checkout of the old commit: its minigpt/_mgk*.so is BEFORE)
     python scripts/bench_gemm_ab.py BEFORE.so AFTER.so [--config M] [--threads 2] [--calls 9] [--rows 0] [--ops]
-                                    [--bf16] [--isa avx2]
+                                    [--bf16] [--isa avx2] [--spin 100]
 
 --rows N (1-8) times N-row products against the step's weights (decoding) instead of the step's own products.
 --bf16 times the bf16 products (mgk_bgemm: operands rounded to bfloat16) instead of the float32 ones.
@@ -21,14 +21,15 @@ import time
 import numpy as np
 
 from bench_util import cpu_line
-from minigpt.backends.native import ISAS                           # the paths, in mgk_set_isa's numbering
+from minigpt.backends.native import ISAS, NativeOps                # the paths, in mgk_set_isa's numbering
 
 CONFIGS = {"S": (12 * 64, 128), "M": (64 * 256, 384)}             # (rows of a step's activations, n_embd)
 ATTENTION = {"S": (12 * 4, 64), "M": (64 * 6, 256)}                # (batch * heads, block) of attention's matrices
 
 
-def load(path, threads, isa=None):
+def load(path, threads, isa=None, spin_us=0):
     lib = ctypes.CDLL(path)
+    lib.mgk_set_spin_us(spin_us)
     if isa is not None and lib.mgk_set_isa(ISAS.index(isa)) != 0:
         raise SystemExit(f"bench_gemm_ab: {path} cannot run the {isa} path on this CPU (mgk_set_isa refused it)")
     P = ctypes.c_void_p
@@ -108,8 +109,12 @@ def main():
                     "instead (--rows does not apply)")
     ap.add_argument("--bf16", action="store_true", help="bf16 products (mgk_bgemm) instead of float32 (mgk_sgemm)")
     ap.add_argument("--isa", choices=ISAS, help="run both builds on this path (default: each one's fastest)")
+    ap.add_argument("--spin", type=int, default=0, metavar="US",
+                    help="the pools' wait on the CPU between calls (mgk_set_spin_us; the native backend sets "
+                    f"{NativeOps.SPIN_US}, which lets small ops split over the threads); default 0: workers sleep. "
+                    "Both builds' pools then spin, in each other's way")
     a = ap.parse_args()
-    libs = [load(a.before, a.threads, a.isa), load(a.after, a.threads, a.isa)]
+    libs = [load(a.before, a.threads, a.isa, a.spin), load(a.after, a.threads, a.isa, a.spin)]
     rng = np.random.default_rng(0)
     print(f"{cpu_line()}; {a.threads} threads; {a.isa or 'fastest'} path; {'bf16' if a.bf16 else 'float32'} "
           f"products; before {a.before}, after {a.after}; median of {a.calls} calls each")

@@ -93,13 +93,16 @@ def test_row_blocks(path, ta):
     lib.mgk_set_num_threads(1)
     try:
         rng = np.random.default_rng(4)
-        M, N, K = 400, 40, 300
-        a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
-        b = rng.standard_normal((K, N)).astype(np.float32)
-        op_a = (a.T if ta else a).astype(np.float64)
-        close(path.matmul(a, b, ta=ta), op_a @ b.astype(np.float64), K)
         r = lambda x: round_bf16(x, np.empty_like(x)).astype(np.float64)        # noqa: E731
-        close(path.matmul(a, b, ta=ta, bf16=True), (r(a).T if ta else r(a)) @ r(b), K)
+        # one k block, and (N 1600, K 600) k blocks that do not fit the B buffer all at once: a pass over C each
+        for M, N, K in ((400, 40, 300), (400, 1600, 600)):
+            a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
+            b = rng.standard_normal((K, N)).astype(np.float32)
+            c0 = rng.standard_normal((M, N)).astype(np.float32)
+            want = (a.T if ta else a).astype(np.float64) @ b.astype(np.float64)
+            close(path.matmul(a, b, ta=ta), want, K)
+            close(path.matmul(a, b, ta=ta, out=c0.copy(), acc=True), want + c0, K)        # beta = 1
+            close(path.matmul(a, b, ta=ta, bf16=True), (r(a).T if ta else r(a)) @ r(b), K)
     finally:
         lib.mgk_set_num_threads(saved)
 

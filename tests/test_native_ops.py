@@ -17,7 +17,7 @@ from minigpt.backends import numpy_ops
 F32, F64 = np.float32, np.float64
 SPEC = numpy_ops.NumpyOps()                                      # the specification, run in float64
 ROWS = (1, 7, 17, 65, 129)
-COLS = ROWS + (8300,)               # 8300: column sums (dw, db) over three of mgk_ops.c's COL_BLOCKs, or two a thread
+COLS = ROWS + (8300,)               # 8300: column sums (dw, db) over three of mgk_ops.c's COL_BLOCKs on one thread
 
 
 REASON = backends.why_unavailable("native")
@@ -218,7 +218,7 @@ def embedding_spec(dW0, idx, dout):
 
 
 @pytest.mark.parametrize("N", ROWS)
-@pytest.mark.parametrize("C", COLS)
+@pytest.mark.parametrize("C", ROWS)
 def test_embedding_backward_fast_matches_reference_and_spec(lib, isas, N, C):
     rng = np.random.default_rng(N * 1000 + C)
     V = 11
@@ -232,10 +232,21 @@ def test_embedding_backward_fast_matches_reference_and_spec(lib, isas, N, C):
 # ----------------------------------------------------------------------------
 # threads: every op on shapes large enough to be split, the same bits on 1 and 2 threads
 
-def test_same_bits_for_1_and_2_threads(lib, isas):
+@pytest.mark.parametrize("spin_us", [0, 100])
+def test_same_bits_for_1_and_2_threads(lib, isas, spin_us):
     # shapes above each op's threading threshold (mgk_ops.c: ~100 us of work on one thread while the pool's
-    # workers sleep between calls, as here; ~5 us while they spin, which splits the same way): rows split over
-    # threads, and dw, db, dW split by columns, each summed in row order by one thread
+    # workers sleep between calls, spin 0; ~5 us a thread while they spin, as the native backend sets it): rows
+    # split over threads, and dw, db, dW split by columns, each summed in row order by one thread (the 8300-wide
+    # LayerNorm and GELU: more than one COL_BLOCK a thread)
+    saved_spin = lib.mgk_pool_spin_us()
+    assert lib.mgk_set_spin_us(spin_us) == 0
+    try:
+        same_bits_for_1_and_2_threads(lib, isas)
+    finally:
+        lib.mgk_set_spin_us(saved_spin)
+
+
+def same_bits_for_1_and_2_threads(lib, isas):
     rng = np.random.default_rng(5)
     x, w, b, dy = randn(rng, (2600, 257), 2, 1), randn(rng, 257), randn(rng, 257), randn(rng, (2600, 257))
     s, datt = randn(rng, (25, 128, 128), 3), randn(rng, (25, 128, 128))
@@ -243,6 +254,7 @@ def test_same_bits_for_1_and_2_threads(lib, isas):
     n = 700_001
     p, g, m, v = randn(rng, n), randn(rng, n), randn(rng, n), randn(rng, n) ** 2
     idx, dout, dW = rng.integers(0, 50, 4000).astype(np.int64), randn(rng, (4000, 257)), randn(rng, (50, 257))
+    wx, ww, wb, wdy = randn(rng, (60, 8300), 2, 1), randn(rng, 8300), randn(rng, 8300), randn(rng, (60, 8300))
     args = (1e-3, 0.9, 0.99, 1e-8, 0.1, 0.5, 0.3)
     for isa in isas:
         assert lib.mgk_set_isa(isa) == 0
@@ -252,7 +264,8 @@ def test_same_bits_for_1_and_2_threads(lib, isas):
             runs.append(layernorm(lib, "mgk_", x, w, b, dy, w, b) + gelu(lib, "mgk_", x, b, dy, b)
                         + gelu(lib, "mgk_", x, None, dy, None) + softmax(lib, "mgk_", s, datt, 0.25, 0)
                         + xent(lib, "mgk_", logits, t, 0.1) + adamw(lib, "mgk_", p, g, m, v, args)
-                        + embedding(lib, "mgk_", dW, idx, dout))
+                        + embedding(lib, "mgk_", dW, idx, dout) + layernorm(lib, "mgk_", wx, ww, wb, wdy, ww, wb)
+                        + gelu(lib, "mgk_", wx, wb, wdy, wb))
         for i, (one, two) in enumerate(zip(*runs)):
             np.testing.assert_array_equal(two, one, err_msg=f"output {i}, ISA path {isa}")
 
