@@ -14,10 +14,11 @@
    A test build (-DMGK_EMULATE_AVX512) runs both AVX-512 paths on the scalar intrinsics of mgk_avx512_emu.h, so
    that CPUs without AVX-512 test them (tests/test_native_emulated.py).
    No -ffast-math: the packed paths sum plain (fused) multiply-adds in k order within each k block (KC deep,
-   AVX2_KC on AVX2, KC_DP on vdpbf16ps and AMX), and add each block's sums into C (vdpbf16ps and AMX tiles add the two
-   products of each k-pair in the instruction's own order). The few-rows path (small_*) sums a transposed op(B)
-   in vector-lane partials, and a product split over k between threads (ksplit) adds the threads' partial sums: the same value
-   up to float32 summation order, which depends on the path and the thread count.
+   AVX2_KC on AVX2, KC_DP on vdpbf16ps and AMX), and add each block's sums into C (vdpbf16ps and AMX tiles add
+   the two products of each k-pair in the instruction's own order). The few-rows path (small_*) sums a
+   transposed op(B) in vector-lane partials, and a product split over k between threads (ksplit) adds the
+   threads' partial sums: the same value up to float32 summation order, which depends on the path and the
+   thread count.
    bfloat16 products (mgk_bgemm*, mgk.h): both operands are rounded to bf16 as they are packed (on the few-rows
    path, as they are read), and the exact products are summed in float32. generic, avx2 and avx512 round their
    fp32 packs (bf16 values are floats whose low 16 bits are zero); the avx512bf16 path packs k-pairs of bf16 for
@@ -87,8 +88,7 @@ _Static_assert((long)MC_TA * (KC_DP / 2 + PANEL_PAD) + (long)KC_DP * MR <= A_BUF
                "the k-pair packs of a KC_DP block (panels PANEL_PAD apart), and the last panel's fp32 before pairing, "
                "fit the pack buffers");
 _Static_assert(MC % MR == 0 && MC % AVX2_MR == 0 && MC % 4 == 0,
-               "pack_a pads the last row panel to a whole tile inside the A_BUF buffer: MC is whole tiles of "
-               "rows");
+               "pack_a pads the last row panel to a whole tile inside the A_BUF buffer: MC is whole tiles of rows");
 #ifndef SMALL_M
 #define SMALL_M 8  /* products with at most this many rows skip packing (mgk_small.inc): decoding, a few samples */
 #endif
@@ -703,9 +703,9 @@ static inline __attribute__((always_inline)) void gemm_rows(int dp, int causal, 
 
 /* loops jc (NC) > pc (k blocks) > ic (MB rows: MC, or MC_TA for op(A) = A^T not causal), packing op(B) once per
    k block; or, where the whole of op(B)'s columns jc..jc+nc fits the B buffer in its k blocks, jc > ic > pc, so
-   that a row block of C (MB x nc) stays in L2 across its k blocks instead of making a pass over all of C per block (config
-   M: K = 1152 and 1536, and K = 384 in fp32). The sums are the same either way: each element adds its k blocks
-   in order. */
+   that a row block of C (MB x nc) stays in L2 across its k blocks instead of making a pass over all of C per
+   block (config M: K = 1152 and 1536, and K = 384 in fp32). The sums are the same either way: each element adds
+   its k blocks in order. */
 static inline __attribute__((always_inline)) void gemm_loops(int dp, int causal, const job_t *g, const float *A,
                                                              const float *B, float *C, int m0, int m1, int n0,
                                                              int n1, float *ap, float *bp)

@@ -1,6 +1,7 @@
 """The native library's products and a whole training step on every ISA path this CPU runs (AVX-512, AVX2+FMA,
 generic; mgk_set_isa, as MINIGPT_ISA does), against float64. tests/test_ops.py covers the path the CPU picks;
 tests/test_native_ops.py the non-matmul ops on every path. Skipped, with the reason, without the library."""
+import contextlib
 import itertools
 
 import numpy as np
@@ -61,11 +62,18 @@ def test_k_blocks_in_both_loop_orders(path, N):
     all of op(B) fits the pack buffer and each row block of C takes its k blocks in turn; with 3000 split over 2
     threads it does not, and each k block makes a pass over C (the other paths have only that order). Both must
     sum the same way, float32 and bf16, with and without beta."""
+    with native_threads(2):                               # the columns per thread decide the order
+        k_blocks(path, N)
+
+
+@contextlib.contextmanager
+def native_threads(n):
+    """The native library on n threads inside the block; its count before restored after."""
     lib = native._lib()
     saved = lib.mgk_get_num_threads()
-    lib.mgk_set_num_threads(2)                            # the columns per thread decide the order
+    lib.mgk_set_num_threads(n)
     try:
-        k_blocks(path, N)
+        yield
     finally:
         lib.mgk_set_num_threads(saved)
 
@@ -88,23 +96,18 @@ def k_blocks(path, N):
 def test_row_blocks(path, ta):
     """More rows than one packed row block (mgk.c: MC = 192 rows, MC_TA = 384 where op(A) = A^T), on one
     thread so that the rows are not split first: 400 rows make two or three blocks, the last a part one."""
-    lib = native._lib()
-    saved = lib.mgk_get_num_threads()
-    lib.mgk_set_num_threads(1)
-    try:
-        rng = np.random.default_rng(4)
-        r = lambda x: round_bf16(x, np.empty_like(x)).astype(np.float64)        # noqa: E731
-        # one k block, and (N 1600, K 600) k blocks that do not fit the B buffer all at once: a pass over C each
-        for M, N, K in ((400, 40, 300), (400, 1600, 600)):
-            a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
-            b = rng.standard_normal((K, N)).astype(np.float32)
-            c0 = rng.standard_normal((M, N)).astype(np.float32)
-            want = (a.T if ta else a).astype(np.float64) @ b.astype(np.float64)
+    rng = np.random.default_rng(4)
+    r = lambda x: round_bf16(x, np.empty_like(x)).astype(np.float64)            # noqa: E731
+    # one k block, and (N 1600, K 600) k blocks that do not fit the B buffer all at once: a pass over C each
+    for M, N, K in ((400, 40, 300), (400, 1600, 600)):
+        a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
+        b = rng.standard_normal((K, N)).astype(np.float32)
+        c0 = rng.standard_normal((M, N)).astype(np.float32)
+        want = (a.T if ta else a).astype(np.float64) @ b.astype(np.float64)
+        with native_threads(1):
             close(path.matmul(a, b, ta=ta), want, K)
-            close(path.matmul(a, b, ta=ta, out=c0.copy(), acc=True), want + c0, K)        # beta = 1
+            close(path.matmul(a, b, ta=ta, out=c0.copy(), acc=True), want + c0, K)            # beta = 1
             close(path.matmul(a, b, ta=ta, bf16=True), (r(a).T if ta else r(a)) @ r(b), K)
-    finally:
-        lib.mgk_set_num_threads(saved)
 
 
 def test_bmm_on_head_views_every_path(path):

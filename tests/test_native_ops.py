@@ -17,7 +17,7 @@ from minigpt.backends import numpy_ops
 F32, F64 = np.float32, np.float64
 SPEC = numpy_ops.NumpyOps()                                      # the specification, run in float64
 ROWS = (1, 7, 17, 65, 129)
-COLS = ROWS + (8300,)               # 8300: column sums (dw, db) over three of mgk_ops.c's COL_BLOCKs on one thread
+COLS = ROWS + (8300,)               # 8300: column sums (dw, db) over more than one of mgk_ops.c's COL_BLOCKs a thread
 
 
 REASON = backends.why_unavailable("native")
