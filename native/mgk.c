@@ -48,7 +48,8 @@
 #define NR 32      /* micro-tile columns: two zmm vectors */
 #ifndef KC
 #define KC 256     /* depth of one packed block (AVX-512, generic): a 32-wide B panel (32 KB) stays in L1.
-                      KC_MAX below is max(KC, AVX2_KC): a KC over 352 fails the KC_DP asserts */
+                      KC_MAX below is max(KC, AVX2_KC): a KC over 368 fails the KC_DP asserts, and KC_DP's
+                      multiple of 32 needs a KC of whole 16s */
 #endif
 #ifndef AVX2_KC
 #define AVX2_KC 384  /* AVX2's depth: a 16-wide B panel is 24 KB, and a K of 384 or 1536 makes fewer passes over C

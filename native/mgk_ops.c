@@ -36,7 +36,7 @@
    Waking the pool's sleeping workers costs ~50 us on the machine this was tuned on (a VM), so an op must take
    ~100 us on one thread before a second one pays (PAR_MIN_PS). While mgk_set_spin_us is > 0 (the native backend
    sets it), workers wait awake between back-to-back calls and handing them work costs about a microsecond, so
-   each thread that gets ~5 us of work pays (PAR_SPIN_PS; config S's ops all cross it: a step 6-7% faster on AMD
+   each thread that gets ~5 us of work pays (PAR_SPIN_PS; config S's ops all cross it: a step 6-9% faster on AMD
    Zen 5 than at 100 us). A call after a longer pause still wakes sleeping workers. */
 #define PAR_MIN_PS 100000000LL
 #define PAR_SPIN_PS 5000000LL

@@ -3,6 +3,8 @@ reports/speedrun.md (text below its notes marker is kept) and reports/speedrun.p
 
     python scripts/speedrun.py                                  # 3 seeds with the ablations: 80-110 minutes
     python scripts/speedrun.py --seeds 1337 --ablations false   # nanoGPT and the two recipes: about 4 minutes
+    python scripts/speedrun.py --ablations false --bf16 true --out reports/speedrun_bf16.md
+        # the two recipes in float32 and in bf16 (--dtype bf16), 3 seeds: about 20 minutes on AMD Zen 5
     python scripts/speedrun.py --candidates qk-norm,embedding --round1 false   # round 2's two: about 30 minutes
     python scripts/speedrun.py --budget 3 --seeds 1337 --ablations false --out /tmp/smoke.md
         # a smoke test: the two recipes for 3 s each, no nanoGPT (2 runs, about half a minute)
@@ -10,10 +12,11 @@ reports/speedrun.md (text below its notes marker is kept) and reports/speedrun.p
 For each seed in turn: nanoGPT's procedure trains config S for 2000 iterations (scripts/torch_twin.py's
 train_like_nanogpt, PyTorch on --threads threads) and its training loop is timed, evaluations included; then every
 minigpt run of the seed trains with --max_time set to that time (--budget: a fixed time instead, and no nanoGPT):
-the preset's recipe (--preset speedrun, round 3) and the round-1 recipe; with --ablations, config S alone in the
-budget, config S with each round-1 change alone, and each candidate of rounds 2 and 3 alone on the round-1 recipe
-and toggled in the preset's recipe. Every run, nanoGPT's too, is scored the same way at its end: the mean loss over the whole
-validation split (minigpt.evaluate.whole_split_loss). Needs PyTorch for nanoGPT's side (pip install torch).
+the preset's recipe (--preset speedrun, round 3) and the round-1 recipe (with --bf16, each also in bf16); with
+--ablations, config S alone in the budget, config S with each round-1 change alone, and each candidate of rounds 2
+and 3 alone on the round-1 recipe and toggled in the preset's recipe. Every run, nanoGPT's too, is scored the same
+way at its end: the mean loss over the whole validation split (minigpt.evaluate.whole_split_loss). Needs PyTorch for
+nanoGPT's side (pip install torch).
 """
 import argparse
 import json
@@ -53,6 +56,8 @@ NOTES = "<!-- notes: hand-written text below this line is kept when the script r
 CURRENT = "round 3"                                              # the round --preset speedrun holds
 RECIPE, OLD = f"minigpt recipe, {CURRENT} (--preset speedrun)", "minigpt recipe, round 1 (Muon, batch 32)"
 NANO, BASE = "nanoGPT, config S, 2000 iterations", "config S in the budget"
+BF16 = ["--dtype=bf16"]                                          # --bf16: the two recipes once more with these
+RECIPE_BF16, OLD_BF16 = f"{RECIPE[:-1]} --dtype bf16)", f"{OLD[:-1]}, --dtype bf16)"
 
 
 def in_recipe(on):
@@ -70,11 +75,17 @@ def toggled(name):
     return f"{CURRENT} + {name}", ["--preset=speedrun", *on]
 
 
-def plan_of(ablations, nanogpt, candidates=tuple(CANDIDATES), round1=True):
+def plan_of(ablations, nanogpt, candidates=tuple(CANDIDATES), round1=True, bf16=False):
     """{run name: (train_shakespeare.py settings, in the budget?)}: every minigpt run of one seed, in order.
     Config S's 2000 iterations, untimed, are the twin of nanoGPT's run: only beside it. round1=False leaves out
-    round 1's own ablations (each of its changes alone on config S, and config S's 2000 iterations)."""
-    plan = {RECIPE: (["--preset=speedrun"], True), OLD: (ROUND1, True)}
+    round 1's own ablations (each of its changes alone on config S, and config S's 2000 iterations). bf16=True
+    adds the two recipes with bf16 products (--dtype bf16), each right after its float32 run."""
+    plan = {RECIPE: (["--preset=speedrun"], True)}
+    if bf16:
+        plan[RECIPE_BF16] = (["--preset=speedrun", *BF16], True)
+    plan[OLD] = (ROUND1, True)
+    if bf16:
+        plan[OLD_BF16] = (ROUND1 + BF16, True)
     if ablations:
         if nanogpt and round1:
             plan["minigpt config S, 2000 iterations"] = ([], False)
@@ -166,6 +177,9 @@ def main():
                     "names (e.g. 'qk-norm,embedding'); default: all")
     ap.add_argument("--round1", type=flag, default=True,
                     help="false: leave out round 1's own ablations (its changes alone on config S)")
+    ap.add_argument("--bf16", type=flag, default=False,
+                    help="true: the two recipes run once more with --dtype bf16 (bf16 products; faster where the CPU "
+                         "has AVX512_BF16 or AMX, slower elsewhere), each beside its float32 run")
     ap.add_argument("--data", default="data/tinyshakespeare.txt",
                     help="the text (a relative path from where you run this; the default from the repository)")
     ap.add_argument("--out", default="reports/speedrun.md", help="the report; the plot goes beside it (.png) (a "
@@ -187,7 +201,7 @@ def main():
                      "(or pass --budget SECONDS to run minigpt alone)")
 
     a.candidates = pick_candidates(a.candidates)
-    plan = plan_of(a.ablations, nanogpt=not a.budget, candidates=a.candidates, round1=a.round1)
+    plan = plan_of(a.ablations, nanogpt=not a.budget, candidates=a.candidates, round1=a.round1, bf16=a.bf16)
     runs = {**({} if a.budget else {NANO: []}), **{name: [] for name in plan}}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in a.seeds:                                         # one seed's runs side by side, in turn
@@ -226,6 +240,19 @@ def row(name, rs, base=None):
             f"{v.mean():.4f} | {sd(v)} |{delta} {', '.join(f'{x:.4f}' for x in v)} |")
 
 
+def bf16_sentence(runs):
+    """What --dtype bf16 did to each recipe in the budget: steps and loss, paired by seed against float32."""
+    parts = []
+    for name, f32, label in ((RECIPE_BF16, RECIPE, f"the {CURRENT} recipe"), (OLD_BF16, OLD, "round 1")):
+        if runs.get(name):
+            d = vals(runs[name]) - vals(runs[f32])
+            its = [np.mean([r["iters"] for r in runs[k]]) for k in (f32, name)]
+            parts.append(f"{label} reaches {vals(runs[name]).mean():.3f} ({d.mean():+.4f} paired by seed: "
+                         f"{', '.join(f'{x:+.3f}' for x in d)}) after {its[1]:,.0f} iterations instead of "
+                         f"{its[0]:,.0f}")
+    return "In bf16 (`--dtype bf16`), " + "; ".join(parts) + "."
+
+
 def loss_range(curves, pad=0.15):
     """The plot's val-loss axis (lo, hi) for curves of [iter, s, val] points: down past the goal and every loss;
     up to 3.0, which cuts off the first evaluations (about ln 65 = 4.17) so that the ends of real runs are
@@ -241,7 +268,8 @@ def plot(a, runs, png):
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.2))
     curves = []
-    for name, color in ((NANO, "tab:gray"), (OLD, "tab:blue"), (RECIPE, "tab:red")):
+    for name, color in ((NANO, "tab:gray"), (OLD, "tab:blue"), (RECIPE, "tab:red"), (OLD_BF16, "tab:cyan"),
+                        (RECIPE_BF16, "tab:orange")):
         for i, r in enumerate(runs.get(name, [])):
             ax.plot([p[1] for p in r["curve"]], [p[2] for p in r["curve"]], "o-", color=color, lw=1, ms=3,
                     label=name if i == 0 else None)
@@ -278,14 +306,17 @@ def write_report(a, runs):
          f"block). This invocation used {budget}.", "",
          "## Leaderboard", "",
          "| run | wall time (s) | iterations | whole-split val loss, mean | sd | per seed |", "|---|---:|---:|---:|---:|---|"]
-    for name in (NANO, BASE, OLD, RECIPE):
+    for name in (NANO, BASE, OLD, RECIPE, OLD_BF16, RECIPE_BF16):
         if runs.get(name):
             L.append(row(name, runs[name]))
     L += ["", f"The {CURRENT} recipe reaches {v_rec.mean():.3f}"
           + (f" (sd {sd(v_rec, 3)}) over all seeds" if len(v_rec) > 1 else f" on seed {a.seeds[0]}")
           + (f", {v_rec[held].mean():.3f} over the held-out seeds" if 0 < len(held) < len(v_rec) else "")
           + (f", where nanoGPT reaches {vals(runs[NANO]).mean():.3f} in the same time" if runs.get(NANO) else "")
-          + f"; {sum(v_rec <= GOAL)} of {plural(len(v_rec), 'seed')} at or below {GOAL}.", "",
+          + f"; {sum(v_rec <= GOAL)} of {plural(len(v_rec), 'seed')} at or below {GOAL}."]
+    if runs.get(RECIPE_BF16):
+        L[-1] += " " + bf16_sentence(runs)
+    L += ["",
           f"![val loss against time]({os.path.basename(png)})", "",
           f"{CURRENT.capitalize()} is `--preset speedrun` (minigpt/config.py: " + ", ".join(f"{k}={v}" for k, v in PRESETS["speedrun"].
                                                                           items()) + ") with `--max_time` set to "

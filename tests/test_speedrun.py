@@ -55,3 +55,29 @@ def test_speedrun_report_of_one_seed(tmp_path):
     assert ax.get_ylim()[0] < speedrun.GOAL and ax.get_ylim()[1] > 4.17
     plt.close("all")
     assert (tmp_path / "smoke.png").stat().st_size > 0
+
+
+def test_speedrun_bf16_runs_the_two_recipes_again_and_reports_them_paired(tmp_path):
+    """--bf16: each recipe once more with --dtype bf16, right after its float32 run; the leaderboard lists both and
+    the summary pairs them by seed (made-up runs: 2 seeds, bf16 one step count higher and 0.01 lower each)."""
+    plan = speedrun.plan_of(False, nanogpt=True, bf16=True)
+    assert list(plan) == [speedrun.RECIPE, speedrun.RECIPE_BF16, speedrun.OLD, speedrun.OLD_BF16]
+    assert plan[speedrun.RECIPE_BF16] == (plan[speedrun.RECIPE][0] + ["--dtype=bf16"], True)
+    assert plan[speedrun.OLD_BF16] == (plan[speedrun.OLD][0] + ["--dtype=bf16"], True)
+    assert speedrun.RECIPE_BF16 not in speedrun.plan_of(False, nanogpt=True)
+    import matplotlib.pyplot as plt
+    (tmp_path / "text.txt").write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 20)
+    a = SimpleNamespace(seeds=[1337, 1338], threads=2, budget=3.0, ablations=False,
+                        candidates=list(speedrun.CANDIDATES), data=str(tmp_path / "text.txt"),
+                        out=str(tmp_path / "bf16.md"))
+
+    def runs(losses, iters):
+        return [{"wall": 3.1, "iters": iters, "val_full": v, "curve": SMOKE} for v in losses]
+    speedrun.write_report(a, {speedrun.RECIPE: runs([3.95, 3.97], 3), speedrun.OLD: runs([3.99, 4.01], 3),
+                              speedrun.RECIPE_BF16: runs([3.94, 3.96], 4), speedrun.OLD_BF16: runs([3.98, 4.00], 4)})
+    md = (tmp_path / "bf16.md").read_text()
+    assert f"| {speedrun.RECIPE_BF16} | 3.1 | 4 | 3.9500 |" in md and f"| {speedrun.OLD_BF16} | 3.1 | 4 | 3.9900 |" in md
+    assert ("In bf16 (`--dtype bf16`), the round 3 recipe reaches 3.950 (-0.0100 paired by seed: -0.010, -0.010) "
+            "after 4 iterations instead of 3; round 1 reaches 3.990 (-0.0100") in md
+    assert len(plt.gcf().axes[0].get_legend().get_texts()) == 5                  # 4 runs and the goal line
+    plt.close("all")
