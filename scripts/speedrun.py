@@ -322,7 +322,9 @@ def write_report(a, runs):
                                                                           items()) + ") with `--max_time` set to "
           "the budget. Round 1 is Muon for the blocks' matrices at 20 x the lr, and batch 32 (`" + " ".join(ROUND1) +
           "`). Both keep config S's model shape (4 layers, 4 heads, n_embd 128, block 64, the learned positional "
-          "table, no dropout).", "", SELECTION]
+          "table, no dropout)." + (" The `--dtype bf16` rows are the same recipes with bf16 products: matmul operands "
+                                   "rounded to bfloat16, sums, weights, gradients and optimizer state in float32 "
+                                   "(README, `--dtype bf16`)." if runs.get(RECIPE_BF16) else ""), "", SELECTION]
     if BASE in runs:
         base, old, rec = runs[BASE], runs[OLD], runs[RECIPE]
         L += ["", "## Ablations", "",
