@@ -102,11 +102,12 @@ def test_ascii_pattern_splits_ascii_text_as_the_full_one():
 
 
 def test_checkpoint_json_round_trip(hf_dir):
-    d, _ = hf_dir
+    d, hf = hf_dir
     tok = GPT2Tokenizer.from_pretrained(str(d))
     back = GPT2Tokenizer.from_json(tok.to_json())
     np.testing.assert_array_equal(back.encode(TORTURE), tok.encode(TORTURE))
-    assert back.vocab_size == tok.vocab_size == 700
+    # the trainer stops short of 700 when the text runs out of pairs (without ../shared's Shakespeare beside it)
+    assert back.vocab_size == tok.vocab_size == hf.get_vocab_size() > 257
 
 
 def test_other_tokenizers_are_clear_errors(hf_dir, tmp_path):
