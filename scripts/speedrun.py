@@ -179,7 +179,8 @@ def main():
                     help="false: leave out round 1's own ablations (its changes alone on config S)")
     ap.add_argument("--bf16", type=flag, default=False,
                     help="true: the two recipes run once more with --dtype bf16 (bf16 products; faster where the CPU "
-                         "has AVX512_BF16 or AMX, slower elsewhere), each beside its float32 run")
+                         "has AVX512_BF16, slower where it has neither that nor AMX), each right after its float32 "
+                         "run; not in the ablation tables")
     ap.add_argument("--data", default="data/tinyshakespeare.txt",
                     help="the text (a relative path from where you run this; the default from the repository)")
     ap.add_argument("--out", default="reports/speedrun.md", help="the report; the plot goes beside it (.png) (a "
@@ -359,7 +360,8 @@ def write_report(a, runs):
         L += ["", "Every run of the ablations, as measured:", "",
               "| run | wall time (s) | iterations | whole-split val, mean | sd | Δ vs round 1 | per seed |",
               "|---|---:|---:|---:|---:|---:|---|"]
-        L += [row(name, rs, old) for name, rs in runs.items() if name.startswith(("round", "minigpt recipe"))]
+        L += [row(name, rs, old) for name, rs in runs.items()
+              if name.startswith(("round", "minigpt recipe")) and name not in (RECIPE_BF16, OLD_BF16)]
     write_keeping_notes(os.path.join(ROOT, a.out), "\n".join(L), NOTES)
     print(f"wrote {a.out} and {png}")
 

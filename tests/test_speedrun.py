@@ -59,7 +59,8 @@ def test_speedrun_report_of_one_seed(tmp_path):
 
 def test_speedrun_bf16_runs_the_two_recipes_again_and_reports_them_paired(tmp_path):
     """--bf16: each recipe once more with --dtype bf16, right after its float32 run; the leaderboard lists both and
-    the summary pairs them by seed (made-up runs: 2 seeds, bf16 one step count higher and 0.01 lower each)."""
+    the summary pairs them by seed (made-up runs: 2 seeds, bf16 ahead by different amounts on each); with the
+    ablations, the bf16 runs stay out of the ablation tables (their deltas would mix the dtype into a recipe's)."""
     plan = speedrun.plan_of(False, nanogpt=True, bf16=True)
     assert list(plan) == [speedrun.RECIPE, speedrun.RECIPE_BF16, speedrun.OLD, speedrun.OLD_BF16]
     assert plan[speedrun.RECIPE_BF16] == (plan[speedrun.RECIPE][0] + ["--dtype=bf16"], True)
@@ -67,18 +68,30 @@ def test_speedrun_bf16_runs_the_two_recipes_again_and_reports_them_paired(tmp_pa
     assert speedrun.RECIPE_BF16 not in speedrun.plan_of(False, nanogpt=True)
     import matplotlib.pyplot as plt
     (tmp_path / "text.txt").write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 20)
+
+    def runs(losses, iters):
+        return [{"wall": 3.1, "iters": i, "val_full": v, "curve": SMOKE} for v, i in zip(losses, iters)]
+    made = {speedrun.RECIPE: runs([3.95, 3.97], [3, 3]), speedrun.OLD: runs([3.99, 4.01], [3, 5]),
+            speedrun.RECIPE_BF16: runs([3.94, 3.93], [4, 4]), speedrun.OLD_BF16: runs([3.97, 4.00], [4, 6])}
     a = SimpleNamespace(seeds=[1337, 1338], threads=2, budget=3.0, ablations=False,
                         candidates=list(speedrun.CANDIDATES), data=str(tmp_path / "text.txt"),
                         out=str(tmp_path / "bf16.md"))
-
-    def runs(losses, iters):
-        return [{"wall": 3.1, "iters": iters, "val_full": v, "curve": SMOKE} for v in losses]
-    speedrun.write_report(a, {speedrun.RECIPE: runs([3.95, 3.97], 3), speedrun.OLD: runs([3.99, 4.01], 3),
-                              speedrun.RECIPE_BF16: runs([3.94, 3.96], 4), speedrun.OLD_BF16: runs([3.98, 4.00], 4)})
+    speedrun.write_report(a, made)
     md = (tmp_path / "bf16.md").read_text()
-    assert f"| {speedrun.RECIPE_BF16} | 3.1 | 4 | 3.9500 |" in md
-    assert f"| {speedrun.OLD_BF16} | 3.1 | 4 | 3.9900 |" in md
-    assert ("In bf16 (`--dtype bf16`), the round 3 recipe reaches 3.950 (-0.0100 paired by seed: -0.010, -0.010) "
-            "after 4 iterations instead of 3; round 1 reaches 3.990 (-0.0100") in md
+    assert f"| {speedrun.RECIPE} | 3.1 | 3 | 3.9600 |" in md and f"| {speedrun.OLD} | 3.1 | 4 | 4.0000 |" in md
+    assert f"| {speedrun.RECIPE_BF16} | 3.1 | 4 | 3.9350 |" in md
+    assert f"| {speedrun.OLD_BF16} | 3.1 | 5 | 3.9850 |" in md
+    assert ("In bf16 (`--dtype bf16`), the round 3 recipe reaches 3.935 (-0.0250 paired by seed: -0.010, -0.040) "
+            "after 4 iterations instead of 3; round 1 reaches 3.985 (-0.0150 paired by seed: -0.020, -0.010) after 5 "
+            "iterations instead of 4.") in md
+    assert "The `--dtype bf16` rows are the same recipes with bf16 products" in md
     assert len(plt.gcf().axes[0].get_legend().get_texts()) == 5                  # 4 runs and the goal line
     plt.close("all")
+
+    a.ablations, a.out = True, str(tmp_path / "ablations.md")
+    every = speedrun.plan_of(True, nanogpt=False, bf16=True)
+    speedrun.write_report(a, {name: made.get(name, runs([3.9, 3.9], [3, 3])) for name in every})
+    plt.close("all")
+    table = (tmp_path / "ablations.md").read_text().split("Every run of the ablations")[1]
+    assert f"| {speedrun.RECIPE} |" in table and f"| {speedrun.OLD} |" in table
+    assert speedrun.RECIPE_BF16 not in table and speedrun.OLD_BF16 not in table
