@@ -258,7 +258,7 @@ def make_optimizer(cfg, model):
     betas, params = (cfg.beta1, cfg.beta2), model.params()
     if cfg.optimizer == "muon":
         opt = Muon(params, lr_ratio=cfg.muon_lr_ratio, betas=betas, weight_decay=cfg.weight_decay,
-                   muon_weight_decay=cfg.weight_decay, momentum_warmup=cfg.muon_momentum_warmup)
+                   muon_weight_decay=cfg.weight_decay, momentum_warmup=cfg.muon_momentum_warmup, bf16=model.bf16)
     else:
         opt = AdamW(params, betas, weight_decay=cfg.weight_decay)
     return opt.scale_lr(("wte.weight", "wpe.weight"), cfg.embed_lr_ratio)

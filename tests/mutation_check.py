@@ -108,8 +108,13 @@ M = [
         f"{TMU}::test_muon_step_matches_float64_reference_and_adamw"),
     (OPT, "p -= (lr_muon * muon_scale(shape)) * o", "p -= lr_muon * o",
         f"{TMU}::test_muon_step_matches_float64_reference_and_adamw"),
-    (OPT, "ops.bmm(B, X, out=Y, acc=True)", "ops.bmm(B, X, out=Y, acc=False)",
+    (OPT, "ops.bmm(B, X, out=Y, acc=True, bf16=bf16)", "ops.bmm(B, X, out=Y, acc=False, bf16=bf16)",
         f"{TMU}::test_newton_schulz_matches_float64_reference"),
+    # Muon's Newton-Schulz in bf16: one product's operands left float32; a bf16 model's Muon left float32
+    (OPT, "ops.bmm(A, A, out=B, bf16=bf16)", "ops.bmm(A, A, out=B)",
+        f"{TMU}::test_newton_schulz_in_bf16_matches_its_emulation"),
+    (TRAIN, "momentum_warmup=cfg.muon_momentum_warmup, bf16=model.bf16)", "momentum_warmup=cfg.muon_momentum_warmup)",
+        f"{TMU}::test_muon_of_a_bf16_run_orthogonalises_in_bf16"),
     # bf16 products: the rounding's tie rule (numpy spec, C), each backend rounding its operands, the model's switch
     (SPEC, "r &= 1 ", "r &= 0 ", f"{TB}::test_rounding_matches_the_definition"),
     (SPEC, "a, b = bf16_operands(self, a, b)", "a, b = bf16_operands(self, a, b)[0], b",

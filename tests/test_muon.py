@@ -8,6 +8,7 @@ import pytest
 from minigpt import checkpoint
 from minigpt.data import CharTokenizer, Dataset
 from minigpt.model import GPT, GPTConfig
+from minigpt.backends.numpy_ops import round_bf16
 from minigpt.optim import AdamW, Muon, clip_grad_norm, get_lr, muon_params, newton_schulz
 from helpers import write_text
 
@@ -72,6 +73,46 @@ def test_newton_schulz_keeps_singular_vectors_and_bounds_values(shape):
     for _ in range(5):
         want = a * want + b * want ** 3 + c * want ** 5                 # the scalar map on each singular value
     np.testing.assert_allclose(np.diag(D), want, atol=1e-4)
+
+
+def ns_reference_bf16(G, steps=5):
+    """The iteration as --dtype bf16 runs it, in float64 but for the products' operands, each rounded to bfloat16
+    (round_bf16, the rounding's specification): on the wide orientation (m <= n), as newton_schulz, since the
+    rounded products are not the same polynomial on X and on X^T."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+
+    def r(x):                                                          # to float32, then to the nearest bf16
+        x = np.asarray(x, np.float32)
+        return round_bf16(x, np.empty_like(x)).astype(np.float64)
+    tall = G.shape[0] > G.shape[1]
+    X = np.asarray(G.T if tall else G, np.float64)
+    X = X / (np.sqrt(np.sum(X ** 2)) + 1e-7)
+    for _ in range(steps):
+        A = r(X) @ r(X).T
+        B = c * (r(A) @ r(A)) + b * A
+        X = a * X + r(B) @ r(X)
+    return X.T if tall else X
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba", "native"])
+def test_newton_schulz_in_bf16_matches_its_emulation(use, backend):
+    """bf16=True: the products' operands rounded to bf16, the rest float32, on every backend; one step, because
+    the quintic amplifies a difference in a small singular value up to about 450x over five, so that a float32
+    sum which lands on the other side of a rounding tie would decide five steps' result. Over one step bf16 stays
+    within 7e-6 of its emulation and float32 products land at least 4e-5 away: the tolerance tells them apart."""
+    from minigpt import backends
+    if backend not in backends.available():
+        pytest.skip(f"{backend}: {backends.why_unavailable(backend)}")
+    use(backend)
+    for shape in ((5, 3), (3, 7), (17, 64), (64, 17), (1, 40), (32, 32), (3, 17, 40)):
+        G = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
+        X = newton_schulz(G, steps=1, bf16=True)
+        assert X.shape == shape and X.dtype == np.float32
+        for g, x, x32 in zip(G.reshape(-1, *shape[-2:]), X.reshape(-1, *shape[-2:]),
+                             newton_schulz(G, steps=1).reshape(-1, *shape[-2:])):
+            want = ns_reference_bf16(g, steps=1)
+            assert frob_err(x, want) < 2e-5, (shape, frob_err(x, want))
+            assert frob_err(x32, want) > 2e-5, shape                   # the test can tell bf16 from float32
 
 
 def test_newton_schulz_of_zero_is_zero():
@@ -179,6 +220,28 @@ def test_embed_lr_ratio_scales_only_the_embeddings_adamw_lr(opt_class):
         want = emb_params[k] if k in emb.m else twin.params()[k]
         np.testing.assert_array_equal(p, want, err_msg=k)
     assert not np.array_equal(model.params()["wte.weight"], twin.params()["wte.weight"])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bf16"])
+def test_muon_of_a_bf16_run_orthogonalises_in_bf16(dtype):
+    """train.make_optimizer gives a --dtype bf16 model a Muon whose Newton-Schulz takes bf16 operands: its first
+    step (buffer = g, u = g + 0.95 g) moves each block matrix by -lr' scale NS(u) after the decay. One
+    Newton-Schulz step, as in test_newton_schulz_in_bf16_matches_its_emulation (which says why)."""
+    from minigpt.config import TrainConfig
+    from minigpt.train import make_optimizer
+    model = GPT(tiny_gpt().config, np.random.default_rng(0), bf16=dtype == "bf16")
+    opt = make_optimizer(TrainConfig(optimizer="muon", dtype=dtype, muon_lr_ratio=20.0, weight_decay=0.1), model)
+    opt.ns_steps = 1
+    grads = random_grads(model, seed=3)
+    before = {k: p.copy() for k, p in model.params().items()}
+    opt.step(model.params(), grads, 1e-3)
+    ns, other = (ns_reference_bf16, ns_reference) if dtype == "bf16" else (ns_reference, ns_reference_bf16)
+    for k in muon_params(model.params()):
+        scale = SCALE[k.split(".", 2)[2].rsplit(".", 1)[0]]
+        u = grads[k] + np.float32(0.95) * grads[k]                     # as the optimizer forms it, in float32
+        got = model.params()[k] - before[k] * np.float32(1 - 0.02 * 0.1)
+        assert frob_err(got, -0.02 * scale * ns(u, steps=1)) < 2e-5, k
+        assert frob_err(got, -0.02 * scale * other(u, steps=1)) > 2e-5, k   # the two precisions told apart
 
 
 def test_muon_without_nesterov_uses_the_buffer():
