@@ -6,6 +6,8 @@ reports/speedrun.md (text below its notes marker is kept) and reports/speedrun.p
     python scripts/speedrun.py --ablations false --bf16 true --out reports/speedrun_bf16.md
         # the two recipes in float32 and in bf16 (--dtype bf16), 3 seeds: about 20 minutes on AMD Zen 5
     python scripts/speedrun.py --candidates qk-norm,embedding --round1 false   # round 2's two: about 30 minutes
+    python scripts/speedrun.py --dtype bf16 --candidates context --round1 false --out reports/speedrun_context_bf16.md
+        # one candidate with every minigpt run in bf16, 3 seeds: about 20 minutes on AMD Zen 5
     python scripts/speedrun.py --budget 3 --seeds 1337 --ablations false --out /tmp/smoke.md
         # a smoke test: the two recipes for 3 s each, no nanoGPT (2 runs, about half a minute)
 
@@ -13,10 +15,10 @@ For each seed in turn: nanoGPT's procedure trains config S for 2000 iterations (
 train_like_nanogpt, PyTorch on --threads threads) and its training loop is timed, evaluations included; then every
 minigpt run of the seed trains with --max_time set to that time (--budget: a fixed time instead, and no nanoGPT):
 the preset's recipe (--preset speedrun, round 3) and the round-1 recipe (with --bf16, each also in bf16); with
---ablations, config S alone in the budget, config S with each round-1 change alone, and each candidate of rounds 2
-and 3 alone on the round-1 recipe and toggled in the preset's recipe. Every run, nanoGPT's too, is scored the same
-way at its end: the mean loss over the whole validation split (minigpt.evaluate.whole_split_loss). Needs PyTorch for
-nanoGPT's side (pip install torch).
+--ablations, config S alone in the budget, config S with each round-1 change alone, and each candidate (CANDIDATES)
+alone on the round-1 recipe and toggled in the preset's recipe. --dtype bf16 runs every one of these in bf16
+instead of float32. Every run, nanoGPT's too, is scored the same way at its end: the mean loss over the whole
+validation split (minigpt.evaluate.whole_split_loss). Needs PyTorch for nanoGPT's side (pip install torch).
 """
 import argparse
 import json
@@ -51,6 +53,9 @@ CANDIDATES = {
     "Muon momentum warm-up (100 steps)": (["--muon_momentum_warmup=100"], ["--muon_momentum_warmup=0"]),
     "embedding lr x 10": (["--embed_lr_ratio=10"], ["--embed_lr_ratio=1"]),
     "untied head": (["--tie_weights=false"], ["--tie_weights=true"]),
+    # a shape: twice the context at three quarters of the batch (2,304 more tokens a step), which gained in bf16 on
+    # AMD Zen 5 in single runs and was a wash in float32 (reports/speedrun_bf16.md's notes)
+    "context 128, batch 24": (["--block_size=128", "--batch_size=24"], ["--block_size=64", "--batch_size=32"]),
 }
 NOTES = "<!-- notes: hand-written text below this line is kept when the script rewrites the report -->"
 CURRENT = "round 3"                                              # the round --preset speedrun holds
@@ -75,11 +80,12 @@ def toggled(name):
     return f"{CURRENT} + {name}", ["--preset=speedrun", *on]
 
 
-def plan_of(ablations, nanogpt, candidates=tuple(CANDIDATES), round1=True, bf16=False):
+def plan_of(ablations, nanogpt, candidates=tuple(CANDIDATES), round1=True, bf16=False, dtype="float32"):
     """{run name: (train_shakespeare.py settings, in the budget?)}: every minigpt run of one seed, in order.
     Config S's 2000 iterations, untimed, are the twin of nanoGPT's run: only beside it. round1=False leaves out
     round 1's own ablations (each of its changes alone on config S, and config S's 2000 iterations). bf16=True
-    adds the two recipes with bf16 products (--dtype bf16), each right after its float32 run."""
+    adds the two recipes with bf16 products (--dtype bf16), each right after its float32 run. dtype="bf16": every
+    run with bf16 products (under the same names; the report says so)."""
     plan = {RECIPE: (["--preset=speedrun"], True)}
     if bf16:
         plan[RECIPE_BF16] = (["--preset=speedrun", *BF16], True)
@@ -94,6 +100,8 @@ def plan_of(ablations, nanogpt, candidates=tuple(CANDIDATES), round1=True, bf16=
             plan.update({f"config S in the budget + {n}": (args, True) for n, args in CHANGES.items()})
         plan.update({f"round 1 + {n}": (ROUND1 + CANDIDATES[n][0], True) for n in candidates})
         plan.update({toggled(n)[0]: (toggled(n)[1], True) for n in candidates})
+    if dtype == "bf16":
+        plan = {name: (args + BF16, timed) for name, (args, timed) in plan.items()}
     return plan
 
 
@@ -181,6 +189,9 @@ def main():
                     help="true: the two recipes run once more with --dtype bf16 (bf16 products; faster where the CPU "
                          "has AVX512_BF16, slower where it has neither that nor AMX), each right after its float32 "
                          "run; not in the ablation tables")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bf16"],
+                    help="the --dtype of every minigpt run, the ablations' too (bf16: the candidates measured where "
+                         "bf16 products make the steps faster)")
     ap.add_argument("--data", default="data/tinyshakespeare.txt",
                     help="the text (a relative path from where you run this; the default from the repository)")
     ap.add_argument("--out", default="reports/speedrun.md", help="the report; the plot goes beside it (.png) (a "
@@ -201,8 +212,12 @@ def main():
             sys.exit("error: nanoGPT's side needs PyTorch, which minigpt does not depend on: pip install torch "
                      "(or pass --budget SECONDS to run minigpt alone)")
 
+    if a.bf16 and a.dtype == "bf16":
+        sys.exit("error: --bf16 true runs the recipes in float32 and again in bf16, --dtype bf16 runs everything in "
+                 "bf16: pass one of the two")
     a.candidates = pick_candidates(a.candidates)
-    plan = plan_of(a.ablations, nanogpt=not a.budget, candidates=a.candidates, round1=a.round1, bf16=a.bf16)
+    plan = plan_of(a.ablations, nanogpt=not a.budget, candidates=a.candidates, round1=a.round1, bf16=a.bf16,
+                   dtype=a.dtype)
     runs = {**({} if a.budget else {NANO: []}), **{name: [] for name in plan}}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in a.seeds:                                         # one seed's runs side by side, in turn
@@ -303,8 +318,11 @@ def write_report(a, runs):
          "Each seed runs nanoGPT's procedure on config S for 2000 iterations and times its training loop "
          "(evaluations included); every minigpt run of that seed gets that time as `--max_time` (also counting its "
          "evaluations). Every run is scored the same way at its end: the loss over the whole validation split "
-         f"(each of its {len(split_text(load_text(os.path.join(ROOT, a.data)))[1]) - 1:,} targets once, with the context of its 64-token "
-         f"block). This invocation used {budget}.", "",
+         f"(each of its {len(split_text(load_text(os.path.join(ROOT, a.data)))[1]) - 1:,} targets once, with the "
+         f"context of its block: 64 tokens, unless the run sets --block_size). This invocation used {budget}."
+         + (" Every minigpt run here trains with `--dtype bf16` (bf16 products: matmul operands rounded to bfloat16; "
+            "sums, weights, gradients and optimizer state in float32; README, `--dtype bf16`)."
+            if a.dtype == "bf16" else ""), "",
          "## Leaderboard", "",
          "| run | wall time (s) | iterations | whole-split val loss, mean | sd | per seed |", "|---|---:|---:|---:|---:|---|"]
     for name in (NANO, BASE, OLD, RECIPE, OLD_BF16, RECIPE_BF16):

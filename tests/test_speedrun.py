@@ -41,8 +41,9 @@ def test_speedrun_report_of_one_seed(tmp_path):
     the losses and its title in the singular."""
     import matplotlib.pyplot as plt
     (tmp_path / "text.txt").write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 20)
-    a = SimpleNamespace(seeds=[1337], threads=2, budget=3.0, ablations=False, candidates=list(speedrun.CANDIDATES),
-                        data=str(tmp_path / "text.txt"), out=str(tmp_path / "smoke.md"))
+    a = SimpleNamespace(seeds=[1337], threads=2, budget=3.0, ablations=False, dtype="float32",
+                        candidates=list(speedrun.CANDIDATES), data=str(tmp_path / "text.txt"),
+                        out=str(tmp_path / "smoke.md"))
     run = {"wall": 3.2, "iters": 3, "val_full": 3.95, "curve": SMOKE}
     speedrun.write_report(a, {speedrun.RECIPE: [run], speedrun.OLD: [run]})
     md = (tmp_path / "smoke.md").read_text()
@@ -73,7 +74,7 @@ def test_speedrun_bf16_runs_the_two_recipes_again_and_reports_them_paired(tmp_pa
         return [{"wall": 3.1, "iters": i, "val_full": v, "curve": SMOKE} for v, i in zip(losses, iters)]
     made = {speedrun.RECIPE: runs([3.95, 3.97], [3, 3]), speedrun.OLD: runs([3.99, 4.01], [3, 5]),
             speedrun.RECIPE_BF16: runs([3.94, 3.93], [4, 4]), speedrun.OLD_BF16: runs([3.97, 4.00], [4, 6])}
-    a = SimpleNamespace(seeds=[1337, 1338], threads=2, budget=3.0, ablations=False,
+    a = SimpleNamespace(seeds=[1337, 1338], threads=2, budget=3.0, ablations=False, dtype="float32",
                         candidates=list(speedrun.CANDIDATES), data=str(tmp_path / "text.txt"),
                         out=str(tmp_path / "bf16.md"))
     speedrun.write_report(a, made)
@@ -95,3 +96,26 @@ def test_speedrun_bf16_runs_the_two_recipes_again_and_reports_them_paired(tmp_pa
     table = (tmp_path / "ablations.md").read_text().split("Every run of the ablations")[1]
     assert f"| {speedrun.RECIPE} |" in table and f"| {speedrun.OLD} |" in table
     assert speedrun.RECIPE_BF16 not in table and speedrun.OLD_BF16 not in table
+
+
+def test_speedrun_dtype_bf16_runs_every_minigpt_run_in_bf16(tmp_path):
+    """--dtype bf16: every run of the plan, the ablations' too, gets --dtype=bf16 after its own settings (so a
+    candidate's shape still applies), under the same names, and the report says so once."""
+    f32 = speedrun.plan_of(True, nanogpt=True, candidates=["context 128, batch 24"])
+    bf = speedrun.plan_of(True, nanogpt=True, candidates=["context 128, batch 24"], dtype="bf16")
+    assert list(bf) == list(f32) and f"{speedrun.CURRENT} + context 128, batch 24" in bf
+    for name, (args, timed) in bf.items():
+        assert (args, timed) == (f32[name][0] + ["--dtype=bf16"], f32[name][1]), name
+    assert bf[f"{speedrun.CURRENT} + context 128, batch 24"][0] == [
+        "--preset=speedrun", "--block_size=128", "--batch_size=24", "--dtype=bf16"]
+    (tmp_path / "text.txt").write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 20)
+    run = {"wall": 3.2, "iters": 3, "val_full": 3.95, "curve": SMOKE}
+    for dtype, said in (("bf16", True), ("float32", False)):
+        a = SimpleNamespace(seeds=[1337], threads=2, budget=3.0, ablations=False, dtype=dtype,
+                            candidates=list(speedrun.CANDIDATES), data=str(tmp_path / "text.txt"),
+                            out=str(tmp_path / f"{dtype}.md"))
+        speedrun.write_report(a, {speedrun.RECIPE: [run], speedrun.OLD: [run]})
+        md = (tmp_path / f"{dtype}.md").read_text()
+        assert ("Every minigpt run here trains with `--dtype bf16`" in md) == said
+    import matplotlib.pyplot as plt
+    plt.close("all")
