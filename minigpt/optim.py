@@ -140,7 +140,7 @@ class Muon(Optimizer):
     State (Optimizer): momentum[k] for the Muon matrices; m[k], v[k] (AdamW's moments) for the rest.
     Cost: Newton-Schulz runs the backend's batched products over each stack of same-shaped matrices; at config S
     on 2 cores it costs about half a forward+backward. bf16=True (a --dtype bf16 model's) runs those products on
-    bfloat16 operands, as the model's own, which takes a fifth off the optimizer's step on AMD Zen 5."""
+    bfloat16 operands, as the model's own: faster where bf16 products are (AVX512_BF16, AMX)."""
 
     name = "muon"
 
