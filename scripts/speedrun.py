@@ -6,8 +6,8 @@ reports/speedrun.md (text below its notes marker is kept) and reports/speedrun.p
     python scripts/speedrun.py --ablations false --bf16 true --out reports/speedrun_bf16.md
         # the two recipes in float32 and in bf16 (--dtype bf16), 3 seeds: about 20 minutes on AMD Zen 5
     python scripts/speedrun.py --candidates qk-norm,embedding --round1 false   # round 2's two: about 30 minutes
-    python scripts/speedrun.py --dtype bf16 --candidates context --round1 false --out reports/speedrun_context_bf16.md
-        # one candidate with every minigpt run in bf16, 3 seeds: about 20 minutes on AMD Zen 5
+    python scripts/speedrun.py --dtype bf16 --candidates context,evaluations --round1 false \
+        --out reports/speedrun_round4_bf16.md   # two candidates, every run in bf16: about 30 minutes on AMD Zen 5
     python scripts/speedrun.py --budget 3 --seeds 1337 --ablations false --out /tmp/smoke.md
         # a smoke test: the two recipes for 3 s each, no nanoGPT (2 runs, about half a minute)
 
@@ -56,6 +56,9 @@ CANDIDATES = {
     # a shape: twice the context at three quarters of the batch (2,304 more tokens a step), which gained in bf16 on
     # AMD Zen 5 in single runs and was a wash in float32 (reports/speedrun_bf16.md's notes)
     "context 128, batch 24": (["--block_size=128", "--batch_size=24"], ["--block_size=64", "--batch_size=32"]),
+    # not learning but the budget: the evaluations every 250 steps (40 forward batches each) take about 5% of it in
+    # bf16 on AMD Zen 5; a quarter of the batches keeps the curve, noisier, and gives the steps the rest
+    "evaluations of 5 batches": (["--eval_iters=5"], ["--eval_iters=20"]),
 }
 NOTES = "<!-- notes: hand-written text below this line is kept when the script rewrites the report -->"
 CURRENT = "round 3"                                              # the round --preset speedrun holds
