@@ -1,7 +1,7 @@
 """minigpt's speedrun recipes against nanoGPT in nanoGPT's own wall time, with ablations. Writes
 reports/speedrun.md (text below its notes marker is kept) and reports/speedrun.png.
 
-    python scripts/speedrun.py                                  # 3 seeds with the ablations: 80-110 minutes
+    python scripts/speedrun.py                                  # 3 seeds with the ablations: 100-130 minutes
     python scripts/speedrun.py --seeds 1337 --ablations false   # nanoGPT and the two recipes: about 4 minutes
     python scripts/speedrun.py --ablations false --bf16 true --out reports/speedrun_bf16.md
         # the two recipes in float32 and in bf16 (--dtype bf16), 3 seeds: about 20 minutes on AMD Zen 5
