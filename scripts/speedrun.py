@@ -296,7 +296,8 @@ def plot(a, runs, png):
     ax.axhline(GOAL, color="k", ls=":", lw=1, label=f"val {GOAL}")
     ax.set(xlabel="seconds of training (evaluations included)", ylabel="val loss (eval_iters batches)",
            ylim=loss_range(curves),
-           title=f"tiny Shakespeare on {cpu_line().split(',')[0]}, {plural(len(a.seeds), 'seed')}")
+           title=f"tiny Shakespeare on {cpu_line().split(',')[0]}, "
+                 f"{'minigpt in bf16, ' if a.dtype == 'bf16' else ''}{plural(len(a.seeds), 'seed')}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(os.path.join(ROOT, png), dpi=110)

@@ -117,5 +117,6 @@ def test_speedrun_dtype_bf16_runs_every_minigpt_run_in_bf16(tmp_path):
         speedrun.write_report(a, {speedrun.RECIPE: [run], speedrun.OLD: [run]})
         md = (tmp_path / f"{dtype}.md").read_text()
         assert ("Every minigpt run here trains with `--dtype bf16`" in md) == said
-    import matplotlib.pyplot as plt
-    plt.close("all")
+        import matplotlib.pyplot as plt
+        assert ("minigpt in bf16, 1 seed" in plt.gcf().axes[0].get_title()) == said
+        plt.close("all")
