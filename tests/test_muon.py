@@ -1,14 +1,15 @@
-"""Muon: Newton-Schulz against a float64 reference, the whole update against a float64 reference on a real GPT's
-params, AdamW's exact update for the other params, the optimizer state through a checkpoint, and training."""
+"""Muon: Newton-Schulz against a float64 reference (in bf16: against its emulation), the whole update against a
+float64 reference on a real GPT's params, AdamW's exact update for the other params, the optimizer state through
+a checkpoint, and training."""
 import math
 
 import numpy as np
 import pytest
 
 from minigpt import checkpoint
+from minigpt.backends.numpy_ops import round_bf16
 from minigpt.data import CharTokenizer, Dataset
 from minigpt.model import GPT, GPTConfig
-from minigpt.backends.numpy_ops import round_bf16
 from minigpt.optim import AdamW, Muon, clip_grad_norm, get_lr, muon_params, newton_schulz
 from helpers import write_text
 
