@@ -3,8 +3,7 @@ side on one backend; writes reports/muon.md.
 
     python scripts/bench_muon.py [--threads 2] [--configs S,M] [--rounds 5] [--backend native]
 
-Each config's GPT (config S: 4 layers, n_embd 128, the speedrun's model too; M: 6 layers, n_embd 384) gets random
-gradients; one Muon per precision steps it (the step changes the weights, which does not change the work). Rounds
+Each config's GPT (bench_train.py's configs S and M; S is the speedrun's model too) gets random gradients; one Muon per precision steps it (the step changes the weights, which does not change the work). Rounds
 alternate the two precisions, so noise from other work on the machine lands on both; each round gives the median
 of its timed steps after warm-up steps, and the table gives the median over rounds. Newton-Schulz's GFLOP/s count
 its three products a step (X X^T, A A, B X) over each stack of same-shaped matrices, as newton_schulz runs them.
@@ -17,13 +16,12 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_train import CONFIGS, MiniStep  # noqa: E402
 from bench_util import command, cpu_line, revision, write_keeping_notes  # noqa: E402
 from minigpt import backends  # noqa: E402
-from minigpt.model import GPT, GPTConfig  # noqa: E402
 from minigpt.optim import Muon  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = {"S": dict(n_layer=4, n_embd=128), "M": dict(n_layer=6, n_embd=384)}
 NOTES = "<!-- notes: hand-written text below this line is kept when the script rewrites the report -->"
 
 
@@ -60,11 +58,10 @@ def main():
     configs = [c.strip() for c in a.configs.split(",") if c.strip()]
     if any(c not in CONFIGS for c in configs):
         sys.exit(f"error: --configs takes a comma list of {', '.join(CONFIGS)}, got {a.configs!r}")
-    backends.select(a.backend, threads=a.threads, verbose=False)
     rows = []
     for name in configs:
         c = CONFIGS[name]
-        model = GPT(GPTConfig(vocab_size=65, block_size=64, n_head=4, bias=False, **c), np.random.default_rng(0))
+        model = MiniStep(c, a.backend, a.threads).model                # selects the backend, builds the GPT
         params, grads = model.params(), model.grads()
         r = np.random.default_rng(1)
         for g in grads.values():
