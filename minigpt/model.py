@@ -75,7 +75,7 @@ def activation_shapes(cfg, B, T, Tk=None, dropout=False):
     if cfg.qk_norm:
         shapes["qk_rstd"] = (Ln, B, T, 2, nh)    # 1 / rms of each head's q and k (q, k in qkv are normalised)
     if cfg.logit_cap:
-        shapes["logits_dcap"] = (B, T, V)        # 1 - tanh^2 of the capped logits: d logits / d lnf wte^T
+        shapes["logits_dcap"] = (B, T, V)        # 1 - tanh^2 of the capped logits: d logits / d the uncapped
     if dropout:
         shapes.update({
             "emb_mask":  (B, T, C),       # inverted-dropout masks (layers.dropout_mask), drawn every forward

@@ -1,4 +1,4 @@
-"""minigpt's speedrun recipes against nanoGPT in nanoGPT's own wall time, with ablations. Writes
+r"""minigpt's speedrun recipes against nanoGPT in nanoGPT's own wall time, with ablations. Writes
 reports/speedrun.md (text below its notes marker is kept) and reports/speedrun.png.
 
     python scripts/speedrun.py                                  # 3 seeds with the ablations: 100-130 minutes
