@@ -1,8 +1,8 @@
 /* mgk.h: the C API of the GEMM and its thread pool (native/mgk.c, mgk_pool.c; the other ops: mgk_ops.h), loaded
    by minigpt/backends/native.py. Row-major float32 GEMM: C = op(A) @ op(B) + beta*C, op(X) = X or X^T by flag
-   (ta, tb); beta == 0 never reads C. Every function returns MGK_OK (0) or a negative MGK_E* code; nothing here
-   allocates per call (packing buffers are allocated once per thread, on first use). Not a BLAS: no alpha, no
-   column-major. */
+   (ta, tb); beta == 0 never reads C. Every function that does work or sets a value returns MGK_OK (0) or a
+   negative MGK_E* code (the queries return their value); nothing here allocates per call (packing buffers are
+   allocated once per thread, on first use). Not a BLAS: no alpha, no column-major. */
 #ifndef MGK_H
 #define MGK_H
 
@@ -72,11 +72,12 @@ int mgk_isa(void);                   /* the path in use: the fastest one (mgk_cp
                                         vdpbf16ps measures at least 1.2x the fp32 FMA rate), unless mgk_set_isa chose one */
 int mgk_set_isa(int isa);            /* force a path <= mgk_cpu_isa() (tests, reports); MGK_EBADARG otherwise */
 const char *mgk_isa_name(int isa);   /* "generic", "avx2", "avx512", "avx512bf16", "amx"; "?" if this CPU cannot */
-int mgk_set_num_threads(int n);      /* n >= 1 threads including the caller; the only threading knob */
+int mgk_set_num_threads(int n);      /* n >= 1 threads including the caller */
 int mgk_get_num_threads(void);
-int mgk_set_spin_us(int us);         /* workers (and the caller) wait up to us microseconds on the CPU for the
-                                        next job before sleeping; 0 (the default) sleeps at once. While > 0, the
-                                        ops split smaller work over the threads (mgk_ops.c) */
+int mgk_set_spin_us(int us);         /* idle workers wait up to us microseconds on the CPU for the next job, and
+                                        the caller as long for its job's workers, before sleeping; 0 (the
+                                        default) sleeps at once. While > 0, the ops split smaller work over
+                                        the threads (mgk_ops.c) */
 double mgk_peak_gflops(long long iters); /* GFLOP/s of a register-only FMA loop on the current threads */
 double mgk_peak_bf16_gflops(long long iters); /* ... of bf16 products: a vdpbf16ps or AMX tile loop, or the FMA one */
 

@@ -123,16 +123,18 @@ def run(out_dir, flags, args, read, keep=None, env=None):
 
 
 def bisect(args, seeds, results, read):
-    """The --bisect table's lines: round 3 per seed in bf16, bf16 with each group float32, float32, and the
-    float32 control summed in another order."""
+    """The --bisect table's lines: round 3 per seed in bf16, bf16 with each group float32, float32, and (native
+    backend) the float32 control summed in another order."""
     tag, flags = RECIPES[BISECTED]
     cols = [("bf16", None, None)] + [(f"bf16, {g} float32", g, None) for g in GROUPS] + [
         ("float32", None, None)] + ([("float32, portable C sums", "control", {"MINIGPT_ISA": "generic"})]
                                      if args.backend == "native" else [])   # the same sums on the others
     lines = ["", f"## Bisecting {BISECTED}", "",
              "Whole-split val of bf16 runs that keep one group of products in float32, "
-             "beside full bf16 and float32, and a float32 control run on the native library's portable C path "
-             "(`MINIGPT_ISA=generic`): the same math with its float32 sums rounded in another order.", "",
+             "beside full bf16 and float32" + (", and a float32 control run on the native library's portable C "
+                                               "path (`MINIGPT_ISA=generic`): the same math with its float32 sums "
+                                               "rounded in another order." if args.backend == "native" else "."),
+             "",
              "| seed | " + " | ".join(c[0] for c in cols) + " |", "|---:|" + "---:|" * len(cols)]
     gaps = {c[0]: [] for c in cols}
     for seed in seeds:
@@ -173,7 +175,8 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "reports", "bf16.md"))
     ap.add_argument("--bisect", default="", metavar="SEEDS", help="comma list of --seeds whose round-3 gap is "
                     "bisected by groups of products "
-                    f"({', '.join(GROUPS)}) and run a float32 control summed in another order")
+                    f"({', '.join(GROUPS)}), with --backend native also a float32 control run on the portable C "
+                    "path (its sums in another order)")
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     bisected_seeds = [int(s) for s in args.bisect.split(",")] if args.bisect else []

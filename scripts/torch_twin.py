@@ -1,11 +1,12 @@
 """The same GPT in PyTorch, for reference only: gradient cross-checks (tests/test_torch_reference.py), the
-PyTorch side of scripts/bench_train.py, and nanoGPT's training procedure (train_like_nanogpt, for
-scripts/nanogpt_reference.py). PyTorch is not a dependency, so this file lives in scripts/, outside the package
-(`import minigpt` never imports torch); scripts import it as a sibling module: `from torch_twin import TorchGPT`.
+PyTorch side of scripts/bench_train.py and scripts/bench_gpt2.py, and nanoGPT's training procedure
+(train_like_nanogpt, for scripts/nanogpt_reference.py and scripts/speedrun.py). PyTorch is not a dependency, so
+this file lives in scripts/, outside the package (`import minigpt` never imports torch); scripts import it as a
+sibling module: `from torch_twin import TorchGPT`.
 
 Weights are copied from a minigpt GPT (`TorchGPT.from_minigpt`); our Linear weights are (in, out), torch's
 nn.Linear stores (out, in), hence the transposes. GELU is the tanh form, as ours; gelu="erf" gives nanoGPT's
-exact nn.GELU() (used only by scripts/nanogpt_reference.py).
+exact nn.GELU() (train_like_nanogpt's default, so nanoGPT's runs in both its scripts use it).
 """
 import math
 import time
