@@ -219,6 +219,7 @@ def main():
         sys.exit("error: --bf16 true runs the recipes in float32 and again in bf16, --dtype bf16 runs everything in "
                  "bf16: pass one of the two")
     a.candidates = pick_candidates(a.candidates)
+    a.revision = revision(ROOT)                        # the code the runs use (write_report's plot makes it dirty)
     plan = plan_of(a.ablations, nanogpt=not a.budget, candidates=a.candidates, round1=a.round1, bf16=a.bf16,
                    dtype=a.dtype)
     runs = {**({} if a.budget else {NANO: []}), **{name: [] for name in plan}}
@@ -314,7 +315,7 @@ def write_report(a, runs):
     budget = (f"a fixed budget of {a.budget:g} s (--budget: no nanoGPT run, a smoke test, not a result)" if a.budget
               else "nanoGPT's time")
     L = ["# Speedrun: minigpt's recipes against nanoGPT in nanoGPT's wall time", "",
-         f"Measured by `{command('speedrun.py')}` at {revision(ROOT)}, on {cpu_line()}; "
+         f"Measured by `{command('speedrun.py')}` at {a.revision}, on {cpu_line()}; "
          + ("" if a.budget else f"PyTorch {__import__('torch').__version__}; ")
          + f"{a.threads} threads for every run; seed{'s' if len(a.seeds) > 1 else ''} "
          f"{', '.join(map(str, a.seeds))} (the recipes were chosen on {SELECTION_SEED}"

@@ -41,7 +41,7 @@ def test_speedrun_report_of_one_seed(tmp_path):
     the losses and its title in the singular."""
     import matplotlib.pyplot as plt
     (tmp_path / "text.txt").write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 20)
-    a = SimpleNamespace(seeds=[1337], threads=2, budget=3.0, ablations=False, dtype="float32",
+    a = SimpleNamespace(revision="abc1234", seeds=[1337], threads=2, budget=3.0, ablations=False, dtype="float32",
                         candidates=list(speedrun.CANDIDATES), data=str(tmp_path / "text.txt"),
                         out=str(tmp_path / "smoke.md"))
     run = {"wall": 3.2, "iters": 3, "val_full": 3.95, "curve": SMOKE}
@@ -50,6 +50,7 @@ def test_speedrun_report_of_one_seed(tmp_path):
     assert not re.search(r"\bnan\b", md) and "1 seeds" not in md and "the others are held out" not in md
     assert f"| {speedrun.RECIPE} | 3.2 | 3 | 3.9500 | - | 3.9500 |" in md
     assert "; seed 1337 (the recipes were chosen on 1337)." in md
+    assert "` at abc1234, on " in md                       # the commit taken before the runs, not after the plot
     assert "reaches 3.950 on seed 1337; 0 of 1 seed at or below" in md
     ax = plt.gcf().axes[0]
     assert ax.get_title().endswith(", 1 seed")
@@ -74,7 +75,7 @@ def test_speedrun_bf16_runs_the_two_recipes_again_and_reports_them_paired(tmp_pa
         return [{"wall": 3.1, "iters": i, "val_full": v, "curve": SMOKE} for v, i in zip(losses, iters)]
     made = {speedrun.RECIPE: runs([3.95, 3.97], [3, 3]), speedrun.OLD: runs([3.99, 4.01], [3, 5]),
             speedrun.RECIPE_BF16: runs([3.94, 3.93], [4, 4]), speedrun.OLD_BF16: runs([3.97, 4.00], [4, 6])}
-    a = SimpleNamespace(seeds=[1337, 1338], threads=2, budget=3.0, ablations=False, dtype="float32",
+    a = SimpleNamespace(revision="abc1234", seeds=[1337, 1338], threads=2, budget=3.0, ablations=False, dtype="float32",
                         candidates=list(speedrun.CANDIDATES), data=str(tmp_path / "text.txt"),
                         out=str(tmp_path / "bf16.md"))
     speedrun.write_report(a, made)
@@ -111,7 +112,7 @@ def test_speedrun_dtype_bf16_runs_every_minigpt_run_in_bf16(tmp_path):
     (tmp_path / "text.txt").write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 20)
     run = {"wall": 3.2, "iters": 3, "val_full": 3.95, "curve": SMOKE}
     for dtype, said in (("bf16", True), ("float32", False)):
-        a = SimpleNamespace(seeds=[1337], threads=2, budget=3.0, ablations=False, dtype=dtype,
+        a = SimpleNamespace(revision="abc1234", seeds=[1337], threads=2, budget=3.0, ablations=False, dtype=dtype,
                             candidates=list(speedrun.CANDIDATES), data=str(tmp_path / "text.txt"),
                             out=str(tmp_path / f"{dtype}.md"))
         speedrun.write_report(a, {speedrun.RECIPE: [run], speedrun.OLD: [run]})
