@@ -1,23 +1,23 @@
 """Data-parallel training over MPI: `mpiexec -n N python scripts/train_shakespeare.py ...`.
 
-Every rank holds the whole model. Each step, every rank draws the same global batch of N * batch_size start
-offsets from the shared batch generator and takes its own slice of them (so the union of the ranks' rows is
-what one process with --batch_size N*B would draw), runs forward and backward on its slice with the loss scaled
-by 1/(grad_accum N), and one Allreduce sums the gradients in place: they live in one flat buffer, the model's grad_memory
-(a second, of two numbers, sums the loss and "a rank was signalled"). Every rank then clips and applies
-the same update to the same weights, so the replicas stay equal without ever sending weights. Only rank 0
-writes the log, checkpoints, snapshots, plot, sample and report.
+Every rank holds the whole model. Each step, every rank draws the same global batch of N * batch_size start offsets
+from the shared batch generator and takes its own slice of them (so the union of the ranks' rows is what one
+process with --batch_size N*B would draw), runs forward and backward on its slice with the loss scaled by
+1/(grad_accum N), and one Allreduce sums the gradients in place: they live in one flat buffer, the model's
+grad_memory (a second, of two numbers, sums the loss and "a rank was signalled"). Every rank then clips and applies
+the same update to the same weights, so the replicas stay equal without ever sending weights. Only rank 0 writes
+the log, checkpoints, snapshots, plot, sample and report.
 
 One process never imports mpi4py: world() returns a World of size 1 whose collectives do nothing. mpiexec is
 recognised by the variables its launcher sets (PMI_SIZE: MPICH, Intel MPI, Slurm; OMPI_COMM_WORLD_SIZE: Open MPI).
 
 Faults. A rank that dies makes mpiexec stop the others (MPICH's Hydra kills them and names the dead process). An
-error the ranks settle together exits normally on every rank, with status 3 for a diverged loss and 2 for
-anything else: a bad setting, anything agree() or check() settled (such as a data file missing on one rank: every
-rank raises it as "on rank N: ..."). Any other exception on one rank is printed there and aborts the whole job (MPI_Abort), because the
-others would wait forever for it in the next collective. A SIGINT/SIGTERM, which mpiexec forwards to every rank,
-rides along in the step's second Allreduce (the loss's), so all ranks stop after the same step and rank 0 saves
-once.
+error the ranks settle together exits normally on every rank, with status 3 for a diverged loss and 2 for anything
+else: a bad setting, anything agree() or check() settled (such as a data file missing on one rank: every rank
+raises it as "on rank N: ..."). Any other exception on one rank is printed there and aborts the whole job
+(MPI_Abort), because the others would wait forever for it in the next collective. A SIGINT/SIGTERM, which mpiexec
+forwards to every rank, rides along in the step's second Allreduce (the loss's), so all ranks stop after the same
+step and rank 0 saves once.
 """
 import os
 import shutil

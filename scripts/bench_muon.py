@@ -3,9 +3,10 @@ side on one backend; writes reports/muon.md.
 
     python scripts/bench_muon.py [--threads 2] [--configs S,M] [--rounds 5] [--backend native]
 
-Each config's GPT (bench_train.py's configs S and M; S is the speedrun's model too) gets random gradients; one Muon per precision steps it (the step changes the weights, which does not change the work). Rounds
-alternate the two precisions, so noise from other work on the machine lands on both; each round gives the median
-of its timed steps after warm-up steps, and the table gives the median over rounds. Newton-Schulz's GFLOP/s count
+Each config's GPT (bench_train.py's configs S and M; S is the speedrun's model too) gets random gradients; one
+Muon per precision steps it (the step changes the weights, which does not change the work). Rounds alternate the
+two precisions, so noise from other work on the machine lands on both; each round gives the median of its timed
+steps after warm-up steps, and the table gives the median over rounds. Newton-Schulz's GFLOP/s count
 its three products a step (X X^T, A A, B X) over each stack of same-shaped matrices, as newton_schulz runs them.
 """
 import argparse
@@ -22,6 +23,7 @@ from minigpt import backends  # noqa: E402
 from minigpt.optim import Muon  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WARMUP = 3                                                       # untimed steps before each round
 NOTES = "<!-- notes: hand-written text below this line is kept when the script rewrites the report -->"
 
 
@@ -35,8 +37,8 @@ def ns_gflop(opt):
     return total / 1e9
 
 
-def median_step(opt, params, grads, steps, warmup=3):
-    for _ in range(warmup):
+def median_step(opt, params, grads, steps):
+    for _ in range(WARMUP):
         opt.step(params, grads, 1e-4)
     times = []
     for _ in range(steps):
@@ -83,9 +85,9 @@ def main():
         "# Muon's step: Newton-Schulz's products in float32 and in bf16", "",
         f"Measured by `{command('bench_muon.py')}` at {revision(ROOT)} on {cpu_line()}; backend {label}, "
         f"{a.threads} threads; {a.rounds} round{'s' * (a.rounds != 1)} alternating the two precisions, {a.steps} "
-        "timed steps each "
-        "(after 3 warm-up steps). A step is the whole Muon.step (AdamW for the embeddings and LayerNorms, momentum, "
-        "Newton-Schulz, the update); bf16 is what a `--dtype bf16` run uses (minigpt/optim.py: newton_schulz).", "",
+        f"timed steps each (after {WARMUP} warm-up steps). A step is the whole Muon.step (AdamW for the embeddings "
+        "and LayerNorms, momentum, Newton-Schulz, the update); bf16 is what a `--dtype bf16` run uses "
+        "(minigpt/optim.py: newton_schulz).", "",
         "| config | Newton-Schulz GFLOP a step | ms a step, float32 products [per round] | ms a step, bf16 products "
         "[per round] | Newton-Schulz GFLOP/s (over the whole step), float32 / bf16 | float32 / bf16 |",
         "|---|---:|---:|---:|---:|---:|", *rows])

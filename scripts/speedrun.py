@@ -1,7 +1,7 @@
 r"""minigpt's speedrun recipes against nanoGPT in nanoGPT's own wall time, with ablations. Writes
 reports/speedrun.md (text below its notes marker is kept) and reports/speedrun.png.
 
-    python scripts/speedrun.py                                  # 3 seeds with the ablations: 100-130 minutes
+    python scripts/speedrun.py                                  # 3 seeds with the ablations: 85-130 minutes
     python scripts/speedrun.py --seeds 1337 --ablations false   # nanoGPT and the two recipes: about 4 minutes
     python scripts/speedrun.py --ablations false --bf16 true --out reports/speedrun_bf16.md
         # the two recipes in float32 and in bf16 (--dtype bf16), 3 seeds: about 20 minutes on AMD Zen 5
@@ -53,8 +53,8 @@ CANDIDATES = {
     "Muon momentum warm-up (100 steps)": (["--muon_momentum_warmup=100"], ["--muon_momentum_warmup=0"]),
     "embedding lr x 10": (["--embed_lr_ratio=10"], ["--embed_lr_ratio=1"]),
     "untied head": (["--tie_weights=false"], ["--tie_weights=true"]),
-    # a shape: twice the context at three quarters of the batch (2,304 more tokens a step), which gained in bf16 on
-    # AMD Zen 5 in single runs and was a wash in float32 (reports/speedrun_bf16.md's notes)
+    # a shape: twice the context at three quarters of the batch (2,304 more tokens a step); in round 3 in float32
+    # on AMD Zen 5 it gained on six seeds of six (reports/speedrun.md's notes), alone on round 1 it did not
     "context 128, batch 24": (["--block_size=128", "--batch_size=24"], ["--block_size=64", "--batch_size=32"]),
     # not learning but the budget: the evaluations every 250 steps (40 forward batches each) take about 5% of it in
     # bf16 on AMD Zen 5; a quarter of the batches keeps the curve, noisier, and gives the steps the rest

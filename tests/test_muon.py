@@ -14,12 +14,13 @@ from minigpt.optim import AdamW, Muon, clip_grad_norm, get_lr, muon_params, newt
 from helpers import write_text
 
 SHAPES = [(5, 3), (3, 7), (17, 64), (64, 17), (1, 40), (40, 1), (32, 32)]
+ABC = (3.4445, -4.7750, 2.0315)   # the quintic's coefficients, written out (not optim.NS_COEFFS): a typo there fails
 
 
 def ns_reference(G, steps=5):
     """The quintic Newton-Schulz iteration in float64, written out on the matrix as given (no transposing):
     X <- a X + b (X X^T) X + c (X X^T)^2 X after scaling X to Frobenius norm 1."""
-    a, b, c = 3.4445, -4.7750, 2.0315
+    a, b, c = ABC
     X = np.asarray(G, np.float64) / (np.sqrt(np.sum(np.asarray(G, np.float64) ** 2)) + 1e-7)
     for _ in range(steps):
         S = X @ X.T
@@ -69,7 +70,7 @@ def test_newton_schulz_keeps_singular_vectors_and_bounds_values(shape):
     off = D - np.diag(np.diag(D))
     assert np.abs(off).max() < 1e-4, np.abs(off).max()
     assert 0.65 < np.diag(D).min() and np.diag(D).max() < 1.25, np.diag(D)
-    a, b, c = 3.4445, -4.7750, 2.0315
+    a, b, c = ABC
     want = s / np.linalg.norm(G)
     for _ in range(5):
         want = a * want + b * want ** 3 + c * want ** 5                 # the scalar map on each singular value
@@ -80,7 +81,7 @@ def ns_reference_bf16(G, steps=5):
     """The iteration as --dtype bf16 runs it, in float64 but for the products' operands, each rounded to bfloat16
     (round_bf16, the rounding's specification): on the wide orientation (m <= n), as newton_schulz, since the
     rounded products are not the same polynomial on X and on X^T."""
-    a, b, c = 3.4445, -4.7750, 2.0315
+    a, b, c = ABC
 
     def r(x):                                                          # to float32, then to the nearest bf16
         x = np.asarray(x, np.float32)

@@ -30,6 +30,15 @@ def test_speedrun_loss_range_keeps_real_runs_zoomed_and_shows_short_runs_whole()
     assert lo < 1.40 and hi == 3.0                        # below the goal: the axis goes down to the loss
 
 
+def smoke_args(tmp_path, out, **changed):
+    """speedrun.py's parsed options as write_report reads them, for a smoke test's report (seed 1337, a 3 s budget,
+    no ablations, float32, the commit 'abc1234') into tmp_path/out, with `changed` set; writes the text it scores."""
+    (tmp_path / "text.txt").write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 20)
+    return SimpleNamespace(**{"revision": "abc1234", "seeds": [1337], "threads": 2, "budget": 3.0, "ablations": False,
+                              "dtype": "float32", "candidates": list(speedrun.CANDIDATES),
+                              "data": str(tmp_path / "text.txt"), "out": str(tmp_path / out), **changed})
+
+
 def test_speedrun_sd_and_plurals():
     assert speedrun.sd(np.array([4.1767])) == "-"
     assert speedrun.sd(np.array([1.62, 1.63, 1.64]), 3) == "0.010"
@@ -40,10 +49,7 @@ def test_speedrun_report_of_one_seed(tmp_path):
     """A smoke test's report (one seed, a 3 s budget) from made-up runs: no 'nan', an sd of '-', the plot scaled to
     the losses and its title in the singular."""
     import matplotlib.pyplot as plt
-    (tmp_path / "text.txt").write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 20)
-    a = SimpleNamespace(revision="abc1234", seeds=[1337], threads=2, budget=3.0, ablations=False, dtype="float32",
-                        candidates=list(speedrun.CANDIDATES), data=str(tmp_path / "text.txt"),
-                        out=str(tmp_path / "smoke.md"))
+    a = smoke_args(tmp_path, "smoke.md")
     run = {"wall": 3.2, "iters": 3, "val_full": 3.95, "curve": SMOKE}
     speedrun.write_report(a, {speedrun.RECIPE: [run], speedrun.OLD: [run]})
     md = (tmp_path / "smoke.md").read_text()
@@ -69,15 +75,12 @@ def test_speedrun_bf16_runs_the_two_recipes_again_and_reports_them_paired(tmp_pa
     assert plan[speedrun.OLD_BF16] == (plan[speedrun.OLD][0] + ["--dtype=bf16"], True)
     assert speedrun.RECIPE_BF16 not in speedrun.plan_of(False, nanogpt=True)
     import matplotlib.pyplot as plt
-    (tmp_path / "text.txt").write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 20)
 
     def runs(losses, iters):
         return [{"wall": 3.1, "iters": i, "val_full": v, "curve": SMOKE} for v, i in zip(losses, iters)]
     made = {speedrun.RECIPE: runs([3.95, 3.97], [3, 3]), speedrun.OLD: runs([3.99, 4.01], [3, 5]),
             speedrun.RECIPE_BF16: runs([3.94, 3.93], [4, 4]), speedrun.OLD_BF16: runs([3.97, 4.00], [4, 6])}
-    a = SimpleNamespace(revision="abc1234", seeds=[1337, 1338], threads=2, budget=3.0, ablations=False, dtype="float32",
-                        candidates=list(speedrun.CANDIDATES), data=str(tmp_path / "text.txt"),
-                        out=str(tmp_path / "bf16.md"))
+    a = smoke_args(tmp_path, "bf16.md", seeds=[1337, 1338])
     speedrun.write_report(a, made)
     md = (tmp_path / "bf16.md").read_text()
     assert f"| {speedrun.RECIPE} | 3.1 | 3 | 3.9600 |" in md and f"| {speedrun.OLD} | 3.1 | 4 | 4.0000 |" in md
@@ -109,15 +112,12 @@ def test_speedrun_dtype_bf16_runs_every_minigpt_run_in_bf16(tmp_path):
         assert (args, timed) == (f32[name][0] + ["--dtype=bf16"], f32[name][1]), name
     assert bf[f"{speedrun.CURRENT} + context 128, batch 24"][0] == [
         "--preset=speedrun", "--block_size=128", "--batch_size=24", "--dtype=bf16"]
-    (tmp_path / "text.txt").write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 20)
+    import matplotlib.pyplot as plt
     run = {"wall": 3.2, "iters": 3, "val_full": 3.95, "curve": SMOKE}
     for dtype, said in (("bf16", True), ("float32", False)):
-        a = SimpleNamespace(revision="abc1234", seeds=[1337], threads=2, budget=3.0, ablations=False, dtype=dtype,
-                            candidates=list(speedrun.CANDIDATES), data=str(tmp_path / "text.txt"),
-                            out=str(tmp_path / f"{dtype}.md"))
+        a = smoke_args(tmp_path, f"{dtype}.md", dtype=dtype)
         speedrun.write_report(a, {speedrun.RECIPE: [run], speedrun.OLD: [run]})
         md = (tmp_path / f"{dtype}.md").read_text()
         assert ("Every minigpt run here trains with `--dtype bf16`" in md) == said
-        import matplotlib.pyplot as plt
         assert ("minigpt in bf16, 1 seed" in plt.gcf().axes[0].get_title()) == said
         plt.close("all")
