@@ -1,12 +1,14 @@
 """Loss of a checkpoint over whole splits, and the spread of the training loop's eval_iters-batch estimate.
 
     python scripts/eval_checkpoint.py --out_dir out [--ckpt FILE] [--data PATH] [--draws 10]
+    python scripts/eval_checkpoint.py --out_dir out --context 64 --splits val --draws 0   # a shorter context
 
 The training loop estimates train/val loss from eval_iters random batches (a fixed generator, so curves are
 comparable). This script measures the same weights two more ways: over every non-overlapping block of each
 split (each target once, with a context of up to block_size tokens: minigpt.evaluate.whole_split_loss), and
 over `--draws` independent draws of eval_iters batches, to show how much the training loop's figure moves with
-the batches alone.
+the batches alone. --context scores the same weights with fewer tokens of context than they were trained on
+(blocks of that length), to show how much of a long-context model's loss its context buys.
 Every mistake is one line, "error: ...", and exit status 2; --help lists the options.
 """
 import os
@@ -28,7 +30,9 @@ class EvalConfig:
     ckpt: str = setting("", "a checkpoint file to measure instead of the one in --out_dir")
     data: str = setting("", "the UTF-8 text it was trained on, split as in training (default: the run's --data, "
                             "from the checkpoint)")
-    draws: int = setting(10, "independent draws of eval_iters batches, for the spread of the estimate")
+    draws: int = setting(10, "independent draws of eval_iters batches, for the spread of the estimate (0: none)")
+    context: int = setting(0, "tokens of context at most, in blocks of that length (0: the model's block_size)")
+    splits: str = setting("train,val", "the splits to measure, comma-separated")
     backend: str = setting(default_backend, "auto | numpy | numba | native; $MINIGPT_BACKEND sets the default")
     threads: int = setting(0, "threads of every pool (0: all CPUs)")
     dtype: str = setting("float32", "float32 | bf16: the products' precision (as training's --dtype; a bf16 run's "
@@ -38,7 +42,10 @@ class EvalConfig:
 def main(argv):
     try:
         a = check_ranges(parse_args(argv, EvalConfig, prog="eval_checkpoint.py", description=__doc__),
-                         positive=("draws",), non_negative=("threads",))
+                         non_negative=("draws", "threads", "context"))
+        splits = [x.strip() for x in a.splits.split(",") if x.strip()]
+        if not splits or set(splits) - {"train", "val"}:
+            raise UserError(f"--splits {a.splits!r}: name train, val or both, comma-separated (e.g. --splits val)")
         check_dtype(a.dtype)
         check_backend(a.backend)
         path = a.ckpt or checkpoint.in_run(a.out_dir)
@@ -54,14 +61,21 @@ def main(argv):
         select_backend(a)
         model, tok = load_model(path, loaded)
         model.bf16 = a.dtype == "bf16"
+        if a.context > model.config.block_size:
+            raise UserError(f"--context {a.context} is longer than the model's block_size {model.config.block_size}, "
+                            "the positions it learned: pass at most that, or 0 for all of it")
         data = Dataset(load_text(text), tok, model.config.block_size, source=text)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    T, B, iters = model.config.block_size, cfg["batch_size"], cfg["eval_iters"]
-    print(f"{path} on {text}: block {T}, batch {B}, eval_iters {iters}, {a.dtype} products")
-    for split in ("train", "val"):
+    T, B, iters = a.context or model.config.block_size, cfg["batch_size"], cfg["eval_iters"]
+    print(f"{path} on {text}: block {model.config.block_size}, context {T}, batch {B}, eval_iters {iters}, "
+          f"{a.dtype} products")
+    for split in splits:
         full = whole_split_loss(model, data.splits[split], T, B)
+        if not a.draws:
+            print(f"{split:5s}: whole split {full:.4f} ({len(data.splits[split]):,} tokens)")
+            continue
         est = []
         for d in range(a.draws):
             rng = np.random.default_rng([cfg["seed"], 100 + d])  # not the loop's generator [seed, 2]

@@ -129,11 +129,15 @@ def test_sample_range_checks_name_the_setting(trained, args, needle):
     assert_clear_error(sample_cli("--ckpt", str(trained[1] / "ckpt_last.npz"), *args), needle)
 
 
-@pytest.mark.parametrize("draws", ["0", "-1"])
-def test_eval_checkpoint_bad_draws(trained, draws):
+@pytest.mark.parametrize("args, needle", [
+    (["--draws", "-1"], "error: --draws must be zero or more, got -1"),
+    (["--context", "-3"], "error: --context must be zero or more, got -3"),
+    (["--context", "17"], "--context 17 is longer than the model's block_size 16, the positions it learned"),
+    (["--splits", "val,test"], "--splits 'val,test': name train, val or both"),
+])
+def test_eval_checkpoint_bad_settings(trained, args, needle):
     text, out = trained
-    assert_clear_error(eval_cli("--ckpt", str(out / "ckpt_last.npz"), "--data", str(text), "--draws", draws),
-                       f"error: --draws must be positive, got {draws}")
+    assert_clear_error(eval_cli("--ckpt", str(out / "ckpt_last.npz"), "--data", str(text), *args), needle)
 
 
 def test_eval_checkpoint_errors_and_help(trained, tmp_path):

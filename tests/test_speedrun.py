@@ -55,7 +55,7 @@ def test_speedrun_report_of_one_seed(tmp_path):
     md = (tmp_path / "smoke.md").read_text()
     assert not re.search(r"\bnan\b", md) and "1 seeds" not in md and "the others are held out" not in md
     assert f"| {speedrun.RECIPE} | 3.2 | 3 | 3.9500 | - | 3.9500 |" in md
-    assert "; seed 1337 (the recipes were chosen on 1337)." in md
+    assert "; seed 1337 (rounds 1-3 were chosen on 1337, round 4 on 1337, 1338, 1339)." in md
     assert "` at abc1234, on " in md                       # the commit taken before the runs, not after the plot
     assert "reaches 3.950 on seed 1337; 0 of 1 seed at or below" in md
     ax = plt.gcf().axes[0]
@@ -86,7 +86,7 @@ def test_speedrun_bf16_runs_the_two_recipes_again_and_reports_them_paired(tmp_pa
     assert f"| {speedrun.RECIPE} | 3.1 | 3 | 3.9600 |" in md and f"| {speedrun.OLD} | 3.1 | 4 | 4.0000 |" in md
     assert f"| {speedrun.RECIPE_BF16} | 3.1 | 4 | 3.9350 |" in md
     assert f"| {speedrun.OLD_BF16} | 3.1 | 5 | 3.9850 |" in md
-    assert ("In bf16 (`--dtype bf16`), the round 3 recipe reaches 3.935 (-0.0250 paired by seed: -0.010, -0.040) "
+    assert (f"In bf16 (`--dtype bf16`), the {speedrun.CURRENT} recipe reaches 3.935 (-0.0250 paired by seed: -0.010, -0.040) "
             "after 4 iterations instead of 3; round 1 reaches 3.985 (-0.0150 paired by seed: -0.020, -0.010) after 5 "
             "iterations instead of 4.") in md
     assert "The `--dtype bf16` rows are the same recipes with bf16 products" in md
@@ -107,11 +107,11 @@ def test_speedrun_dtype_bf16_runs_every_minigpt_run_in_bf16(tmp_path):
     candidate's shape still applies), under the same names, and the report says so once."""
     f32 = speedrun.plan_of(True, nanogpt=True, candidates=["context 128, batch 24"])
     bf = speedrun.plan_of(True, nanogpt=True, candidates=["context 128, batch 24"], dtype="bf16")
-    assert list(bf) == list(f32) and f"{speedrun.CURRENT} + context 128, batch 24" in bf
+    assert list(bf) == list(f32) and "round 1 + context 128, batch 24" in bf
     for name, (args, timed) in bf.items():
         assert (args, timed) == (f32[name][0] + ["--dtype=bf16"], f32[name][1]), name
-    assert bf[f"{speedrun.CURRENT} + context 128, batch 24"][0] == [
-        "--preset=speedrun", "--block_size=128", "--batch_size=24", "--dtype=bf16"]
+    assert bf["round 1 + context 128, batch 24"][0] == [
+        "--optimizer=muon", "--batch_size=32", "--block_size=128", "--batch_size=24", "--dtype=bf16"]
     import matplotlib.pyplot as plt
     run = {"wall": 3.2, "iters": 3, "val_full": 3.95, "curve": SMOKE}
     for dtype, said in (("bf16", True), ("float32", False)):
@@ -121,3 +121,28 @@ def test_speedrun_dtype_bf16_runs_every_minigpt_run_in_bf16(tmp_path):
         assert ("Every minigpt run here trains with `--dtype bf16`" in md) == said
         assert ("minigpt in bf16, 1 seed" in plt.gcf().axes[0].get_title()) == said
         plt.close("all")
+
+
+def test_a_run_with_a_longer_block_is_scored_again_with_nanogpts_context(tmp_path):
+    """A run whose block is longer than nanoGPT's 64 tokens (round 4's 128) is scored a second time with at most 64
+    tokens of context: the same figure as whole_split_loss over blocks of 64 on its last checkpoint; the report
+    gives it beside the run's own, paired by seed. A run at block 64 has no second score."""
+    from minigpt.data import Dataset
+    from minigpt.evaluate import whole_split_loss
+    from minigpt.sample import load_model
+    text = tmp_path / "text.txt"
+    text.write_text("".join(f"Citizen {i}:\nBefore we proceed any further, hear me speak.\n" for i in range(300)))
+    tiny = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--eval_interval=2", "--eval_iters=1", "--backend=numpy"]
+    res = speedrun.minigpt(["--preset=speedrun", *tiny], 1337, 1.0, 1, str(text), str(tmp_path))
+    out = next(p for p in tmp_path.iterdir() if p.is_dir())
+    model, tok = load_model(str(out / "ckpt_last.npz"))
+    assert model.config.block_size == 128 == speedrun.block_of(["--preset=speedrun"])
+    val = Dataset(text.read_text(), tok, 128).splits["val"]
+    assert res["val_short"] == pytest.approx(whole_split_loss(model, val, 64, 24), abs=5e-5)
+    assert res["val_short"] != pytest.approx(res["val_full"], abs=1e-3)          # 128 tokens of context score apart
+    assert "val_short" not in speedrun.minigpt(["--max_iters=2", *tiny], 1337, None, 1, str(text), str(tmp_path))
+    runs = {speedrun.RECIPE: [{**res, "val_full": 3.0, "val_short": 3.25}, {**res, "val_full": 3.5, "val_short": 3.5}],
+            speedrun.OLD: [{k: v for k, v in res.items() if k != "val_short"}] * 2}           # block 64: none
+    assert speedrun.short_context_sentence(runs, [speedrun.OLD, speedrun.RECIPE]) == (
+        f" Scored with at most 64 tokens of context (nanoGPT's block): {speedrun.RECIPE} reaches 3.375 (3.2500, 3.5000; "
+        "+0.1250 against its own context).")

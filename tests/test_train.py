@@ -304,6 +304,12 @@ def test_train_shakespeare_script_smoke(tmp_path):
     model, tok = load_model(str(out / "ckpt_last.npz"))
     ids = Dataset(data.read_text(), tok, 16).splits["val"]
     assert f"val  : whole split {whole_split_loss(model, ids, 16, 4):.4f}" in ev.stdout
+    short = subprocess.run([sys.executable, "scripts/eval_checkpoint.py", "--ckpt", str(out / "ckpt_last.npz"),
+                            "--data", str(data), "--draws", "0", "--context", "5", "--splits", "val",
+                            "--backend", "numpy"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert short.returncode == 0, short.stderr                          # blocks of 5: the shorter context's loss
+    assert short.stdout.splitlines()[1:] == [f"val  : whole split {whole_split_loss(model, ids, 5, 4):.4f} "
+                                             f"({len(ids):,} tokens)"]
 
 
 def test_default_run_writes_only_into_out_dir(tmp_path):
