@@ -111,9 +111,11 @@ class TrainConfig(ModelShape):
     max_time: float = setting(0.0, "seconds of training wall time (0: off): the run ends when they are spent and the "
                                    "lr schedule follows their elapsed fraction; --max_iters stays a cap")
     lr: float = setting(1e-3, "peak learning rate (after warmup)")
-    min_lr: float = setting(1e-4, "learning rate at the end of the cosine decay")
+    min_lr: float = setting(1e-4, "learning rate at the end of the decay")
     warmup_iters: int = setting(100, "steps of linear warmup")
-    lr_decay_iters: int = setting(2000, "step at which the cosine decay reaches --min_lr")
+    lr_decay_iters: int = setting(2000, "step at which the decay reaches --min_lr")
+    cooldown: float = setting(0.0, "0: a cosine decay after warmup; F in (0, 1]: the lr held at --lr, then a straight "
+                                   "line down to --min_lr over the last F of --lr_decay_iters")
     optimizer: str = setting("adamw", "adamw | muon: Muon (Newton-Schulz orthogonalised momentum) for the blocks' "
                                       "matrices, AdamW for the rest (minigpt/optim.py)")
     muon_lr_ratio: float = setting(20.0, "with --optimizer muon: the Muon matrices' lr is this times --lr's schedule")
@@ -155,8 +157,8 @@ class TrainConfig(ModelShape):
 
 
 _POSITIVE = ("batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval", "lr_decay_iters")
-_NON_NEGATIVE = ("snapshots", "max_iters", "max_time", "muon_lr_ratio", "warmup_iters", "sample_chars", "threads", "seed", "lr",
-                 "min_lr", "weight_decay", "grad_clip", "muon_momentum_warmup", "embed_lr_ratio")
+_NON_NEGATIVE = ("snapshots", "max_iters", "max_time", "muon_lr_ratio", "warmup_iters", "sample_chars", "threads",
+                 "seed", "lr", "min_lr", "weight_decay", "grad_clip", "muon_momentum_warmup", "embed_lr_ratio")
 
 
 def check_ranges(cfg, positive=(), non_negative=()):
@@ -200,6 +202,9 @@ def check(cfg):
     for k in ("beta1", "beta2"):
         if not 0.0 <= getattr(cfg, k) < 1.0:
             raise UserError(f"--{k} must lie in [0, 1), got {getattr(cfg, k)}")
+    if not 0.0 <= cfg.cooldown <= 1.0:
+        raise UserError(f"--cooldown must lie in [0, 1] (0: a cosine; 0.4: a straight line over the last 40%), "
+                        f"got {cfg.cooldown}")
     if cfg.preset == "speedrun" and not cfg.max_time:
         raise UserError("--preset speedrun trains to a time budget: add --max_time SECONDS (e.g. --max_time 60)")
     if cfg.optimizer not in ("adamw", "muon"):

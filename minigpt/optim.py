@@ -133,7 +133,7 @@ class Muon(Optimizer):
 
     step(params, grads, lr) takes the schedule's lr: AdamW's params move with lr (times their scale_lr ratio:
     --embed_lr_ratio for wte and wpe), the Muon matrices with lr_ratio * lr times muon_scale(shape), so one
-    warmup + cosine schedule drives both. The scale is the reference Muon's (not an RMS match to AdamW,
+    lr schedule (get_lr) drives both. The scale is the reference Muon's (not an RMS match to AdamW,
     0.2 sqrt(max(rows, cols)), which would make the ratio ~1), so lr_ratio * lr is the "Muon lr" the speedruns
     quote (0.02-0.05): the default 20 makes config S's lr 1e-3 a Muon lr of 0.02, the best of 0.01-0.05 there
     (val 1.68 against AdamW's 1.93 at 2000 iterations).
@@ -141,7 +141,7 @@ class Muon(Optimizer):
     State (Optimizer): momentum[k] for the Muon matrices; m[k], v[k] (AdamW's moments) for the rest.
     Cost: Newton-Schulz runs the backend's batched products over each stack of same-shaped matrices; at config S
     on 2 cores a Muon step (reports/muon.md) takes about as long as a forward+backward of batch 12, and about a
-    third of one of the speedrun's batch 32. bf16=True (a --dtype bf16 model's) runs those products on bfloat16
+    third of one of batch 32 (the speedrun's until round 4, which takes 24 blocks of 128 tokens, 1.5 times those). bf16=True (a --dtype bf16 model's) runs those products on bfloat16
     operands, as the model's own: faster where bf16 products are (AVX512_BF16, AMX)."""
 
     name = "muon"
@@ -212,11 +212,16 @@ def clip_grad_norm(grads, max_norm):
     return norm
 
 
-def get_lr(it, lr, min_lr, warmup_iters, lr_decay_iters):
-    """Linear warmup to lr (non-zero at it=0), then cosine decay to min_lr at lr_decay_iters, then min_lr."""
+def get_lr(it, lr, min_lr, warmup_iters, lr_decay_iters, cooldown=0.0):
+    """Linear warmup to lr (non-zero at it=0), then down to min_lr at lr_decay_iters, then min_lr. The way down:
+    cooldown=0, a cosine from the end of warmup; cooldown=f in (0, 1], the trapezoid of the modded-nanogpt
+    speedruns: lr held until the last f of lr_decay_iters, then a straight line down."""
     if it < warmup_iters:
         return lr * (it + 1) / (warmup_iters + 1)
     if it >= lr_decay_iters:
         return min_lr
+    if cooldown:
+        start = max(warmup_iters, lr_decay_iters * (1.0 - cooldown))        # where the line down begins
+        return lr if it < start else lr + (min_lr - lr) * (it - start) / (lr_decay_iters - start)
     progress = (it - warmup_iters) / max(1, lr_decay_iters - warmup_iters)   # 0 -> 1
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)

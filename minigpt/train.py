@@ -333,7 +333,7 @@ def loop(run):
                 say(f"\n{name} at iter {it}: saved {run.last_path}; continue with --resume")
                 return {"iter": it, "interrupted": name, "best_val": run.best_val}
             last = it == cfg.max_iters or 0 < cfg.max_time <= run.elapsed
-            lr = get_lr(run.schedule(it), cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters)
+            lr = get_lr(run.schedule(it), cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters, cfg.cooldown)
             if it % cfg.eval_interval == 0 or last:
                 losses = evaluate(run, it, log, final=last)
             if last:

@@ -3,7 +3,7 @@ side on one backend; writes reports/muon.md.
 
     python scripts/bench_muon.py [--threads 2] [--configs S,M] [--rounds 5] [--backend native]
 
-Each config's GPT (bench_train.py's configs S and M; S is the speedrun's model too) gets random gradients; one
+Each config's GPT (bench_train.py's configs S and M; S has the speedrun's matrices too) gets random gradients; one
 Muon per precision steps it (the step changes the weights, which does not change the work). Rounds alternate the
 two precisions, so noise from other work on the machine lands on both; each round gives the median of its timed
 steps after warm-up steps, and the table gives the median over rounds. Newton-Schulz's GFLOP/s count

@@ -7,8 +7,8 @@ The training loop estimates train/val loss from eval_iters random batches (a fix
 comparable). This script measures the same weights two more ways: over every non-overlapping block of each
 split (each target once, with a context of up to block_size tokens: minigpt.evaluate.whole_split_loss), and
 over `--draws` independent draws of eval_iters batches, to show how much the training loop's figure moves with
-the batches alone. --context scores the same weights with fewer tokens of context than they were trained on
-(blocks of that length), to show how much of a long-context model's loss its context buys.
+the batches alone. --context N measures both ways with blocks of at most N tokens instead of block_size (so its
+draws are no longer the training loop's batches), to show how much of a long-context model's loss its context buys.
 Every mistake is one line, "error: ...", and exit status 2; --help lists the options.
 """
 import os

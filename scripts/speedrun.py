@@ -6,8 +6,8 @@ reports/speedrun.md (text below its notes marker is kept) and reports/speedrun.p
     python scripts/speedrun.py --ablations false --bf16 true --out reports/speedrun_bf16.md
         # the two recipes in float32 and in bf16 (--dtype bf16), 3 seeds: about 20 minutes on AMD Zen 5
     python scripts/speedrun.py --candidates qk-norm,embedding --round1 false   # round 2's two: about 30 minutes
-    python scripts/speedrun.py --dtype bf16 --candidates context,evaluations --round1 false \
-        --out reports/speedrun_round4_bf16.md   # two candidates, every run in bf16: about 30 minutes on AMD Zen 5
+    python scripts/speedrun.py --dtype bf16 --candidates trapezoid,evaluations --round1 false \
+        --out /tmp/candidates_bf16.md           # two candidates, every run in bf16: about 30 minutes on AMD Zen 5
     python scripts/speedrun.py --budget 3 --seeds 1337 --ablations false --out /tmp/smoke.md
         # a smoke test: the two recipes for 3 s each, no nanoGPT (2 runs, about half a minute)
 
@@ -18,8 +18,10 @@ the preset's recipe (--preset speedrun, round 4) and the round-1 recipe (with --
 --ablations, config S alone in the budget, config S with each round-1 change alone, and each candidate (CANDIDATES)
 alone on the round-1 recipe and toggled in the preset's recipe. --dtype bf16 runs every one of these in bf16
 instead of float32. Every run, nanoGPT's too, is scored the same way at its end: the mean loss over the whole
-validation split (minigpt.evaluate.whole_split_loss), with the context of its own block; a run whose block is not
-nanoGPT's 64 tokens is scored once more with at most 64 (scripts/eval_checkpoint.py --context 64). Needs PyTorch for nanoGPT's side (pip install torch).
+validation split (minigpt.evaluate.whole_split_loss), with the context of its own block (64 tokens in config S,
+128 in round 4); a run whose block is longer than nanoGPT's 64 is scored once more with at most 64
+(scripts/eval_checkpoint.py --context 64), so that the context's share of its gain shows.
+Needs PyTorch for nanoGPT's side (pip install torch).
 """
 import argparse
 import json
@@ -46,7 +48,7 @@ CHANGES = {
     "batch 32": ["--batch_size=32"],
 }
 ROUND1 = ["--optimizer=muon", "--batch_size=32"]
-# The candidates of rounds 2 and 3 (issue 24): (the settings that turn it on, those that turn it off). Each runs alone
+# The candidates of rounds 2 to 5 (issue 24): (the settings that turn it on, those that turn it off). Each runs alone
 # on the round-1 recipe, and is toggled in the preset's recipe (--preset speedrun, minigpt/config.py): left out if the
 # recipe has it, added if not. Paired by seed, both say what the change is worth.
 CANDIDATES = {
@@ -60,6 +62,9 @@ CANDIDATES = {
     # a shape: twice the context at three quarters of the batch (1,024 more tokens a step); round 4 added it to round
     # 3, where in float32 on AMD Zen 5 it gained on six seeds of six (SELECTION); alone on round 1 it did not
     "context 128, batch 24": (["--block_size=128", "--batch_size=24"], ["--block_size=64", "--batch_size=32"]),
+    # the schedule: the modded-nanogpt speedruns' trapezoid, the peak lr held and then a straight line down over
+    # the last 40% (of the budget, as --max_time lays the schedule), instead of a cosine from the end of warmup
+    "trapezoid lr (cooldown 0.4)": (["--cooldown=0.4"], ["--cooldown=0"]),
     # not learning but the budget: the evaluations every 250 steps (40 forward batches each) take about 5% of it in
     # bf16 on AMD Zen 5; a quarter of the batches keeps the curve, noisier, and gives the steps the rest
     "evaluations of 5 batches": (["--eval_iters=5"], ["--eval_iters=20"]),
@@ -161,10 +166,23 @@ def nanogpt(seed, threads, data):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def block_of(args):
-    """The --block_size a train_shakespeare.py run with settings `args` trains with."""
+def settings_of(args):
+    """The TrainConfig a train_shakespeare.py run with settings `args` trains with."""
     from minigpt.config import parse_args
-    return parse_args(["--max_time=1", *args]).block_size
+    return parse_args(["--max_time=1", *args])
+
+
+def block_of(args):
+    return settings_of(args).block_size
+
+
+def rescore_command(args, out, data, threads):
+    """eval_checkpoint.py's command that scores the run of settings `args` (its last checkpoint in out) over the
+    whole val split with at most CONTEXT tokens of context, on the run's backend and dtype."""
+    cfg = settings_of(args)
+    return [sys.executable, "scripts/eval_checkpoint.py", "--ckpt", os.path.join(out, "ckpt_last.npz"), "--data",
+            data, f"--threads={threads}", f"--backend={cfg.backend}", f"--dtype={cfg.dtype}",
+            f"--context={CONTEXT}", "--splits=val", "--draws=0"]
 
 
 def minigpt(args, seed, seconds, threads, data, tmp):
@@ -183,9 +201,7 @@ def minigpt(args, seed, seconds, threads, data, tmp):
     res = {"wall": evals[-1]["elapsed"], "curve": [[e["iter"], e["elapsed"], e["val_loss"]] for e in evals],
            "val_full": evals[-1]["val_loss_full"], "iters": evals[-1]["iter"]}
     if block_of(args) > CONTEXT:
-        cmd = [sys.executable, "scripts/eval_checkpoint.py", "--ckpt", os.path.join(out, "ckpt_last.npz"), "--data",
-               data, f"--threads={threads}", f"--context={CONTEXT}", "--splits=val", "--draws=0",
-               *[x for x in args if x.startswith("--dtype")]]
+        cmd = rescore_command(args, out, data, threads)
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if r.returncode:
             sys.exit(f"error: {' '.join(cmd)} failed:\n{r.stderr[-3000:]}")
@@ -196,8 +212,9 @@ def minigpt(args, seed, seconds, threads, data, tmp):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[1337, 1338, 1339],
-                    help="one run of everything per seed, in turn; "
-                         f"{', '.join(map(str, SELECTION_SEEDS))} chose the recipes, others are held out")
+                    help="one run of everything per seed, in turn; the recipes were chosen on "
+                         f"{', '.join(map(str, SELECTION_SEEDS))} (rounds 1-3 on {SELECTION_SEEDS[0]} alone), other "
+                         "seeds are held out")
     ap.add_argument("--threads", type=int, default=2, help="threads of every run, nanoGPT's and minigpt's")
     ap.add_argument("--ablations", type=flag, default=True,
                     help="false: only nanoGPT and the two recipes (no config S, no change alone or toggled)")
@@ -303,7 +320,7 @@ def short_context_sentence(runs, names):
             short = np.array([r["val_short"] for r in rs])
             parts.append(f"{name} reaches {short.mean():.3f} ({', '.join(f'{x:.4f}' for x in short)}; "
                          f"{np.mean(short - vals(rs)):+.4f} against its own context)")
-    return f" Scored with at most {CONTEXT} tokens of context (nanoGPT's block): " + "; ".join(parts) + "." if parts else ""
+    return f" Scored with at most {CONTEXT} tokens of context (nanoGPT's block): {'; '.join(parts)}." if parts else ""
 
 
 def loss_range(curves, pad=0.15):
@@ -357,13 +374,15 @@ def write_report(a, runs):
          "(evaluations included); every minigpt run of that seed gets that time as `--max_time` (also counting its "
          "evaluations). Every run is scored the same way at its end: the loss over the whole validation split "
          f"(each of its {len(split_text(load_text(os.path.join(ROOT, a.data)))[1]) - 1:,} targets once, with the "
-         f"context of its block: {CONTEXT} tokens, unless the run sets --block_size; a run with a longer block is "
-         f"scored once more with at most {CONTEXT}, nanoGPT's). This invocation used {budget}."
+         f"context of its block: {CONTEXT} tokens in config S and round 1, {block_of(['--preset=speedrun'])} in "
+         f"{CURRENT}; a run with a block longer than nanoGPT's {CONTEXT} is scored once more with at most {CONTEXT}). "
+         f"This invocation used {budget}."
          + (" Every minigpt run here trains with `--dtype bf16` (bf16 products: matmul operands rounded to bfloat16; "
             "sums, weights, gradients and optimizer state in float32; README, `--dtype bf16`)."
             if a.dtype == "bf16" else ""), "",
          "## Leaderboard", "",
-         "| run | wall time (s) | iterations | whole-split val loss, mean | sd | per seed |", "|---|---:|---:|---:|---:|---|"]
+         "| run | wall time (s) | iterations | whole-split val loss, mean | sd | per seed |",
+         "|---|---:|---:|---:|---:|---|"]
     for name in (NANO, BASE, OLD, RECIPE, OLD_BF16, RECIPE_BF16):
         if runs.get(name):
             L.append(row(name, runs[name]))
@@ -377,20 +396,22 @@ def write_report(a, runs):
     L[-1] += short_context_sentence(runs, (RECIPE, RECIPE_BF16))
     L += ["",
           f"![val loss against time]({os.path.basename(png)})", "",
-          f"{CURRENT.capitalize()} is `--preset speedrun` (minigpt/config.py: " + ", ".join(f"{k}={v}" for k, v in PRESETS["speedrun"].
-                                                                          items()) + ") with `--max_time` set to "
+          f"{CURRENT.capitalize()} is `--preset speedrun` (minigpt/config.py: "
+          + ", ".join(f"{k}={v}" for k, v in PRESETS["speedrun"].items()) + ") with `--max_time` set to "
           "the budget. Round 1 is Muon for the blocks' matrices at 20 x the lr, and batch 32 (`" + " ".join(ROUND1) +
           "`). Both keep config S's model (4 layers, 4 heads, n_embd 128, the learned positional table, no dropout); "
-          f"round 1 keeps its block of 64 tokens, {CURRENT}'s is {block_of(['--preset=speedrun'])}." + (" The `--dtype bf16` rows are the same recipes with bf16 products: matmul operands "
-                                   "rounded to bfloat16, sums, weights, gradients and optimizer state in float32 "
-                                   "(README, `--dtype bf16`)." if runs.get(RECIPE_BF16) else ""), "", SELECTION]
+          f"round 1 keeps its block of 64 tokens, {CURRENT}'s is {block_of(['--preset=speedrun'])}."
+          + (" The `--dtype bf16` rows are the same recipes with bf16 products: matmul operands rounded to bfloat16, "
+             "sums, weights, gradients and optimizer state in float32 (README, `--dtype bf16`)."
+             if runs.get(RECIPE_BF16) else ""), "", SELECTION]
     if BASE in runs:
         base, old, rec = runs[BASE], runs[OLD], runs[RECIPE]
         L += ["", "## Ablations", "",
               "### Round 1: each change alone on config S in the budget", "",
               "Paired by seed (Δ: the mean over seeds of the run's loss minus config S in the budget of the same "
               "seed; negative is better).", "",
-              "| run | wall time (s) | iterations | whole-split val, mean | sd | Δ vs config S in the budget | per seed |",
+              "| run | wall time (s) | iterations | whole-split val, mean | sd | Δ vs config S in the budget | "
+              "per seed |",
               "|---|---:|---:|---:|---:|---:|---|"]
         for name in (NANO, "minigpt config S, 2000 iterations", BASE, *(f"{BASE} + {n}" for n in CHANGES), OLD):
             if runs.get(name):
@@ -421,7 +442,7 @@ def write_report(a, runs):
         every = [name for name in runs if name.startswith(("round", "minigpt recipe"))
                  and name not in (RECIPE_BF16, OLD_BF16)]
         L += [row(name, runs[name], old) for name in every]
-        short = short_context_sentence(runs, every)
+        short = short_context_sentence(runs, [name for name in every if name != RECIPE])   # the recipe's: above
         if short:
             L += ["", short.strip()]
     write_keeping_notes(os.path.join(ROOT, a.out), "\n".join(L), NOTES)
@@ -455,8 +476,8 @@ SELECTION = SELECTION_ROUND4 + "\n\n" + SELECTION_ROUND3 + "\n\n" + (
     "budget would have measured the neighbours. Whole-split val loss after 600 iterations: round 1 1.6937; + ReLU^2 "
     "1.7336 (+0.040); + QK-norm 1.6787 (-0.015); + zero-initialised c_proj 1.6956 (+0.002); + Muon momentum warm-up "
     "over 100 steps 1.7068 (+0.013); + embedding lr x 3 1.6780 (-0.016); QK-norm with embedding lr x 3 1.6763 "
-    "(-0.017), with x 10 1.6736 (-0.020), the round-2 recipe. The two that helped do not add up: each alone is worth about "
-    "as much as both. The soft-cap and the untied head were not in the selection runs (round 1's logits reach "
+    "(-0.017), with x 10 1.6736 (-0.020), the round-2 recipe. The two that helped do not add up: each alone is worth "
+    "about as much as both. The soft-cap and the untied head were not in the selection runs (round 1's logits reach "
     "about 9.5 at 600 iterations, inside a cap of 15). Whole steps could not be timed on the shared machine; "
     "QK-norm's forward and backward (NumPy passes over q and k, not fused) took about 1.5 times one c_attn product "
     "per layer there, which the time budget charges it for; the embedding lr costs nothing. Seeds 1338 and 1339 "

@@ -145,7 +145,7 @@ def train_like_nanogpt(seed, data, vocab_size, cfg, gelu="erf"):
 
     curve, t0 = [], time.perf_counter()
     for it in range(cfg.max_iters + 1):
-        lr = get_lr(it, cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters)
+        lr = get_lr(it, cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters, cfg.cooldown)
         for g in opt.param_groups:
             g["lr"] = lr
         if it % cfg.eval_interval == 0 or it == cfg.max_iters:

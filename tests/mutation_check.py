@@ -238,6 +238,12 @@ M = [
         f"{TMU}::test_embed_lr_ratio_scales_only_the_embeddings_adamw_lr"),
     (TRAIN, 'saved = {**ModelShape().model_dict(), **ckpt[0]["model_config"]}', 'saved = ckpt[0]["model_config"]',
         f"{TT}::test_checkpoints_from_before_the_speedrun_options_still_resume"),
+    # the trapezoid lr (--cooldown): its line down, and the loop passing it on
+    (OPT, "return lr if it < start else lr + (min_lr - lr) * (it - start) / (lr_decay_iters - start)",
+        "return lr if it < start else lr + (min_lr - lr) * (it - start) / lr_decay_iters",
+        f"{TT}::test_lr_schedule_trapezoid"),
+    (TRAIN, "cfg.lr_decay_iters, cfg.cooldown)", "cfg.lr_decay_iters)",
+        f"{TT}::test_max_time_ends_the_run_and_lays_the_schedule_over_the_budget"),
     # data parallel (needs mpi4py): each rank's share of the loss, and its slice of the global batch
     (TRAIN, "model.backward(scale=1.0 / k)", "model.backward(scale=1.0 / cfg.grad_accum)",
         f"{TD}::test_two_ranks_take_the_steps_of_one_process_with_twice_the_batch"),

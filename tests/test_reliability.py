@@ -95,7 +95,8 @@ def test_data_too_short_for_block(tmp_path):
     (["--lr=nan"], "--lr expects a number"), (["--weight_decay=inf"], "--weight_decay expects a number"),
     (["--bias=maybe"], "--bias expects true or false"), (["--backend=cuda"], "--backend must be one of"),
     (["--n-layr=2"], "unknown setting --n_layr; did you mean --n_layer?"), (["--lr"], "--lr needs a value"),
-    (["stray"], "unexpected argument 'stray'"),
+    (["stray"], "unexpected argument 'stray'"), (["--cooldown=1.5"], "--cooldown must lie in [0, 1]"),
+    (["--cooldown=-0.1"], "--cooldown must lie in [0, 1]"),
 ])
 def test_bad_settings(text, args, needle):
     assert_clear_error(train_cli("--data", str(text), *args), needle)

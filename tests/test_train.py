@@ -84,6 +84,20 @@ def test_lr_schedule_endpoints():
     assert all(a <= b for a, b in zip(lrs[:100], lrs[1:101])) and all(a >= b for a, b in zip(lrs[100:], lrs[101:]))
 
 
+def test_lr_schedule_trapezoid():
+    """--cooldown 0.4: warmup as before, the peak held to 60% of lr_decay_iters, then a straight line to min_lr;
+    --cooldown 1: the line starts where warmup ends."""
+    kw = dict(lr=1e-3, min_lr=1e-4, warmup_iters=100, lr_decay_iters=2000)
+    assert get_lr(0, **kw, cooldown=0.4) == get_lr(0, **kw)                  # the same warmup
+    assert [get_lr(i, **kw, cooldown=0.4) for i in (100, 700, 1200)] == [1e-3] * 3
+    assert get_lr(1600, **kw, cooldown=0.4) == pytest.approx(5.5e-4)          # halfway down the line
+    assert get_lr(1900, **kw, cooldown=0.4) == pytest.approx(2.125e-4)          # seven eighths down
+    assert get_lr(2000, **kw, cooldown=0.4) == get_lr(3000, **kw, cooldown=0.4) == pytest.approx(1e-4)
+    assert get_lr(1050, **kw, cooldown=1.0) == pytest.approx(5.5e-4)          # from warmup's end: 100 -> 2000
+    lrs = [get_lr(i, **kw, cooldown=0.4) for i in range(2001)]
+    assert all(a >= b for a, b in zip(lrs[100:], lrs[101:]))
+
+
 def test_clip_grad_norm():
     g = {"a": np.array([3.0, 0.0]), "b": np.array([[4.0]])}
     assert clip_grad_norm(g, 1.0) == pytest.approx(5.0)
@@ -339,9 +353,10 @@ def test_the_package_never_imports_torch():
 # ----------------------------------------------------------------------------
 # a time budget; the BPE tokenizer in a run
 
-def test_max_time_ends_the_run_and_lays_the_schedule_over_the_budget(tmp_path, capsys):
+@pytest.mark.parametrize("cooldown", [0.0, 0.5])
+def test_max_time_ends_the_run_and_lays_the_schedule_over_the_budget(tmp_path, capsys, cooldown):
     cfg = tiny_cfg(tmp_path, max_time=1.5, max_iters=10 ** 6, eval_interval=10 ** 6, lr_decay_iters=100,
-                   warmup_iters=10)
+                   warmup_iters=10, cooldown=cooldown)
     res = train(cfg)
     progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("iter ") and "|" in line]
     assert progress and all("/1.5 s |" in line and "/1000000" not in line for line in progress), progress
@@ -350,8 +365,10 @@ def test_max_time_ends_the_run_and_lays_the_schedule_over_the_budget(tmp_path, c
     final = [r for r in rows if r["kind"] == "eval"][-1]
     assert 1.5 <= final["elapsed"] < 6.0 and final["iter"] == res["iter"] == len(steps) > 20
     for r in steps:                                             # lr = the schedule at the elapsed fraction
-        assert r["lr"] == pytest.approx(get_lr(100 * r["elapsed"] / 1.5, cfg.lr, cfg.min_lr, 10, 100), rel=1e-9)
-    assert steps[0]["lr"] < cfg.lr / 5 and steps[-1]["lr"] < cfg.min_lr * 1.5      # warmed up, then decayed
+        assert r["lr"] == pytest.approx(get_lr(100 * r["elapsed"] / 1.5, cfg.lr, cfg.min_lr, 10, 100, cooldown),
+                                        rel=1e-9)
+    assert steps[0]["lr"] < cfg.lr / 5 and steps[-1]["lr"] < (cfg.lr / 2 if cooldown else cfg.min_lr * 1.5)
+    assert any(r["lr"] == cfg.lr for r in steps) == bool(cooldown)    # warmed up, decayed; the trapezoid held its peak
     assert "val_loss_full" in final
 
 
@@ -470,8 +487,9 @@ def test_checkpoints_from_before_named_optimizer_state_still_resume(tmp_path, op
 
 def test_checkpoints_from_before_the_speedrun_options_still_resume(tmp_path):
     """A checkpoint whose configs predate --activation, --qk_norm, --logit_cap, --zero_init_proj,
-    --muon_momentum_warmup and --embed_lr_ratio resumes with them off, to the same run as one without the cut."""
-    new = ("activation", "qk_norm", "logit_cap", "zero_init_proj", "muon_momentum_warmup", "embed_lr_ratio")
+    --muon_momentum_warmup, --embed_lr_ratio and --cooldown resumes with them off, to the same run as one without the
+    cut."""
+    new = ("activation", "qk_norm", "logit_cap", "zero_init_proj", "muon_momentum_warmup", "embed_lr_ratio", "cooldown")
     straight = train(tiny_cfg(tmp_path / "a", optimizer="muon", max_iters=8, eval_interval=4))
     train(tiny_cfg(tmp_path / "b", optimizer="muon", max_iters=4, eval_interval=4))
     path = tmp_path / "b" / "out" / "ckpt_last.npz"
