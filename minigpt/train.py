@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from . import backends, checkpoint, distributed, gpt2
-from .config import ModelShape, UserError, check, default_backend, parse_args
+from .config import PRESETS, ModelShape, UserError, check, default_backend, parse_args
 from .bpe import BPETokenizer
 from .tokenizer import tokenizer_from_json
 from .data import CharTokenizer, Dataset, load_text, split_text
@@ -480,8 +480,10 @@ def _load_resume(cfg, path, given):
     saved = {**ModelShape().model_dict(), **ckpt[0]["model_config"]}   # older checkpoints: today's defaults
     for k, v in cfg.model_dict().items():
         if given is not None and k in given and saved[k] != v:
+            preset = PRESETS.get(cfg.preset, {}).get(k) == v               # the preset set it (or a typed twin)
+            fix = f"drop --preset {cfg.preset}, which sets {k}={_typed(v)}" if preset else f"drop --{k}"
             raise UserError(f"--{k} {_typed(v)} does not match the resumed model's {k}={_typed(saved[k])} "
-                            f"({path}); drop --{k} or start a new --out_dir")
+                            f"({path}); {fix} or start a new --out_dir")
         setattr(cfg, k, saved[k])                             # the model's shape comes from the checkpoint
     trained = ckpt[0]["train_config"]                         # so does the tokenizer (older runs: char)
     for k in ("tokenizer", "vocab_size") if trained.get("tokenizer", "char") == "bpe" else ("tokenizer",):
