@@ -141,8 +141,9 @@ class Muon(Optimizer):
     State (Optimizer): momentum[k] for the Muon matrices; m[k], v[k] (AdamW's moments) for the rest.
     Cost: Newton-Schulz runs the backend's batched products over each stack of same-shaped matrices; at config S
     on 2 cores a Muon step (reports/muon.md) takes about as long as a forward+backward of batch 12, and about a
-    third of one of batch 32 (the speedrun's until round 4, which takes 24 blocks of 128 tokens, 1.5 times those). bf16=True (a --dtype bf16 model's) runs those products on bfloat16
-    operands, as the model's own: faster where bf16 products are (AVX512_BF16, AMX)."""
+    third of one of batch 32 (the speedrun's until round 4, which takes 24 blocks of 128 tokens, 1.5 times those).
+    bf16=True (a --dtype bf16 model's) runs those products on bfloat16 operands, as the model's own: faster where
+    bf16 products are (AVX512_BF16, AMX)."""
 
     name = "muon"
 

@@ -73,16 +73,15 @@ def main(argv):
           f"{a.dtype} products")
     for split in splits:
         full = whole_split_loss(model, data.splits[split], T, B)
-        if not a.draws:
-            print(f"{split:5s}: whole split {full:.4f} ({len(data.splits[split]):,} tokens)")
-            continue
+        line = f"{split:5s}: whole split {full:.4f} ({len(data.splits[split]):,} tokens)"
         est = []
         for d in range(a.draws):
             rng = np.random.default_rng([cfg["seed"], 100 + d])  # not the loop's generator [seed, 2]
             est.append(np.mean([model.forward(*data.batch(split, B, T, rng))[1] for _ in range(iters)]))
-        print(f"{split:5s}: whole split {full:.4f} ({len(data.splits[split]):,} tokens); {iters}-batch estimate "
-              f"over {a.draws} draws: mean {np.mean(est):.4f}, std {np.std(est):.4f}, "
-              f"min {np.min(est):.4f}, max {np.max(est):.4f}")
+        if est:
+            line += (f"; {iters}-batch estimate over {a.draws} draws: mean {np.mean(est):.4f}, std {np.std(est):.4f}, "
+                     f"min {np.min(est):.4f}, max {np.max(est):.4f}")
+        print(line)
     return 0
 
 

@@ -310,9 +310,12 @@ def bf16_sentence(runs):
     return "In bf16 (`--dtype bf16`), " + "; ".join(parts) + "."
 
 
-def short_context_sentence(runs, names):
-    """' Scored with at most CONTEXT tokens of context, ...' for the runs of `names` whose block is longer
-    (their "val_short"), paired by seed against their own score; '' when there are none."""
+SHORT = f"Scored with at most {CONTEXT} tokens of context (nanoGPT's block)"
+
+
+def short_context_parts(runs, names):
+    """'NAME reaches ... against its own context' for each run of `names` whose block is longer (its "val_short"),
+    paired by seed against its own score."""
     parts = []
     for name in names:
         rs = runs.get(name) or []
@@ -320,7 +323,14 @@ def short_context_sentence(runs, names):
             short = np.array([r["val_short"] for r in rs])
             parts.append(f"{name} reaches {short.mean():.3f} ({', '.join(f'{x:.4f}' for x in short)}; "
                          f"{np.mean(short - vals(rs)):+.4f} against its own context)")
-    return f" Scored with at most {CONTEXT} tokens of context (nanoGPT's block): {'; '.join(parts)}." if parts else ""
+    return parts
+
+
+def short_context_sentence(runs, names):
+    """' Scored with at most CONTEXT tokens of context (nanoGPT's block): ...' for the runs of `names` whose block
+    is longer; '' when there are none."""
+    parts = short_context_parts(runs, names)
+    return f" {SHORT}: {'; '.join(parts)}." if parts else ""
 
 
 def loss_range(curves, pad=0.15):
@@ -425,7 +435,7 @@ def write_report(a, runs):
         left = [n for n in CANDIDATES if n not in a.candidates]
         if left:
             L[-2:-2] = [f"Ablated here: {'; '.join(a.candidates)} (`--candidates`). Not ablated in this invocation, "
-                        f"for time: {'; '.join(left)} (their single-seed selection runs are below).", ""]
+                        f"for time: {'; '.join(left)} (earlier invocations measured them: reports/speedrun.md).", ""]
         for n in a.candidates:
             on = CANDIDATES[n][0]
             alone = vals(runs[f"round 1 + {n}"]) - vals(old)
@@ -442,9 +452,9 @@ def write_report(a, runs):
         every = [name for name in runs if name.startswith(("round", "minigpt recipe"))
                  and name not in (RECIPE_BF16, OLD_BF16)]
         L += [row(name, runs[name], old) for name in every]
-        short = short_context_sentence(runs, [name for name in every if name != RECIPE])   # the recipe's: above
+        short = short_context_parts(runs, [name for name in every if name != RECIPE])   # the recipe's: above
         if short:
-            L += ["", short.strip()]
+            L += ["", f"{SHORT}, the runs with a longer block:", "", *(f"- {p}" for p in short)]
     write_keeping_notes(os.path.join(ROOT, a.out), "\n".join(L), NOTES)
     print(f"wrote {a.out} and {png}")
 

@@ -106,6 +106,16 @@ def test_speedrun_bf16_runs_the_two_recipes_again_and_reports_them_paired(tmp_pa
     assert f"| {speedrun.RECIPE} |" in table and f"| {speedrun.OLD} |" in table
     assert speedrun.RECIPE_BF16 not in table and speedrun.OLD_BF16 not in table
 
+    longer = "round 1 + context 128, batch 24"                 # its second score: one line of a list, the recipe's not
+    made[longer] = [{**r, "val_short": 4.0} for r in runs([3.9, 3.8], [3, 3])]
+    made[speedrun.RECIPE] = [{**r, "val_short": 4.0} for r in made[speedrun.RECIPE]]
+    speedrun.write_report(a, {name: made.get(name, runs([3.9, 3.9], [3, 3])) for name in every})
+    plt.close("all")
+    table = (tmp_path / "ablations.md").read_text().split("Every run of the ablations")[1].split("<!-- notes")[0]
+    assert table.rstrip().endswith("Scored with at most 64 tokens of context (nanoGPT's block), the runs with a "
+                                   f"longer block:\n\n- {longer} reaches 4.000 (4.0000, 4.0000; +0.1500 against its "
+                                   "own context)")
+
 
 def test_speedrun_dtype_bf16_runs_every_minigpt_run_in_bf16(tmp_path):
     """--dtype bf16: every run of the plan, the ablations' too, gets --dtype=bf16 after its own settings (so a

@@ -91,7 +91,7 @@ def test_lr_schedule_trapezoid():
     assert get_lr(0, **kw, cooldown=0.4) == get_lr(0, **kw)                  # the same warmup
     assert [get_lr(i, **kw, cooldown=0.4) for i in (100, 700, 1200)] == [1e-3] * 3
     assert get_lr(1600, **kw, cooldown=0.4) == pytest.approx(5.5e-4)          # halfway down the line
-    assert get_lr(1900, **kw, cooldown=0.4) == pytest.approx(2.125e-4)          # seven eighths down
+    assert get_lr(1900, **kw, cooldown=0.4) == pytest.approx(2.125e-4)        # seven eighths down
     assert get_lr(2000, **kw, cooldown=0.4) == get_lr(3000, **kw, cooldown=0.4) == pytest.approx(1e-4)
     assert get_lr(1050, **kw, cooldown=1.0) == pytest.approx(5.5e-4)          # from warmup's end: 100 -> 2000
     lrs = [get_lr(i, **kw, cooldown=0.4) for i in range(2001)]
@@ -367,8 +367,9 @@ def test_max_time_ends_the_run_and_lays_the_schedule_over_the_budget(tmp_path, c
     for r in steps:                                             # lr = the schedule at the elapsed fraction
         assert r["lr"] == pytest.approx(get_lr(100 * r["elapsed"] / 1.5, cfg.lr, cfg.min_lr, 10, 100, cooldown),
                                         rel=1e-9)
+    # warmed up, then decayed; only the trapezoid holds its peak
     assert steps[0]["lr"] < cfg.lr / 5 and steps[-1]["lr"] < (cfg.lr / 2 if cooldown else cfg.min_lr * 1.5)
-    assert any(r["lr"] == cfg.lr for r in steps) == bool(cooldown)    # warmed up, decayed; the trapezoid held its peak
+    assert any(r["lr"] == cfg.lr for r in steps) == bool(cooldown)
     assert "val_loss_full" in final
 
 
