@@ -141,36 +141,28 @@ def attention_forward(y, att, qkv, n_head, start=0, kv=None, mask=None, attd=Non
     qkv (B, T, 3C); att (B, nh, T, >=Tk) keeps the probabilities. mask (B, nh, T, T), when given, is attention
     dropout: attd = att * mask is what multiplies v. Generation passes kv = (k, v) (B, nh, block_size, hs)
     holding the start positions before this call's: the call appends its own and its query i sees keys
-    0..start+i."""
+    0..start+i. The products and softmax: Ops.attention (backends/__init__.py)."""
     B, T, C3 = qkv.shape
     q, k, v = heads(qkv, n_head, 3)                               # each (B, nh, T, hs), views of qkv
     if kv is not None:
         kc, vc = kv
         kc[:, :, start:start + T], vc[:, :, start:start + T] = k, v
         k, v = kc[:, :, :start + T], vc[:, :, :start + T]          # (B, nh, Tk, hs), Tk = start + T
-    att = att[..., :start + T]                                    # (B, nh, T, Tk)
-    ops.bmm(q, k, tb=True, out=att, causal="out", start=start)    # s = q k^T, but past the diagonal (0 there)
-    ops.causal_softmax(att, 1.0 / math.sqrt(C3 // (3 * n_head)), start)   # att = softmax(s / sqrt(hs)), causal
-    if mask is not None:
-        att = np.multiply(att, mask, out=attd)                    # attd = att * mask
     (yh,) = heads(y, n_head)                                      # heads side by side in y (B, T, C)
-    ops.bmm(att, v, out=yh, causal="a", start=start)              # y = att v  (B, nh, T, hs)
+    scale = 1.0 / math.sqrt(C3 // (3 * n_head))
+    # att = softmax(scale q k^T), causal; y = att v (attd v under dropout)
+    ops.attention(q, k, v, att[..., :start + T], yh, scale, start, mask, attd)
     return y
 
 
-def attention_backward(dqkv, datt, dy, qkv, att, n_head, mask=None, attd=None):
-    """dy (B, T, C) -> dqkv (B, T, 3C); datt (B, nh, T, T) is scratch. mask, attd: the forward's dropout."""
+def attention_backward(dqkv, dy, qkv, att, n_head, mask=None, attd=None):
+    """dy (B, T, C) -> dqkv (B, T, 3C). mask, attd: the forward's dropout."""
     q, k, v = heads(qkv, n_head, 3)                               # (B, nh, T, hs)
     dq, dk, dv = heads(dqkv, n_head, 3)                           # views of dqkv
     (dyh,) = heads(dy, n_head)
-    ops.bmm(att if mask is None else attd, dyh, ta=True, out=dv, causal="a")   # fwd: y = attd v -> dv = attd^T dy
-    ops.bmm(dyh, v, tb=True, out=datt, causal="out")              #                    dattd = dy v^T, past: 0
-    if mask is not None:
-        datt *= mask                                              # fwd: attd = att * mask
     scale = 1.0 / math.sqrt(q.shape[-1])
-    ops.causal_softmax_backward(att, datt, scale)                 # fwd: att = softmax(scale s) -> ds, in place
-    ops.bmm(datt, k, out=dq, causal="a")                          # fwd: s = q k^T -> dq = ds k
-    ops.bmm(datt, q, ta=True, out=dk, causal="a")                 #                   dk = ds^T q
+    # dv = att^T dy; ds = the softmax's backward of dy v^T; dq = ds k, dk = ds^T q
+    ops.attention_backward(q, k, v, att, dyh, dq, dk, dv, scale, mask, attd)
     return dqkv
 
 

@@ -97,7 +97,6 @@ def gradient_shapes(cfg, B, T):
         "dproj":   (B, T, C),             # d loss / d an output projection, under dropout
         "datty":   (B, T, C),
         "dqkv":    (B, T, 3 * C),
-        "datt":    (B, nh, T, T),
         "dfc":     (B, T, 4 * C),
         "dlogits": (B, T, V),
     }
@@ -165,7 +164,7 @@ class Block:
         dy = np.multiply(dx, a.attn_mask, out=d.dproj) if dropped else dx   # fwd: y *= attn_mask
         L.linear_backward(d.datty, g["attn.c_proj.weight"], gb("attn.c_proj.bias"), dy, a.atty,
                           p["attn.c_proj.weight"])
-        L.attention_backward(d.dqkv, d.datt, d.datty, a.qkv, a.att, self.n_head,
+        L.attention_backward(d.dqkv, d.datty, a.qkv, a.att, self.n_head,
                              *((a.att_mask, a.attd) if dropped else ()))
         if self.qk_norm:                                           # datty is free again: scratch
             L.qk_norm_backward(d.dqkv, d.datty, a.qkv, a.qk_rstd, self.n_head)

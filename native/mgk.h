@@ -6,7 +6,7 @@
 #ifndef MGK_H
 #define MGK_H
 
-#define MGK_ABI      6   /* bumped when a signature changes; minigpt/backends/native.py refuses any other build */
+#define MGK_ABI      7   /* bumped when a signature changes; minigpt/backends/native.py refuses any other build */
 
 #define MGK_OK       0
 #define MGK_EBADARG -1   /* negative size, too small leading dimension, NULL pointer */
@@ -38,6 +38,31 @@ int mgk_gemm_causal(int causal, int start, int bf16, int L1, int L2, int ta, int
                     const float *A, int lda, long long sA1, long long sA2,
                     const float *B, int ldb, long long sB1, long long sB2,
                     float beta, float *C, int ldc, long long sC1, long long sC2);
+/* causal self-attention, fused: L1*L2 items (batch x head), each array a strided stack as in mgk_sgemm_batched
+   (pointer, row stride, outer and inner item strides, in floats), so q, k, v and y are read and written in place
+   in a (B, T, 3, n_head, hs) or (B, T, n_head, hs) array.
+     forward:  att (T x Tk) = the causal softmax of scale * q k^T (query i sees keys 0..start+i; the rest exactly
+               0), y (T x hs) = att v; q is T x hs, k and v are Tk x hs
+     backward: from att and dy (T x hs), with Tk = T and start = 0: dv = att^T dy, ds = the softmax's backward of
+               dy v^T (d scores), dq = ds k, dk = ds^T q; dq, dk, dv are written, not added into
+   bf16: every product's operands rounded to bf16 (as mgk_bgemm). The result has the same bits as that of the
+   products (mgk_gemm_causal) and softmaxes (mgk_causal_softmax_fwd/bwd) called one after another; fused, each
+   thread runs whole items, whose probabilities stay in its caches between the steps. */
+int mgk_attention_fwd(int bf16, int L1, int L2, int T, int Tk, int hs, int start, float scale,
+                      const float *q, int ldq, long long sq1, long long sq2,
+                      const float *k, int ldk, long long sk1, long long sk2,
+                      const float *v, int ldv, long long sv1, long long sv2,
+                      float *att, int ldatt, long long satt1, long long satt2,
+                      float *y, int ldy, long long sy1, long long sy2);
+int mgk_attention_bwd(int bf16, int L1, int L2, int T, int hs, float scale,
+                      const float *q, int ldq, long long sq1, long long sq2,
+                      const float *k, int ldk, long long sk1, long long sk2,
+                      const float *v, int ldv, long long sv1, long long sv2,
+                      const float *att, int ldatt, long long satt1, long long satt2,
+                      const float *dy, int lddy, long long sdy1, long long sdy2,
+                      float *dq, int lddq, long long sdq1, long long sdq2,
+                      float *dk, int lddk, long long sdk1, long long sdk2,
+                      float *dv, int lddv, long long sdv1, long long sdv2);
 /* plain scalar loops, one thread: the reference the fast path is tested against */
 int mgk_sgemm_ref(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                   float beta, float *C, int ldc);

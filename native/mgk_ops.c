@@ -458,7 +458,8 @@ int mgk_gelu_bwd(long long N, int H, const float *dout, const float *dgelu, floa
 /* ----------------------------------------------------------------------------
    causal softmax over (L, T, Tk) rows; query i sees keys 0..start+i, the masked tail is skipped, then zeroed */
 
-typedef struct { long long L; int T, Tk, start; float scale; const float *att; float *g; } sm_t;
+typedef struct { long long L; int T, Tk, start; float scale; const float *att; float *g; long long lda, ldg; } sm_t;
+/* lda, ldg: floats from one row of att (of g) to the next, over all L * T rows (Tk for contiguous items) */
 
 BODY long long visible(long long T, long long Tk, long long start, long long row)   /* keys row may see */
 {
@@ -473,7 +474,7 @@ BODY void sm_fwd_body(const sm_t *a, int tid, int nt)
     long long lo, hi;
     span(a->L * T, tid, nt, 1, &lo, &hi);
     for (long long i = lo; i < hi; i++) {
-        float *r = a->g + i * Tk;
+        float *r = a->g + i * a->ldg;
         long long n = visible(T, Tk, start, i), j;
         /* each pass reads what the one before wrote at the same width or narrower: a load wider than the stores
            it overlaps (a vector over a scalar tail) waits for them to drain, which cost more than the exps here */
@@ -496,8 +497,8 @@ BODY void sm_bwd_body(const sm_t *a, int tid, int nt)
     long long lo, hi;
     span(a->L * T, tid, nt, 1, &lo, &hi);
     for (long long i = lo; i < hi; i++) {
-        const float *p = a->att + i * Tk;
-        float *g = a->g + i * Tk;
+        const float *p = a->att + i * a->lda;
+        float *g = a->g + i * a->ldg;
         long long n = visible(T, Tk, start, i), j;
         float d = row_dot(g, p, n);                                /* sum_j datt_j att_j */
         /* fwd: att = softmax(scale s) -> ds = scale att (datt - d) */
@@ -511,7 +512,7 @@ int mgk_causal_softmax_fwd(long long L, int T, int Tk, int start, float scale, f
 {
     if (L < 0 || T < 0 || Tk < 0 || start < 0 || (L && T && Tk && !att)) return MGK_EBADARG;
     if (Tk == 0) return MGK_OK;
-    sm_t a = {L, T, Tk, start, scale, att, att};
+    sm_t a = {L, T, Tk, start, scale, att, att, Tk, Tk};
     run(sm_fwd_fns, &a, L * T * Tk * PS_SM_FWD, L * T);
     return MGK_OK;
 }
@@ -520,9 +521,19 @@ int mgk_causal_softmax_bwd(long long L, int T, int Tk, int start, float scale, c
 {
     if (L < 0 || T < 0 || Tk < 0 || start < 0 || (L && T && Tk && (!att || !datt))) return MGK_EBADARG;
     if (Tk == 0) return MGK_OK;
-    sm_t a = {L, T, Tk, start, scale, att, datt};
+    sm_t a = {L, T, Tk, start, scale, att, datt, Tk, Tk};
     run(sm_bwd_fns, &a, L * T * Tk * PS_SM_BWD, L * T);
     return MGK_OK;
+}
+
+/* one item of mgk_attention_fwd/bwd (mgk.c), on the calling thread: mgk_causal_softmax_fwd over the T x Tk rows at
+   g (fwd), or mgk_causal_softmax_bwd of g from att (bwd), rows lda and ldg floats apart; the same bits */
+void mgk_softmax_item(int fwd, int T, int Tk, int start, float scale, const float *att, long long lda, float *g,
+                      long long ldg)
+{
+    int isa = mgk_isa();
+    sm_t a = {1, T, Tk, start, scale, att, g, lda, ldg};
+    (fwd ? sm_fwd_fns : sm_bwd_fns)[isa < MGK_ISA_AVX512 ? isa : MGK_ISA_AVX512](&a, 0, 1);
 }
 
 /* ----------------------------------------------------------------------------

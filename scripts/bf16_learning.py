@@ -27,6 +27,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_util import command, cpu_line, revision, write_keeping_notes  # noqa: E402
 from minigpt import backends, layers, model  # noqa: E402
+from minigpt.backends import native  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXED = ["--max_iters", "1219", "--lr_decay_iters", "1219"]
@@ -100,6 +101,8 @@ def keep_float32(*groups):
         setattr(backends.Ops, name, in_kept_precision)
     product("matmul")
     product("bmm")
+    for name in ("attention", "attention_backward"):    # native's fused attention runs its products in C, past
+        setattr(native.NativeOps, name, getattr(backends.Ops, name))   # Ops.bmm: the composition runs them here
 
 
 def run(out_dir, flags, args, read, keep=None, env=None):

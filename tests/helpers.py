@@ -76,3 +76,46 @@ def causal_products(ops, rng, bf16=None):
             out = base.copy()
             yield ops.bmm(att, b, ta=ta, out=out, acc=True, causal="a", start=start, bf16=bf16), att, b, ta, False, \
                 base, None
+
+
+# (B, nh, T, hs, start): attention's shapes for the fused kernels (Tk = start + T keys; backward only at start 0):
+# one query, odd sizes, T past the packed paths' KC (256) and MC (192) blocks, and a decode-like few rows
+ATTENTION = [(2, 3, 1, 5, 0), (1, 2, 7, 24, 0), (2, 3, 33, 12, 0), (1, 2, 70, 64, 0), (1, 1, 300, 17, 0),
+             (3, 1, 4, 8, 5), (1, 3, 9, 16, 40)]
+
+
+def check_fused_attention(ops, bf16, rng):
+    """ops.attention and ops.attention_backward (a backend's own, e.g. native's fused kernels) against Ops'
+    composition of the same backend's products and softmax, on head views of a qkv and of NaN-padded outputs
+    (as the layers pass them; at start > 0, k and v are views into a KV cache): the same bits, no write outside
+    the views."""
+    for B, nh, T, hs, start in ATTENTION:
+        Tk, C, scale = start + T, nh * hs, 1.0 / np.sqrt(hs)
+        qkv = rng.standard_normal((B, T, 3 * C)).astype(np.float32) * 2
+        q, k, v = heads(qkv, nh, 3)
+        if start:                                           # a KV cache of 50 positions, the first Tk filled
+            cache = rng.standard_normal((2, B, nh, 50, hs)).astype(np.float32)
+            k, v = cache[0, :, :, :Tk], cache[1, :, :, :Tk]
+        res = []                                            # the fused op's, then the composition's
+        for run in (ops.attention, lambda *a: backends.Ops.attention(ops, *a)):
+            att = np.full((B, nh, T, Tk + 3), np.nan, np.float32)
+            y = np.full((B, T, C + 2), np.nan, np.float32)
+            (yh,) = heads(y[:, :, :C], nh)
+            with backends.bf16_products(bf16):
+                run(q, k, v, att[..., :Tk], yh, scale, start)
+            assert np.isnan(att[..., Tk:]).all() and np.isnan(y[:, :, C:]).all(), "a write outside the views"
+            res.append((att, y))
+        np.testing.assert_array_equal(res[0][0], res[1][0], err_msg=f"att {B, nh, T, hs, start}")
+        np.testing.assert_array_equal(res[0][1], res[1][1], err_msg=f"y {B, nh, T, hs, start}")
+        if start:
+            continue
+        att, dy = res[0][0][..., :Tk], rng.standard_normal((B, nh, T, hs)).astype(np.float32)
+        grads = []
+        for run in (ops.attention_backward, lambda *a: backends.Ops.attention_backward(ops, *a)):
+            dqkv = np.full((B, T, 3 * C + 1), np.nan, np.float32)
+            dq, dk, dv = heads(dqkv[:, :, :3 * C], nh, 3)
+            with backends.bf16_products(bf16):
+                run(q, k, v, att, dy, dq, dk, dv, scale)
+            assert np.isnan(dqkv[:, :, 3 * C:]).all(), "a write outside the views"
+            grads.append(dqkv)
+        np.testing.assert_array_equal(grads[0], grads[1], err_msg=f"dq, dk, dv {B, nh, T, hs}")

@@ -16,7 +16,7 @@ from minigpt.backends import native
 from minigpt.backends.numpy_ops import round_bf16
 from minigpt.layers import heads
 from minigpt.model import GPT, GPTConfig
-from helpers import causal_products
+from helpers import causal_products, check_fused_attention
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NATIVE = backends.why_unavailable("native")
@@ -212,6 +212,14 @@ def test_bf16_causal_products_match_the_emulation(kernel):
 
 
 @pytest.mark.skipif(NATIVE is not None, reason=str(NATIVE))
+@pytest.mark.parametrize("kernel", [("native", "amx-emulated")], indirect=True, ids=["native:amx-emulated"])
+def test_fused_attention_on_the_amx_path(kernel):
+    """The fused attention's bf16 products on the amx path's code (emulated tiles) give the bits of the same
+    products called one by one (every ISA path: tests/test_native_isa.py)."""
+    check_fused_attention(kernel, True, np.random.default_rng(8))
+
+
+@pytest.mark.skipif(NATIVE is not None, reason=str(NATIVE))
 def test_native_scalar_reference_matches_the_emulation():
     lib, rng = native._lib(), np.random.default_rng(6)
     for ta, tb in itertools.product((0, 1), repeat=2):
@@ -324,7 +332,8 @@ def test_the_bisections_groups_split_every_product_and_each_changes_the_step():
     import bf16_learning as bl
     sys.path.pop(0)
     patched = [(owner, name) for owner, names, _ in bl.LAYERS.values() for name in names] + [
-        (GPT, "backward"), (backends.Ops, "matmul"), (backends.Ops, "bmm")]
+        (GPT, "backward"), (backends.Ops, "matmul"), (backends.Ops, "bmm"),
+        (native.NativeOps, "attention"), (native.NativeOps, "attention_backward")]
     saved = [(owner, name, getattr(owner, name)) for owner, name in patched]
 
     def keeping(*groups, run=lambda: step("numpy", True)):
@@ -343,6 +352,11 @@ def test_the_bisections_groups_split_every_product_and_each_changes_the_step():
         l, g = keeping(*split)
         assert l == l32 and np.array_equal(g, g32), list(split)
     assert step("numpy", True)[0] == l16                     # restored
+    if NATIVE is None:                                       # native's fused attention too: its products are kept
+        l32, g32 = step("native", False)
+        for split in (bl.LAYERS, bl.ROLES):
+            l, g = keeping(*split, run=lambda: step("native", True))
+            assert l == l32 and np.array_equal(g, g32), list(split)
 
     def in_backward():                                       # the role of a product: does it accumulate?
         x = np.full((2, 2), 1 + 2 ** -10, np.float32)        # bf16 rounds it to 1: x x = 2 in bf16

@@ -175,10 +175,10 @@ def test_attention_grad(rng, dropout):
     qkv = 2 * x_of(rng, B, T, 3 * C)                            # larger scores: sharper, non-uniform attention
     y, att, attd = np.empty((B, T, C)), np.empty((B, NH, T, T)), np.empty((B, NH, T, T))
     mask = L.dropout_mask(np.empty((B, NH, T, T)), dropout, np.random.default_rng(7)) if dropout else None
-    dqkv, datt = np.empty((B, T, 3 * C)), np.empty((B, NH, T, T))
+    dqkv = np.empty((B, T, 3 * C))
 
     def backward(dy):
-        L.attention_backward(dqkv, datt, dy, qkv, att, NH, mask, attd)
+        L.attention_backward(dqkv, dy, qkv, att, NH, mask, attd)
         return {"qkv": dqkv}
 
     check_layer(lambda: L.attention_forward(y, att, qkv, NH, mask=mask, attd=attd), backward, {"qkv": qkv},

@@ -12,7 +12,7 @@ from minigpt.backends import native
 from minigpt.backends.numpy_ops import round_bf16
 from minigpt.layers import heads
 from minigpt.model import GPT, GPTConfig
-from helpers import causal_products
+from helpers import causal_products, check_fused_attention
 
 
 REASON = backends.why_unavailable("native")
@@ -134,6 +134,12 @@ def test_causal_products_every_path(path):
             want[..., future] = 0
             assert (got[..., future] == 0).all()
         close(got, want, a.shape[-2] if ta else a.shape[-1])
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_fused_attention_is_the_composed_ops_every_path(path, bf16):
+    """mgk_attention_fwd/bwd give the bits of the products and softmaxes they fuse (helpers.check_fused_attention)."""
+    check_fused_attention(path, bf16, np.random.default_rng(3))
 
 
 def test_gpt_step_every_path_matches_numpy():

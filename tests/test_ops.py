@@ -485,6 +485,9 @@ def _walk_rows(rng):
     logits, t, lse = r(N, V, s=4), rng.integers(0, V, N), np.empty(N)
     SPEC.cross_entropy(logits, t, lse)
     p, g, m, v = r(50), r(50), r(50), r(50) ** 2                     # 1-D: p, m, v must not become views
+    qh, kh, vh = r(2, 3, 5, 4), r(2, 3, 8, 4), r(2, 3, 8, 4)        # attention: 5 queries after 3 cached keys
+    q0, k0, v0, s0 = r(2, 3, 6, 4), r(2, 3, 6, 4), r(2, 3, 6, 4), r(2, 3, 6, 6, s=3)   # ... and at start 0
+    att0 = SPEC.causal_softmax(s0, 0.4)
     return {
         "matmul": ([r(C, 17), r(20, C), True, True, r(17, 20), True], 10),
         "bmm": ([r(2, 3, 17, 9), r(2, 3, 9, 20), False, False, nan(2, 3, 17, 20), False], 10),
@@ -498,6 +501,9 @@ def _walk_rows(rng):
         "cross_entropy_backward": ([logits, t, lse, 0.25, nan(N, V)], 2),
         "embedding_backward": ([r(V, C), rng.integers(0, V, N), r(N, C)], 2),
         "adamw": ([p, g, m, v, 1e-2, 0.9, 0.99, 1e-8, 0.1, 0.5, 0.3], 2),
+        "attention": ([qh, kh, vh, nan(2, 3, 5, 8), nan(2, 3, 5, 4), 0.4, 3], 5),
+        "attention_backward": ([q0, k0, v0, att0, r(2, 3, 6, 4), nan(2, 3, 6, 4), nan(2, 3, 6, 4),
+                                nan(2, 3, 6, 4), 0.4], 10),
     }
 
 

@@ -125,6 +125,32 @@ class Ops:
         """att (..., T, Tk) probabilities; datt d(probabilities) -> d(scores) in place."""
         raise NotImplementedError
 
+    # ---- causal self-attention of many heads at once: the products and softmax above, composed here; a backend
+    #      may fuse them (native: mgk_attention_fwd/bwd, the same bits)
+    def attention(self, q, k, v, att, y, scale, start=0, mask=None, attd=None):
+        """q (..., T, hs), k and v (..., Tk, hs) -> att (..., T, Tk), y (..., T, hs): att = causal_softmax of
+        scale * q k^T (query i sees keys 0..start+i), y = att v. mask (..., T, T), when given, is attention
+        dropout: attd = att * mask is what multiplies v."""
+        self.bmm(q, k, tb=True, out=att, causal="out", start=start)   # s = q k^T, but past the diagonal (0 there)
+        self.causal_softmax(att, scale, start)                        # att = softmax(scale s), causal
+        if mask is not None:
+            att = np.multiply(att, mask, out=attd)                    # attd = att * mask
+        self.bmm(att, v, out=y, causal="a", start=start)              # y = att v
+        return y
+
+    def attention_backward(self, q, k, v, att, dy, dq, dk, dv, scale, mask=None, attd=None):
+        """dy (..., T, hs) -> dq, dk, dv (..., T, hs), written (not added into), from attention's forward with
+        Tk = T, start 0: its inputs q, k, v, its probabilities att and its dropout (mask, attd)."""
+        datt = self._tmp("attention_backward", att.shape, att.dtype)   # (..., T, T): d att, then d scores
+        self.bmm(att if mask is None else attd, dy, ta=True, out=dv, causal="a")   # fwd: y = attd v -> dv = attd^T dy
+        self.bmm(dy, v, tb=True, out=datt, causal="out")              #                    dattd = dy v^T, past: 0
+        if mask is not None:
+            datt *= mask                                              # fwd: attd = att * mask
+        self.causal_softmax_backward(att, datt, scale)                # fwd: att = softmax(scale s) -> ds, in place
+        self.bmm(datt, k, out=dq, causal="a")                         # fwd: s = q k^T -> dq = ds k
+        self.bmm(datt, q, ta=True, out=dk, causal="a")                #                   dk = ds^T q
+        return dq, dk, dv
+
     def cross_entropy(self, logits, targets, lse):
         """logits (N, V), targets (N,) ints -> mean loss (a float); writes lse (N,), each row's log-sum-exp."""
         raise NotImplementedError

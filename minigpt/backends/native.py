@@ -25,12 +25,12 @@ import os
 
 import numpy as np
 
-from . import BackendUnavailable, Ops, check_float32, gemm_dims
+from . import BackendUnavailable, Ops, _check_bf16, check_float32, gemm_dims
 
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # minigpt/
 _ERRORS = {-1: "bad argument", -2: "out of memory", -3: "could not start a worker thread"}
 _i, _ll = ctypes.c_int, ctypes.c_longlong
-_ABI = 6                                                  # MGK_ABI in native/mgk.h
+_ABI = 7                                                  # MGK_ABI in native/mgk.h
 _CAUSAL = {"out": 1, "a": 2}                              # MGK_CAUSAL_OUT, MGK_CAUSAL_A in native/mgk.h
 _ndf32 = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
 
@@ -114,6 +114,10 @@ def _lib():
     lib.mgk_bgemm_batched.argtypes = lib.mgk_sgemm_batched.argtypes
     lib.mgk_bgemm_batched.restype = _i
     lib.mgk_gemm_causal.argtypes, lib.mgk_gemm_causal.restype = [_i] * 3 + lib.mgk_sgemm_batched.argtypes, _i
+    view = [_p, _i, _ll, _ll]                                         # a strided stack: _matrices
+    lib.mgk_attention_fwd.argtypes = [_i] * 7 + [ctypes.c_float] + view * 5
+    lib.mgk_attention_bwd.argtypes = [_i] * 5 + [ctypes.c_float] + view * 8
+    lib.mgk_attention_fwd.restype = lib.mgk_attention_bwd.restype = _i
     lib.mgk_round_bf16.argtypes, lib.mgk_round_bf16.restype = [_ll, _f32, _f32], _i
     lib.mgk_isa_name.argtypes, lib.mgk_isa_name.restype = [_i], ctypes.c_char_p
     for f in ("mgk_cpu_isa", "mgk_isa"):
@@ -187,6 +191,35 @@ class NativeOps(Ops):
         _check(rc, "batched gemm", a, b)
         c.back()
         return out
+
+    # ---- attention fused (mgk_attention_fwd/bwd: each thread runs whole heads, whose probabilities stay in its
+    #      caches; the same bits as Ops' composition of the products and softmax here), on the views _matrices
+    #      walks; dropout's mask, and other views, take the composition
+    def attention(self, q, k, v, att, y, scale, start=0, mask=None, attd=None):
+        views = None if mask is not None else [_matrices(x) for x in (q, k, v, att, y)]
+        if views is None or None in views:
+            return super().attention(q, k, v, att, y, scale, start, mask, attd)
+        check_float32(q, k, v, att, y, backend=self.name)
+        lead, (T, hs), Tk = q.shape[:-2], q.shape[-2:], k.shape[-2]
+        self._shapes("attention", ((*lead, Tk, hs), k, v), ((*lead, T, Tk), att), (q.shape, y))
+        _writable("attention", att, y)
+        rc = self.lib.mgk_attention_fwd(_check_bf16(None, q), *_lead(lead), T, Tk, hs, start, scale,
+                                        *[f for x in views for f in x])
+        _check(rc, "attention (start >= 0)", q, k)
+        return y
+
+    def attention_backward(self, q, k, v, att, dy, dq, dk, dv, scale, mask=None, attd=None):
+        views = None if mask is not None else [_matrices(x) for x in (q, k, v, att, dy, dq, dk, dv)]
+        if views is None or None in views:
+            return super().attention_backward(q, k, v, att, dy, dq, dk, dv, scale, mask, attd)
+        check_float32(q, k, v, att, dy, dq, dk, dv, backend=self.name)
+        lead, (T, hs) = q.shape[:-2], q.shape[-2:]
+        self._shapes("attention_backward", (q.shape, k, v, dy, dq, dk, dv), ((*lead, T, T), att))
+        _writable("attention_backward", dq, dk, dv)
+        rc = self.lib.mgk_attention_bwd(_check_bf16(None, q), *_lead(lead), T, hs, scale,
+                                        *[f for x in views for f in x])
+        _check(rc, "attention_backward", q, dy)
+        return dq, dk, dv
 
     # ---- the other ops in C (native/mgk_ops.c), float32 only, on C-contiguous arrays: views go through
     #      Ops._contiguous. The C code trusts the shapes, so they are checked here first.
@@ -311,6 +344,11 @@ class NativeOps(Ops):
         """fp32 FMA throughput of a register-only loop on the native threads (for reports); bf16: that of the
         bf16 products' instruction (vdpbf16ps on the avx512bf16 path, AMX tiles on amx, else the same FMAs)."""
         return (self.lib.mgk_peak_bf16_gflops if bf16 else self.lib.mgk_peak_gflops)(iters)
+
+
+def _writable(what, *outputs):
+    if not all(x.flags.writeable for x in outputs):
+        raise ValueError(f"native {what}: an output array is read-only (a broadcast view?); pass a writable one")
 
 
 def _lead(lead):
