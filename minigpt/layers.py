@@ -161,7 +161,7 @@ def attention_backward(dqkv, dy, qkv, att, n_head, mask=None, attd=None):
     dq, dk, dv = heads(dqkv, n_head, 3)                           # views of dqkv
     (dyh,) = heads(dy, n_head)
     scale = 1.0 / math.sqrt(q.shape[-1])
-    # dv = att^T dy; ds = the softmax's backward of dy v^T; dq = ds k, dk = ds^T q
+    # dv = att^T dy (attd^T dy under dropout); ds = the softmax's backward of dy v^T; dq = ds k, dk = ds^T q
     ops.attention_backward(q, k, v, att, dyh, dq, dk, dv, scale, mask, attd)
     return dqkv
 

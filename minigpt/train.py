@@ -236,7 +236,8 @@ def _check_memory(cfg, vocab, world):
     floats = lambda shapes: sum(math.prod(s) for s in shapes.values())             # noqa: E731
     B, T = cfg.batch_size, cfg.block_size
     need = 4 * (4 * floats(parameter_shapes(mc)) + floats(activation_shapes(mc, B, T, dropout=cfg.dropout > 0))
-                + floats(gradient_shapes(mc, B, T))) * world.local_size
+                + floats(gradient_shapes(mc, B, T))
+                + B * mc.n_head * T * T) * world.local_size     # attention's d(scores), the backend's scratch
     if need > avail:
         raise UserError(f"this run needs about {need / 2 ** 30:,.1f} GiB (weights, gradients, optimizer state and "
                         f"one step's activations at --batch_size {B} --block_size {T}) but {avail / 2 ** 30:,.1f} "

@@ -227,7 +227,8 @@ int mgk_round_bf16(long long n, const float *x, float *out)
 }
 
 static int n_threads;                  /* 0 = not set yet -> number of online CPUs */
-static pthread_mutex_t call_mu = PTHREAD_MUTEX_INITIALIZER;  /* one GEMM at a time: buffers are per thread id */
+static pthread_mutex_t call_mu = PTHREAD_MUTEX_INITIALIZER;  /* one GEMM (or fused attention) at a time: buffers
+                                                                are per thread id */
 
 static int bad_args(int ta, int tb, int M, int N, int K, const void *A, int lda, const void *B, int ldb,
                     const void *C, int ldc)
@@ -1402,11 +1403,12 @@ static void attn_bwd_job(void *arg, int tid, int nt)
     int T = a->T, hs = a->dvj.N;
     for (int l = tid; l < a->L; l += nt) {
         const float *att = at(a, &a->att, l), *dy = at(a, &a->dy, l);
-        product(&a->dvj, att, dy, (float *)at(a, &a->dv, l), 0, T, 0, hs, tid);       /* fwd: y = att v -> dv = att^T dy */
-        product(&a->dsj, dy, at(a, &a->v, l), ds, 0, T, 0, T, tid);                   /*                 datt = dy v^T */
-        softmax_item(a, 0, att, ds, T);                                                /* fwd: att = softmax(scale s) */
-        product(&a->dqj, ds, at(a, &a->k, l), (float *)at(a, &a->dq, l), 0, T, 0, hs, tid);   /* s = q k^T -> dq = ds k */
-        product(&a->dkj, ds, at(a, &a->q, l), (float *)at(a, &a->dk, l), 0, T, 0, hs, tid);   /*            dk = ds^T q */
+        float *dq = (float *)at(a, &a->dq, l), *dk = (float *)at(a, &a->dk, l), *dv = (float *)at(a, &a->dv, l);
+        product(&a->dvj, att, dy, dv, 0, T, 0, hs, tid);                      /* fwd: y = att v -> dv = att^T dy */
+        product(&a->dsj, dy, at(a, &a->v, l), ds, 0, T, 0, T, tid);           /*                   datt = dy v^T */
+        softmax_item(a, 0, att, ds, T);                                        /* fwd: att = softmax(scale s) -> ds */
+        product(&a->dqj, ds, at(a, &a->k, l), dq, 0, T, 0, hs, tid);           /* fwd: s = q k^T -> dq = ds k */
+        product(&a->dkj, ds, at(a, &a->q, l), dk, 0, T, 0, hs, tid);           /*                   dk = ds^T q */
     }
 }
 
@@ -1415,7 +1417,8 @@ static int bad_view(const view_t *x, int cols)
     return !x->p || x->ld < (cols > 1 ? cols : 1) || x->s1 < 0 || x->s2 < 0;
 }
 
-/* run fn over the items on min(threads, L) threads (one below ~4 us of work), with the GEMM's FP mode */
+/* run fn over the items on min(threads, L) threads (one below ~4 us of work), with the GEMM's FP mode; scratch:
+   floats of each thread's ds_bufs (grown, never shrunk) */
 static int run_attention(attn_t *a, void (*fn)(void *, int, int), double flops, long long scratch)
 {
     int nt = threads_now();
@@ -1425,7 +1428,8 @@ static int run_attention(attn_t *a, void (*fn)(void *, int, int), double flops, 
     for (int t = 0; t < nt && rc == MGK_OK; t++)
         if (ds_cap[t] < scratch) {
             free(ds_bufs[t]);
-            ds_cap[t] = (ds_bufs[t] = aligned_alloc(64, sizeof(float) * (size_t)((scratch + 15) / 16 * 16))) ? scratch : 0;
+            ds_bufs[t] = aligned_alloc(64, sizeof(float) * (size_t)((scratch + 15) / 16 * 16));
+            ds_cap[t] = ds_bufs[t] ? scratch : 0;
             if (!ds_bufs[t]) rc = MGK_ENOMEM;
         }
     if (rc != MGK_OK) return rc;
@@ -1449,11 +1453,11 @@ int mgk_attention_fwd(int bf16, int L1, int L2, int T, int Tk, int hs, int start
                       float *att, int ldatt, long long satt1, long long satt2,
                       float *y, int ldy, long long sy1, long long sy2)
 {
+    if (L1 < 0 || L2 < 1 || (long long)L1 * L2 > 0x7fffffff || T < 0 || hs < 1 || start < 0 || Tk < start + T)
+        return MGK_EBADARG;
     attn_t a = {.L = L1 * L2, .L2 = L2, .T = T, .Tk = Tk, .scale = scale, .start = start,
                 .q = VIEW(q), .k = VIEW(k), .v = VIEW(v), .att = VIEW(att), .y = VIEW(y)};
-    if (L1 < 0 || L2 < 1 || (long long)L1 * L2 > 0x7fffffff || T < 0 || Tk < 0 || hs < 0 || start < 0)
-        return MGK_EBADARG;
-    if (a.L == 0 || T == 0 || Tk == 0 || hs == 0) return MGK_OK;
+    if (a.L == 0 || T == 0) return MGK_OK;
     if (bad_view(&a.q, hs) || bad_view(&a.k, hs) || bad_view(&a.v, hs) || bad_view(&a.att, Tk) || bad_view(&a.y, hs))
         return MGK_EBADARG;
     pthread_mutex_lock(&call_mu);
@@ -1474,11 +1478,11 @@ int mgk_attention_bwd(int bf16, int L1, int L2, int T, int hs, float scale,
                       float *dk, int lddk, long long sdk1, long long sdk2,
                       float *dv, int lddv, long long sdv1, long long sdv2)
 {
+    if (L1 < 0 || L2 < 1 || (long long)L1 * L2 > 0x7fffffff || T < 0 || hs < 1)
+        return MGK_EBADARG;
     attn_t a = {.L = L1 * L2, .L2 = L2, .T = T, .Tk = T, .scale = scale, .q = VIEW(q), .k = VIEW(k), .v = VIEW(v),
                 .att = VIEW(att), .dy = VIEW(dy), .dq = VIEW(dq), .dk = VIEW(dk), .dv = VIEW(dv)};
-    if (L1 < 0 || L2 < 1 || (long long)L1 * L2 > 0x7fffffff || T < 0 || hs < 0)
-        return MGK_EBADARG;
-    if (a.L == 0 || T == 0 || hs == 0) return MGK_OK;
+    if (a.L == 0 || T == 0) return MGK_OK;
     if (bad_view(&a.q, hs) || bad_view(&a.k, hs) || bad_view(&a.v, hs) || bad_view(&a.att, T) ||
         bad_view(&a.dy, hs) || bad_view(&a.dq, hs) || bad_view(&a.dk, hs) || bad_view(&a.dv, hs))
         return MGK_EBADARG;

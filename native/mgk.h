@@ -1,8 +1,9 @@
-/* mgk.h: the C API of the GEMM and its thread pool (native/mgk.c, mgk_pool.c; the other ops: mgk_ops.h), loaded
-   by minigpt/backends/native.py. Row-major float32 GEMM: C = op(A) @ op(B) + beta*C, op(X) = X or X^T by flag
-   (ta, tb); beta == 0 never reads C. Every function that does work or sets a value returns MGK_OK (0) or a
-   negative MGK_E* code (the queries return their value); nothing here allocates per call (packing buffers are
-   allocated once per thread, on first use). Not a BLAS: no alpha, no column-major. */
+/* mgk.h: the C API of the GEMM, the fused attention built on it, and the thread pool (native/mgk.c, mgk_pool.c;
+   the other ops: mgk_ops.h), loaded by minigpt/backends/native.py. Row-major float32 GEMM: C = op(A) @ op(B) +
+   beta*C, op(X) = X or X^T by flag (ta, tb); beta == 0 never reads C. Every function that does work or sets a
+   value returns MGK_OK (0) or a negative MGK_E* code (the queries return their value); nothing here allocates per
+   call (packing buffers are allocated once per thread, on first use; the attention backward's scratch grows to
+   the largest T x T asked for). Not a BLAS: no alpha, no column-major. */
 #ifndef MGK_H
 #define MGK_H
 
@@ -10,7 +11,7 @@
 
 #define MGK_OK       0
 #define MGK_EBADARG -1   /* negative size, too small leading dimension, NULL pointer */
-#define MGK_ENOMEM  -2   /* packing buffer allocation failed */
+#define MGK_ENOMEM  -2   /* a packing buffer or scratch allocation failed */
 #define MGK_ETHREAD -3   /* could not start a worker thread */
 
 /* A is (M,K) (or (K,M) stored if ta), B is (K,N) (or (N,K) stored if tb), C is (M,N); ld* = row strides in floats */
@@ -40,7 +41,8 @@ int mgk_gemm_causal(int causal, int start, int bf16, int L1, int L2, int ta, int
                     float beta, float *C, int ldc, long long sC1, long long sC2);
 /* causal self-attention, fused: L1*L2 items (batch x head), each array a strided stack as in mgk_sgemm_batched
    (pointer, row stride, outer and inner item strides, in floats), so q, k, v and y are read and written in place
-   in a (B, T, 3, n_head, hs) or (B, T, n_head, hs) array.
+   in a (B, T, 3, n_head, hs) or (B, T, n_head, hs) array. hs >= 1 and Tk >= start + T (MGK_EBADARG otherwise);
+   the outputs must not overlap the inputs or one another.
      forward:  att (T x Tk) = the causal softmax of scale * q k^T (query i sees keys 0..start+i; the rest exactly
                0), y (T x hs) = att v; q is T x hs, k and v are Tk x hs
      backward: from att and dy (T x hs), with Tk = T and start = 0: dv = att^T dy, ds = the softmax's backward of

@@ -109,7 +109,9 @@ def main():
              "products over 1 GFLOP); GFLOP/s = 2·L·M·N·K / t. 'best calls': the fastest call of each, less hit by noise. "
              "Attention's products run causal, as a step runs them (bmm causal=: native skips the causal matrix's "
              "zeros, numpy and numba compute the full product and zero the future), with the full product's flops "
-             "counted; the ', plain' rows beside them are the plain products, left out of the step's sum.", ""]
+             "counted; the ', plain' rows beside them are the plain products, left out of the step's sum. Timed here "
+             "one call at a time; a native step runs them fused a head at a time (mgk_attention_fwd/bwd), on the same "
+             "blocks.", ""]
     step_rate = {}
     for cfg in args.configs.split(","):
         shapes = [s for s in step_shapes(**CONFIGS[cfg]) if s[0].startswith(args.match)]

@@ -76,7 +76,8 @@ _now = {"layer": None, "backward": False}                 # what runs now: set b
 
 def keep_float32(*groups):
     """Within a bf16 model, run the products of the given GROUPS in float32: the functions of LAYERS and
-    GPT.backward note what runs, and Ops.matmul/bmm take float32 operands when it is a kept group's."""
+    GPT.backward note what runs, and Ops.matmul/bmm take float32 operands when it is a kept group's. Native's
+    fused attention is replaced by Ops' composition, whose products go through Ops.bmm."""
     def noting(owner, name, key, value):
         def run_noted(*a, _fn=getattr(owner, name), **k):
             before, _now[key] = _now[key], value

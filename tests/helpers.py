@@ -79,28 +79,42 @@ def causal_products(ops, rng, bf16=None):
 
 
 # (B, nh, T, hs, start): attention's shapes for the fused kernels (Tk = start + T keys; backward only at start 0):
-# one query, odd sizes, T past the packed paths' KC (256) and MC (192) blocks, and a decode-like few rows
+# one query, odd sizes, T past AVX-512's fp32 k block (KC, 256) and row block (MC, 192), 9 heads (uneven over 2
+# threads), and a few rows after a KV cache's keys (the few-rows path)
 ATTENTION = [(2, 3, 1, 5, 0), (1, 2, 7, 24, 0), (2, 3, 33, 12, 0), (1, 2, 70, 64, 0), (1, 1, 300, 17, 0),
-             (3, 1, 4, 8, 5), (1, 3, 9, 16, 40)]
+             (3, 3, 20, 8, 0), (2, 3, 4, 8, 5), (1, 3, 9, 16, 40)]
+
+
+def padded_heads(rng, B, T, nh, hs, pad, fill=None):
+    """(B, nh, T, hs) heads of a (B, T, nh * hs + pad) array: a strided view, rows nh * hs + pad floats apart; the
+    pad is NaN (where nothing may write), the heads random or `fill`."""
+    a = np.full((B, T, nh * hs + pad), np.nan, np.float32)
+    a[:, :, :nh * hs] = rng.standard_normal((B, T, nh * hs)) if fill is None else fill
+    return a, heads(a[:, :, :nh * hs], nh)[0]
 
 
 def check_fused_attention(ops, bf16, rng):
     """ops.attention and ops.attention_backward (a backend's own, e.g. native's fused kernels) against Ops'
-    composition of the same backend's products and softmax, on head views of a qkv and of NaN-padded outputs
-    (as the layers pass them; at start > 0, k and v are views into a KV cache): the same bits, no write outside
-    the views."""
+    composition of the same backend's products and softmax: the same bits, no write outside the views, and the
+    caller's floating-point mode kept. Every array is a view with its own strides, as the layers pass them or
+    stranger: q inside a qkv, k and v inside their own padded arrays (at start > 0, a KV cache's), att with
+    longer rows than Tk, y, dy, dq, dk, dv heads of padded arrays. Returns how many shapes ran ops' own attention
+    (the rest took the composition)."""
+    from minigpt.backends import native
+    own = 0
     for B, nh, T, hs, start in ATTENTION:
         Tk, C, scale = start + T, nh * hs, 1.0 / np.sqrt(hs)
-        qkv = rng.standard_normal((B, T, 3 * C)).astype(np.float32) * 2
-        q, k, v = heads(qkv, nh, 3)
+        q = heads(rng.standard_normal((B, T, 3 * C)).astype(np.float32) * 2, nh, 3)[0]
         if start:                                           # a KV cache of 50 positions, the first Tk filled
             cache = rng.standard_normal((2, B, nh, 50, hs)).astype(np.float32)
             k, v = cache[0, :, :, :Tk], cache[1, :, :, :Tk]
-        res = []                                            # the fused op's, then the composition's
+        else:
+            k, v = padded_heads(rng, B, Tk, nh, hs, 1)[1], padded_heads(rng, B, Tk, nh, hs, 5)[1]
+        own += type(ops).attention is not backends.Ops.attention and native._fused(ops, q, k, start)
+        res = []                                            # the op's, then the composition's
         for run in (ops.attention, lambda *a: backends.Ops.attention(ops, *a)):
             att = np.full((B, nh, T, Tk + 3), np.nan, np.float32)
-            y = np.full((B, T, C + 2), np.nan, np.float32)
-            (yh,) = heads(y[:, :, :C], nh)
+            y, yh = padded_heads(rng, B, T, nh, hs, 2, fill=np.nan)
             with backends.bf16_products(bf16):
                 run(q, k, v, att[..., :Tk], yh, scale, start)
             assert np.isnan(att[..., Tk:]).all() and np.isnan(y[:, :, C:]).all(), "a write outside the views"
@@ -109,13 +123,15 @@ def check_fused_attention(ops, bf16, rng):
         np.testing.assert_array_equal(res[0][1], res[1][1], err_msg=f"y {B, nh, T, hs, start}")
         if start:
             continue
-        att, dy = res[0][0][..., :Tk], rng.standard_normal((B, nh, T, hs)).astype(np.float32)
+        att, dy = res[0][0][..., :Tk], padded_heads(rng, B, T, nh, hs, 1)[1]
         grads = []
         for run in (ops.attention_backward, lambda *a: backends.Ops.attention_backward(ops, *a)):
-            dqkv = np.full((B, T, 3 * C + 1), np.nan, np.float32)
-            dq, dk, dv = heads(dqkv[:, :, :3 * C], nh, 3)
+            outs = [padded_heads(rng, B, T, nh, hs, pad, fill=np.nan) for pad in (3, 1, 6)]
             with backends.bf16_products(bf16):
-                run(q, k, v, att, dy, dq, dk, dv, scale)
-            assert np.isnan(dqkv[:, :, 3 * C:]).all(), "a write outside the views"
-            grads.append(dqkv)
-        np.testing.assert_array_equal(grads[0], grads[1], err_msg=f"dq, dk, dv {B, nh, T, hs}")
+                run(q, k, v, att, dy, *(h for _, h in outs), scale)
+            assert all(np.isnan(a[:, :, C:]).all() for a, _ in outs), "a write outside the views"
+            grads.append([a for a, _ in outs])
+        for name, got, want in zip("qkv", *grads):
+            np.testing.assert_array_equal(got, want, err_msg=f"d{name} {B, nh, T, hs}")
+    assert np.float32(1e-40) * np.float32(1.0) != 0, "the caller's subnormals flushed to zero"
+    return own

@@ -31,6 +31,9 @@ def _fast_here():
 # ----------------------------------------------------------------------------
 # the interface
 
+COMPOSED = {"attention", "attention_backward"}   # Ops composes them of the other ops (native fuses them)
+
+
 def test_ops_declares_every_op_and_each_backend_implements_it():
     assert {"matmul", "bmm", "layernorm", "layernorm_backward", "gelu", "gelu_backward", "causal_softmax",
             "causal_softmax_backward", "cross_entropy", "cross_entropy_backward", "embedding_backward",
@@ -56,9 +59,6 @@ def test_ops_declares_every_op_and_each_backend_implements_it():
                 assert inspect.signature(getattr(cls, op)) == inspect.signature(getattr(Ops, op)), (name, op)
     assert {op for op in COMPOSED if getattr(_class("native"), op) is not getattr(Ops, op)} == COMPOSED   # fused
 
-
-# ops that Ops composes of the ops above (numpy and numba run that composition; native fuses them)
-COMPOSED = {"attention", "attention_backward"}
 
 
 def test_backends_name_their_dtypes():

@@ -120,6 +120,29 @@ def test_mismatched_shapes_raise(use, name):
         ops.matmul([[1.0]], np.ones((1, 1), F32))
 
 
+@pytest.mark.parametrize("name", [pytest.param("numpy")] + FAST)
+def test_attention_rejects_bad_arguments_as_its_products_do(use, name):
+    """Native's fused attention checks what its C code trusts; what it does not take runs Ops' composition,
+    whose products raise: the same errors on every backend. Native also refuses outputs over inputs (the
+    composition's products check only their own operands: dq written over q would change dk = ds^T q)."""
+    ops = use(name)
+    r = np.random.default_rng(0)
+    q, k, v = (r.standard_normal((2, 2, 6, 4)).astype(F32) for _ in range(3))
+    att, y = np.empty((2, 2, 6, 6), F32), np.empty((2, 2, 6, 4), F32)
+    ops.attention(q, k, v, att, y, 0.5)
+    if name == "native":
+        with pytest.raises(ValueError, match="overlap"):
+            ops.attention(q, k, v, att, q, 0.5)                        # y written over q
+        with pytest.raises(ValueError, match="overlap"):
+            ops.attention_backward(q, k, v, att, y, q, np.empty_like(q), np.empty_like(q), 0.5)   # dq over q
+    with pytest.raises(ValueError, match="read-only"):
+        ops.attention(q, k, v, att, np.broadcast_to(y[:1], y.shape), 0.5)
+    with pytest.raises(ValueError, match="start >= 0"):
+        ops.attention(q, k, v, att, y, 0.5, start=-1)
+    with pytest.raises(ValueError, match="inner dimensions|shape"):
+        ops.attention(q, k[..., :3], v, att, y, 0.5)
+
+
 # ----------------------------------------------------------------------------
 # selection
 

@@ -50,10 +50,11 @@ def future(T, Tk, start):
 
 
 class Ops:
-    """The ops of a training step; numpy_ops.py is the specification of each. Every array argument may be a
-    strided view (but adamw's p, m, v); outputs are written (or, where it says +=, added into) in place, and an
-    op with an output array returns it. A backend implements every op below but matmul/bmm, which check their
-    arguments here once for all backends and call the backend's _matmul/_bmm. Transposes are flags, not copies."""
+    """The ops of a training step; numpy_ops.py is the specification of each, but attention's, which Ops composes
+    of the others here (a backend may fuse it). Every array argument may be a strided view (but adamw's p, m, v);
+    outputs are written (or, where it says +=, added into) in place, and an op with an output array returns it.
+    A backend implements every op below but matmul/bmm, which check their arguments here once for all backends
+    and call the backend's _matmul/_bmm, and attention/attention_backward. Transposes are flags, not copies."""
     name = "?"
     dtypes = frozenset()         # the dtypes a model runs on this backend (select and ensure check it)
 

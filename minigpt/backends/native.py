@@ -4,16 +4,17 @@ products (mgk.c), and LayerNorm, GELU, causal softmax, cross-entropy, the embedd
 ctypes costs ~3 us a call against numba's ~0.5 us: about 0.1 ms of a config S step, the price of one backend.)
 
 The only file that uses ctypes. Loads the library once and declares every signature. Transposes are flags.
-The products walk strided views in place (rows of contiguous floats, up to two batch strides); the other ops
-take C-contiguous arrays, so a view goes through per-shape scratch (Ops._contiguous), as does a view the
-products cannot walk. backend() raises BackendUnavailable with the reason and the fix if the library is missing
-or fails to load. The library runs on any CPU: it picks its AVX-512 (+ AMX tiles, or AVX512_BF16 where vdpbf16ps
-measures at least 1.2x the fp32 FMAs' rate, for bf16 products), AVX2+FMA or generic path by cpuid, and
-MINIGPT_ISA (one of ISAS) forces another one this CPU runs.
+The products and the fused attention walk strided views in place (rows of contiguous floats, up to two batch
+strides); the other ops take C-contiguous arrays, so a view goes through per-shape scratch (Ops._contiguous), as
+does a view the products cannot walk. backend() raises BackendUnavailable with the reason and the fix if the
+library is missing or fails to load. The library runs on any CPU: it picks its AVX-512 (+ AMX tiles, or
+AVX512_BF16 where vdpbf16ps measures at least 1.2x the fp32 FMAs' rate, for bf16 products), AVX2+FMA or generic
+path by cpuid, and MINIGPT_ISA (one of ISAS) forces another one this CPU runs.
 bf16 products (matmul(..., bf16=True)) run mgk_bgemm*: the operands are rounded to bf16 as they are packed (as
 they are read, for at most 8 rows).
 Attention's causal products (bmm(..., causal=...)) run mgk_gemm_causal, which skips the causal matrix's zeros on
-its packed paths (mgk.h says which).
+its packed paths (mgk.h says which); attention itself (Ops.attention, attention_backward) runs fused, a head at a
+time per thread, on the same products (mgk_attention_fwd/bwd).
 MINIGPT_NATIVE_LIB=/path/to/lib overrides the location.
 """
 import ctypes
@@ -193,29 +194,30 @@ class NativeOps(Ops):
         return out
 
     # ---- attention fused (mgk_attention_fwd/bwd: each thread runs whole heads, whose probabilities stay in its
-    #      caches; the same bits as Ops' composition of the products and softmax here), on the views _matrices
-    #      walks; dropout's mask, and other views, take the composition
+    #      caches; the same bits as Ops' composition of the products and softmax here). What the fused kernels do
+    #      not take runs the composition, which also raises the errors: dropout's mask, views _matrices cannot
+    #      walk, empty sizes, fewer heads than split evenly over the threads (_fused), and bad arguments
     def attention(self, q, k, v, att, y, scale, start=0, mask=None, attd=None):
-        views = None if mask is not None else [_matrices(x) for x in (q, k, v, att, y)]
+        views = [_matrices(x) for x in (q, k, v, att, y)] if mask is None and _fused(self, q, k, start) else None
         if views is None or None in views:
             return super().attention(q, k, v, att, y, scale, start, mask, attd)
         check_float32(q, k, v, att, y, backend=self.name)
         lead, (T, hs), Tk = q.shape[:-2], q.shape[-2:], k.shape[-2]
         self._shapes("attention", ((*lead, Tk, hs), k, v), ((*lead, T, Tk), att), (q.shape, y))
-        _writable("attention", att, y)
+        _outputs("attention", (att, y), (q, k, v))
         rc = self.lib.mgk_attention_fwd(_check_bf16(None, q), *_lead(lead), T, Tk, hs, start, scale,
                                         *[f for x in views for f in x])
-        _check(rc, "attention (start >= 0)", q, k)
+        _check(rc, "attention", q, k)
         return y
 
     def attention_backward(self, q, k, v, att, dy, dq, dk, dv, scale, mask=None, attd=None):
-        views = None if mask is not None else [_matrices(x) for x in (q, k, v, att, dy, dq, dk, dv)]
+        views = [_matrices(x) for x in (q, k, v, att, dy, dq, dk, dv)] if mask is None and _fused(self, q, k) else None
         if views is None or None in views:
             return super().attention_backward(q, k, v, att, dy, dq, dk, dv, scale, mask, attd)
         check_float32(q, k, v, att, dy, dq, dk, dv, backend=self.name)
         lead, (T, hs) = q.shape[:-2], q.shape[-2:]
         self._shapes("attention_backward", (q.shape, k, v, dy, dq, dk, dv), ((*lead, T, T), att))
-        _writable("attention_backward", dq, dk, dv)
+        _outputs("attention_backward", (dq, dk, dv), (q, k, v, att, dy))
         rc = self.lib.mgk_attention_bwd(_check_bf16(None, q), *_lead(lead), T, hs, scale,
                                         *[f for x in views for f in x])
         _check(rc, "attention_backward", q, dy)
@@ -346,9 +348,23 @@ class NativeOps(Ops):
         return (self.lib.mgk_peak_bf16_gflops if bf16 else self.lib.mgk_peak_gflops)(iters)
 
 
-def _writable(what, *outputs):
-    if not all(x.flags.writeable for x in outputs):
-        raise ValueError(f"native {what}: an output array is read-only (a broadcast view?); pass a writable one")
+def _fused(ops, q, k, start=0):
+    """Does the fused attention take these heads: batch dims, no empty size, a valid start, and items that split
+    over the threads as the batched products split them (mgk.c's plan(): evenly, or at least 4 a thread)?"""
+    items, nt = math.prod(q.shape[:-2]), ops.lib.mgk_get_num_threads()
+    return (q.ndim >= 3 and min(q.shape) > 0 and k.shape[-2] >= start + q.shape[-2] and start >= 0
+            and items >= nt and (items % nt == 0 or items >= 4 * nt))
+
+
+def _outputs(what, outputs, inputs):
+    """ValueError for an output the fused kernels cannot write: read-only, or overlapping an input (stricter than
+    the composition, whose bmm checks only each product's own operands). The outputs may be heads of one array
+    (dq, dk, dv of dqkv): the caller keeps them apart."""
+    for x in outputs:
+        if not x.flags.writeable:
+            raise ValueError(f"native {what}: an output array is read-only (a broadcast view?); pass a writable one")
+        if any(np.may_share_memory(x, y) for y in inputs):
+            raise ValueError(f"native {what}: an output overlaps an input; pass separate arrays")
 
 
 def _lead(lead):

@@ -1,4 +1,5 @@
-"""The numpy backend: every op of the interface in plain NumPy. This is the executable specification.
+"""The numpy backend: every op of the interface in plain NumPy. This is the executable specification (attention
+runs Ops' composition of these ops).
 
 It is dtype-generic (the finite-difference tests run it in float64), and tests/test_ops.py compares every
 other backend with it. The products are np.matmul on OpenBLAS, which reads any strided view. The rest is
