@@ -58,7 +58,7 @@ def test_speedrun_report_of_one_seed(tmp_path):
             f"{speedrun.RECIPE} reaches 3.970 (3.9700; +0.0200 against its own context).") in md
     assert not re.search(r"\bnan\b", md) and "1 seeds" not in md and "the others are held out" not in md
     assert f"| {speedrun.RECIPE} | 3.2 | 3 | 3.9500 | - | 3.9500 |" in md
-    assert "; seed 1337 (rounds 1-3 were chosen on 1337, round 4 on 1337, 1338, 1339)." in md
+    assert "; seed 1337 (rounds 1-3 were chosen on 1337, rounds 4 and 5 on 1337, 1338, 1339)." in md
     assert "` at abc1234, on " in md                       # the commit taken before the runs, not after the plot
     assert "reaches 3.950 on seed 1337; 0 of 1 seed at or below" in md
     ax = plt.gcf().axes[0]
@@ -86,8 +86,8 @@ def test_speedrun_bf16_runs_the_two_recipes_again_and_reports_them_paired(tmp_pa
     a = smoke_args(tmp_path, "bf16.md", seeds=[1338, 1340])
     speedrun.write_report(a, made)
     md = (tmp_path / "bf16.md").read_text()
-    assert "seeds 1338, 1340 (rounds 1-3 were chosen on 1337, round 4 on 1337, 1338, 1339; the others are held " in md
-    assert "The round 4 recipe reaches 3.960 (sd 0.014) over all seeds, 3.970 over the held-out seeds;" in md
+    assert "seeds 1338, 1340 (rounds 1-3 were chosen on 1337, rounds 4 and 5 on 1337, 1338, 1339; the others are " in md
+    assert "The round 5 recipe reaches 3.960 (sd 0.014) over all seeds, 3.970 over the held-out seeds;" in md
     assert f"| {speedrun.RECIPE} | 3.1 | 3 | 3.9600 |" in md and f"| {speedrun.OLD} | 3.1 | 4 | 4.0000 |" in md
     assert f"| {speedrun.RECIPE_BF16} | 3.1 | 4 | 3.9350 |" in md
     assert f"| {speedrun.OLD_BF16} | 3.1 | 5 | 3.9850 |" in md
@@ -122,10 +122,13 @@ def test_speedrun_dtype_bf16_runs_every_minigpt_run_in_bf16(tmp_path):
     candidate's shape still applies), under the same names, and the report says so once."""
     f32 = speedrun.plan_of(True, nanogpt=True, candidates=["context 128, batch 24"])
     bf = speedrun.plan_of(True, nanogpt=True, candidates=["context 128, batch 24"], dtype="bf16")
-    assert speedrun.toggled("context 128, batch 24") == (        # round 4 holds it: toggled off, it is round 3
-        "round 4 without context 128, batch 24", ["--preset=speedrun", "--block_size=64", "--batch_size=32"])
-    round3 = speedrun.settings_of(speedrun.toggled("context 128, batch 24")[1])
-    assert (round3.block_size, round3.batch_size, round3.embed_lr_ratio, round3.optimizer) == (64, 32, 10.0, "muon")
+    assert speedrun.toggled("context 128, batch 24") == (        # round 5 holds it: toggled off, round 3 + 5 batches
+        "round 5 without context 128, batch 24", ["--preset=speedrun", "--block_size=64", "--batch_size=32"])
+    off = speedrun.settings_of(speedrun.toggled("context 128, batch 24")[1])
+    assert (off.block_size, off.batch_size, off.embed_lr_ratio, off.optimizer, off.eval_iters) == (
+        64, 32, 10.0, "muon", 5)
+    assert speedrun.toggled("evaluations of 5 batches") == (     # and toggled off here, round 4
+        "round 5 without evaluations of 5 batches", ["--preset=speedrun", "--eval_iters=20"])
     assert list(bf) == list(f32) and "round 1 + context 128, batch 24" in bf
     for name, (args, timed) in bf.items():
         assert (args, timed) == (f32[name][0] + ["--dtype=bf16"], f32[name][1]), name
@@ -143,7 +146,7 @@ def test_speedrun_dtype_bf16_runs_every_minigpt_run_in_bf16(tmp_path):
 
 
 def test_a_run_with_a_longer_block_is_scored_again_with_nanogpts_context(tmp_path):
-    """A run whose block is longer than nanoGPT's 64 tokens (round 4's 128) is scored a second time with at most 64
+    """A run whose block is longer than nanoGPT's 64 tokens (128 from round 4 on) is scored a second time with at most 64
     tokens of context: the same figure as whole_split_loss over blocks of 64 on its last checkpoint; the report
     gives it beside the run's own, paired by seed. A run at block 64 has no second score."""
     from minigpt.data import Dataset
