@@ -146,9 +146,9 @@ def test_speedrun_dtype_bf16_runs_every_minigpt_run_in_bf16(tmp_path):
 
 
 def test_a_run_with_a_longer_block_is_scored_again_with_nanogpts_context(tmp_path):
-    """A run whose block is longer than nanoGPT's 64 tokens (128 from round 4 on) is scored a second time with at most 64
-    tokens of context: the same figure as whole_split_loss over blocks of 64 on its last checkpoint; the report
-    gives it beside the run's own, paired by seed. A run at block 64 has no second score."""
+    """A run whose block is longer than nanoGPT's 64 tokens (128 from round 4 on) is scored a second time with at
+    most 64 tokens of context: the same figure as whole_split_loss over blocks of 64 on its last checkpoint; the
+    report gives it beside the run's own, paired by seed. A run at block 64 has no second score."""
     from minigpt.data import Dataset
     from minigpt.evaluate import whole_split_loss
     from minigpt.sample import load_model
