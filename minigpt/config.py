@@ -37,10 +37,10 @@ PRESETS = {
     # --max_time (the seconds you have; check() says so); max_iters is only a cap. Round 1 is Muon at batch 32;
     # round 3 (issue 24) added a 10x embedding lr (round 2's QK-norm cost more steps than it gained in the budget);
     # round 4 twice the context at three quarters of the batch (block 128, batch 24); round 5 evaluates on 5
-    # batches instead of 20, which gives the steps the evaluations' time. scripts/speedrun.py's SELECTION says on
-    # which seeds each was chosen, and how.
+    # batches instead of 20, which gives the steps the evaluations' time; round 6 unties the LM head from the token
+    # embedding. scripts/speedrun.py's SELECTION says on which seeds each was chosen, and how.
     "speedrun": dict(optimizer="muon", batch_size=24, block_size=128, max_iters=10 ** 6, embed_lr_ratio=10.0,
-                     eval_iters=5),
+                     eval_iters=5, tie_weights=False),
     # fine-tuning a pretrained GPT-2 (--init_from DIR sets it when no --preset is typed): nanoGPT's
     # finetune_shakespeare (constant lr 3e-5, 20 iterations, eval every 5) at llm.c's CPU shapes (B=4, T=64)
     "finetune": dict(block_size=64, batch_size=4, grad_accum=8, lr=3e-5, min_lr=3e-5, warmup_iters=0,

@@ -436,15 +436,18 @@ def test_preset_sets_defaults_that_typed_settings_override():
 
 def test_preset_typed_on_resume_wins_over_the_checkpoint(tmp_path):
     """Its settings count as typed: its Muon meets an AdamW checkpoint of the preset's model, a model setting
-    typed beside it (--qk_norm) the preset's model without it, and its block (128) a model of block 16; each is a
-    clear error, whose fix names what set the value: the typed setting, or the preset."""
+    typed beside it (--qk_norm) the preset's model without it, its block (128) a model of block 16, and its untied
+    head a tied model; each is a clear error, whose fix names what set the value: the typed setting, or the preset."""
     model = {k: v for k, v in PRESETS["speedrun"].items() if k in ModelShape().model_dict()}
-    assert model == {"block_size": 128}
+    assert model == {"block_size": 128, "tie_weights": False}
     for sub, kw, extra, match in (("a", model, ["--qk_norm", "true"], "--qk_norm true does not match the resumed "
                                    r"model's qk_norm=false \(.*\); drop --qk_norm or start"),
-                                  ("c", {"block_size": 16}, [], "--block_size 128 does not match the resumed "
-                                   r"model's block_size=16 \(.*\); drop --preset speedrun, which sets "
-                                   "block_size=128 or start a new --out_dir"),
+                                  ("c", {"block_size": 16, "tie_weights": False}, [], "--block_size 128 does not "
+                                   r"match the resumed model's block_size=16 \(.*\); drop --preset speedrun, which "
+                                   "sets block_size=128 or start a new --out_dir"),
+                                  ("d", {"block_size": 128}, [], "--tie_weights false does not match the resumed "
+                                   r"model's tie_weights=true \(.*\); drop --preset speedrun, which sets "
+                                   "tie_weights=false or start a new --out_dir"),
                                   ("b", model, [], "the run used --optimizer adamw")):
         cfg = tiny_cfg(tmp_path / sub, max_iters=4, eval_interval=4, **kw)
         train(cfg)
