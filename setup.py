@@ -12,9 +12,10 @@ from setuptools.command.build_ext import build_ext
 # No -march/-ffast-math: each ISA path (AVX-512, AVX2+FMA, generic) carries a target pragma and the library picks
 # one by cpuid at run time, so one build runs on any x86-64, and sums stay plain IEEE (fused) multiply-adds.
 # -fno-math-errno: sqrtf need not set errno, so loops that call it vectorize (AdamW in mgk_ops.c); no value changes.
-MGK = Extension("minigpt._mgk", sources=["native/mgk.c", "native/mgk_pool.c", "native/mgk_ops.c"],
+MGK = Extension("minigpt._mgk",
+                sources=["native/mgk.c", "native/mgk_pool.c", "native/mgk_ops.c", "native/mgk_attention.c"],
                 depends=["native/mgk.h", "native/mgk_gemm_generic.inc", "native/mgk_amx.inc", "native/mgk_small.inc",
-                         "native/mgk_ops.h"],
+                         "native/mgk_ops.h", "native/mgk_job.h"],
                 include_dirs=["native"], extra_compile_args=["-O3", "-pthread", "-std=gnu11", "-fno-math-errno"],
                 extra_link_args=["-pthread"])
 

@@ -10,8 +10,8 @@
      AVX2     6x16 tile of ymm FMAs, mgk_gemm_generic.inc compiled for avx2,fma
      generic  4x16 tile, mgk_gemm_generic.inc compiled for the baseline (SSE2 on x86-64; any CPU elsewhere)
    Products of at most SMALL_M rows (decoding) skip packing on AVX-512 and AVX2 (mgk_small.inc; its bf16 products
-   round the operands as they are read). Attention's products and softmax also run fused, a head at a time per
-   thread (mgk_attention_fwd/bwd, at the end), on the same blocks.
+   round the operands as they are read). The fused attention (mgk_attention.c) runs a head's products on the same
+   blocks, through the calls of mgk_job.h.
    A test build (-DMGK_EMULATE_AVX512) runs both AVX-512 paths on the scalar intrinsics of mgk_avx512_emu.h, so
    that CPUs without AVX-512 test them (tests/test_native_emulated.py).
    No -ffast-math: the packed paths sum plain (fused) multiply-adds in k order within each k block (KC deep,
@@ -34,7 +34,7 @@
 #include <sys/syscall.h>
 #endif
 #include "mgk.h"
-#include "mgk_ops.h"   /* mgk_softmax_item, for the fused attention */
+#include "mgk_job.h"   /* job_t, and what this file lends the fused attention (mgk_attention.c) */
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(MGK_NO_SIMD)
 #include <immintrin.h>     /* each intrinsic carries its own target attribute; used only under the pragmas below */
 #ifdef MGK_EMULATE_AVX512  /* the test build (tests/test_native_emulated.py): AVX-512 intrinsics as scalar lanes */
@@ -108,20 +108,6 @@ static inline __attribute__((always_inline)) void prefetch_rows(const float *p, 
     }
 }
 
-struct isa_gemm;
-typedef struct {
-    const struct isa_gemm *isa;  /* the path that runs this job: its tile and its block function */
-    int ta, tb, M, N, K, lda, ldb, ldc, L;
-    const float *A, *B; float *C; float beta;
-    long long sA, sB, sC;        /* strides of the outer batch index l / L2 (floats) */
-    int L2;                      /* inner batch size: item l is (l / L2, l % L2), e.g. (batch, head) */
-    long long sA2, sB2, sC2;     /* strides of the inner index l % L2 */
-    int pm, pn;    /* thread grid over (M, N); pm*pn == threads, or 0 when threads split the batch */
-    int small;     /* AVX-512 or AVX2, few rows, A not transposed with B: the unpacked path (small_any) */
-    int ksplit;    /* small, one product, op(B) = B: threads split K, each its own partial sum (see run) */
-    int bf16;      /* round both operands to bfloat16 while packing, or reading on the few rows path (mgk_bgemm*) */
-    int causal, start;   /* 0, or MGK_CAUSAL_OUT / MGK_CAUSAL_A with the diagonal's offset (mgk_gemm_causal) */
-} job_t;
 
 /* rows i0..i0+mc of op(A) = A^T (ta), k0..k0+kc -> every row panel (mr rows each: the path's tile) at once, panel
    ir at ap + ir*d with d = kc + PANEL_PAD, as each path's pack_a lays one out (ap[k*mr + i]); reading A a row
@@ -227,8 +213,8 @@ int mgk_round_bf16(long long n, const float *x, float *out)
 }
 
 static int n_threads;                  /* 0 = not set yet -> number of online CPUs */
-static pthread_mutex_t call_mu = PTHREAD_MUTEX_INITIALIZER;  /* one GEMM (or fused attention) at a time: buffers
-                                                                are per thread id */
+static pthread_mutex_t call_mu = PTHREAD_MUTEX_INITIALIZER;  /* one GEMM (or fused attention: mgk_lock) at a time:
+                                                                buffers are per thread id */
 
 static int bad_args(int ta, int tb, int M, int N, int K, const void *A, int lda, const void *B, int ldb,
                     const void *C, int ldc)
@@ -1060,8 +1046,8 @@ static void zero_future(const job_t *g, float *C, int m0, int m1, int n0, int n1
 }
 
 /* block C[m0:m1, n0:n1] of one item, on thread tid: the few-rows path or the ISA's packed block, then a causal
-   product's future zeroed */
-static void product(const job_t *g, const float *A, const float *B, float *C, int m0, int m1, int n0, int n1, int tid)
+   product's future zeroed (mgk_job.h) */
+void mgk_item_block(const job_t *g, const float *A, const float *B, float *C, int m0, int m1, int n0, int n1, int tid)
 {
 #ifdef MGK_X86
     if (g->small)
@@ -1097,8 +1083,8 @@ static void run_job(void *arg, int tid, int nt)
             split(g->N, tile_n(g), g->pn, tid / g->pm, &n0, &n1);
             if (m0 >= m1 || n0 >= n1) continue;
         }
-        product(g, g->A + item(g, l, g->sA, g->sA2), g->B + item(g, l, g->sB, g->sB2),
-                g->C + item(g, l, g->sC, g->sC2), m0, m1, n0, n1, tid);
+        mgk_item_block(g, g->A + item(g, l, g->sA, g->sA2), g->B + item(g, l, g->sB, g->sB2),
+                       g->C + item(g, l, g->sC, g->sC2), m0, m1, n0, n1, tid);
     }
 }
 
@@ -1248,8 +1234,8 @@ static void choose_path(job_t *g)
     g->small = g->small && mgk_isa() >= MGK_ISA_AVX2 && g->isa != &AMX_EMULATED;
 }
 
-/* the pack buffers of threads 0..nt-1 (under call_mu), allocated on first use */
-static int alloc_bufs(int nt)
+/* the pack buffers of threads 0..nt-1 (under call_mu), allocated on first use (mgk_job.h) */
+int mgk_pack_bufs(int nt)
 {
     for (int t = 0; t < nt; t++)
         for (int b = 0; b < 2; b++)
@@ -1258,12 +1244,24 @@ static int alloc_bufs(int nt)
     return MGK_OK;
 }
 
+/* one item's product, for the fused attention (mgk_job.h): beta 0, its path chosen as run() chooses it */
+job_t mgk_item_job(int bf16, int start, int ta, int tb, int M, int N, int K, int lda, int ldb, int ldc, int causal)
+{
+    job_t g = {NULL, ta, tb, M, N, K, lda, ldb, ldc, 1, NULL, NULL, NULL, 0.0f, 0, 0, 0, 1, 0, 0, 0, 0, 1,
+               M <= SMALL_M && !(ta && tb), 0, bf16, causal, start};
+    choose_path(&g);
+    return g;
+}
+
+void mgk_lock(void) { pthread_mutex_lock(&call_mu); }
+void mgk_unlock(void) { pthread_mutex_unlock(&call_mu); }
+
 static int run(job_t *g)
 {
     if (g->M == 0 || g->N == 0 || g->L == 0) return MGK_OK;
     pthread_mutex_lock(&call_mu);
     choose_path(g);
-    int nt = plan(g), rc = alloc_bufs(nt);
+    int nt = plan(g), rc = mgk_pack_bufs(nt);
     if (rc == MGK_OK) {
 #ifdef MGK_X86
         unsigned int csr = _mm_getcsr();
@@ -1337,166 +1335,6 @@ int mgk_bgemm(int ta, int tb, int M, int N, int K, const float *A, int lda, cons
 {
     return mgk_bgemm_batched(1, 1, ta, tb, M, N, K, A, lda, 0, 0, B, ldb, 0, 0, beta, C, ldc, 0, 0);
 }
-
-/* ----------------------------------------------------------------------------
-   fused causal attention (mgk_attention_fwd/bwd). Unfused, each of attention's products and softmaxes makes a pass
-   over every item's T x T probabilities in memory (config M: 100 MB a layer, eight passes). Here each thread takes
-   whole items (batch x head), items tid, tid+nt, ..., and runs one item's products and softmax back to back, so
-   its probabilities, and the backward's d(scores) in the thread's own scratch, stay in L2 between them. Every
-   product is the batched products' own block of the item (product()), and the softmax mgk_ops.c's: the same bits. */
-typedef struct { const float *p; int ld; long long s1, s2; } view_t;   /* a strided stack, as mgk_sgemm_batched's */
-
-typedef struct {
-    int L, L2, T, Tk;
-    float scale;
-    int start;
-    unsigned int csr;                   /* the caller's FP mode: the softmax runs in it, as mgk_ops.c's ops do */
-    view_t q, k, v, att, y, dy, dq, dk, dv;
-    job_t s, o, dvj, dsj, dqj, dkj;     /* the products: forward s = q k^T, y = att v; backward dv, ds, dq, dk */
-} attn_t;
-
-static float *ds_bufs[256];             /* per thread id: the backward's d(scores) of one item, T x T */
-static long long ds_cap[256];
-
-static const float *at(const attn_t *a, const view_t *x, int l)
-{
-    return x->p + (long long)(l / a->L2) * x->s1 + (long long)(l % a->L2) * x->s2;
-}
-
-/* one product of every item: op(A) (M x K) @ op(B), causal as named, beta 0 */
-static job_t attn_product(int bf16, int start, int ta, int tb, int M, int N, int K, int lda, int ldb, int ldc,
-                          int causal)
-{
-    job_t g = {NULL, ta, tb, M, N, K, lda, ldb, ldc, 1, NULL, NULL, NULL, 0.0f, 0, 0, 0, 1, 0, 0, 0, 0, 1,
-               M <= SMALL_M && !(ta && tb), 0, bf16, causal, start};
-    choose_path(&g);
-    return g;
-}
-
-static void softmax_item(const attn_t *a, int fwd, const float *att, float *g, long long ldg)
-{
-#ifdef MGK_X86
-    unsigned int own = _mm_getcsr();
-    _mm_setcsr(a->csr);
-#endif
-    mgk_softmax_item(fwd, a->T, a->Tk, a->start, a->scale, att, a->att.ld, g, ldg);
-#ifdef MGK_X86
-    _mm_setcsr(own);
-#endif
-}
-
-static void attn_fwd_job(void *arg, int tid, int nt)
-{
-    const attn_t *a = arg;
-    for (int l = tid; l < a->L; l += nt) {
-        float *att = (float *)at(a, &a->att, l);
-        product(&a->s, at(a, &a->q, l), at(a, &a->k, l), att, 0, a->T, 0, a->Tk, tid);   /* s = q k^T, 0 past */
-        softmax_item(a, 1, att, att, a->att.ld);                                          /* att = softmax(scale s) */
-        product(&a->o, att, at(a, &a->v, l), (float *)at(a, &a->y, l), 0, a->T, 0, a->o.N, tid);   /* y = att v */
-    }
-}
-
-static void attn_bwd_job(void *arg, int tid, int nt)
-{
-    const attn_t *a = arg;
-    float *ds = ds_bufs[tid];
-    int T = a->T, hs = a->dvj.N;
-    for (int l = tid; l < a->L; l += nt) {
-        const float *att = at(a, &a->att, l), *dy = at(a, &a->dy, l);
-        float *dq = (float *)at(a, &a->dq, l), *dk = (float *)at(a, &a->dk, l), *dv = (float *)at(a, &a->dv, l);
-        product(&a->dvj, att, dy, dv, 0, T, 0, hs, tid);                      /* fwd: y = att v -> dv = att^T dy */
-        product(&a->dsj, dy, at(a, &a->v, l), ds, 0, T, 0, T, tid);           /*                   datt = dy v^T */
-        softmax_item(a, 0, att, ds, T);                                        /* fwd: att = softmax(scale s) -> ds */
-        product(&a->dqj, ds, at(a, &a->k, l), dq, 0, T, 0, hs, tid);           /* fwd: s = q k^T -> dq = ds k */
-        product(&a->dkj, ds, at(a, &a->q, l), dk, 0, T, 0, hs, tid);           /*                   dk = ds^T q */
-    }
-}
-
-static int bad_view(const view_t *x, int cols)
-{
-    return !x->p || x->ld < (cols > 1 ? cols : 1) || x->s1 < 0 || x->s2 < 0;
-}
-
-/* run fn over the items on min(threads, L) threads (one below ~4 us of work), with the GEMM's FP mode; scratch:
-   floats of each thread's ds_bufs (grown, never shrunk) */
-static int run_attention(attn_t *a, void (*fn)(void *, int, int), double flops, long long scratch)
-{
-    int nt = threads_now();
-    if (flops < 4e5) nt = 1;
-    if (nt > a->L) nt = a->L;
-    int rc = alloc_bufs(nt);
-    for (int t = 0; t < nt && rc == MGK_OK; t++)
-        if (ds_cap[t] < scratch) {
-            free(ds_bufs[t]);
-            ds_bufs[t] = aligned_alloc(64, sizeof(float) * (size_t)((scratch + 15) / 16 * 16));
-            ds_cap[t] = ds_bufs[t] ? scratch : 0;
-            if (!ds_bufs[t]) rc = MGK_ENOMEM;
-        }
-    if (rc != MGK_OK) return rc;
-#ifdef MGK_X86
-    a->csr = _mm_getcsr();
-    mgk_pool_set_ftz();
-#endif
-    rc = mgk_pool_run(fn, a, nt);
-#ifdef MGK_X86
-    _mm_setcsr(a->csr);
-#endif
-    return rc;
-}
-
-#define VIEW(x) {x, ld##x, s##x##1, s##x##2}
-
-int mgk_attention_fwd(int bf16, int L1, int L2, int T, int Tk, int hs, int start, float scale,
-                      const float *q, int ldq, long long sq1, long long sq2,
-                      const float *k, int ldk, long long sk1, long long sk2,
-                      const float *v, int ldv, long long sv1, long long sv2,
-                      float *att, int ldatt, long long satt1, long long satt2,
-                      float *y, int ldy, long long sy1, long long sy2)
-{
-    if (L1 < 0 || L2 < 1 || (long long)L1 * L2 > 0x7fffffff || T < 0 || hs < 1 || start < 0 || Tk < start + T)
-        return MGK_EBADARG;
-    attn_t a = {.L = L1 * L2, .L2 = L2, .T = T, .Tk = Tk, .scale = scale, .start = start,
-                .q = VIEW(q), .k = VIEW(k), .v = VIEW(v), .att = VIEW(att), .y = VIEW(y)};
-    if (a.L == 0 || T == 0) return MGK_OK;
-    if (bad_view(&a.q, hs) || bad_view(&a.k, hs) || bad_view(&a.v, hs) || bad_view(&a.att, Tk) || bad_view(&a.y, hs))
-        return MGK_EBADARG;
-    pthread_mutex_lock(&call_mu);
-    a.s = attn_product(bf16 != 0, start, 0, 1, T, Tk, hs, ldq, ldk, ldatt, MGK_CAUSAL_OUT);
-    a.o = attn_product(bf16 != 0, start, 0, 0, T, hs, Tk, ldatt, ldv, ldy, MGK_CAUSAL_A);
-    int rc = run_attention(&a, attn_fwd_job, 4.0 * T * Tk * hs * a.L, 0);
-    pthread_mutex_unlock(&call_mu);
-    return rc;
-}
-
-int mgk_attention_bwd(int bf16, int L1, int L2, int T, int hs, float scale,
-                      const float *q, int ldq, long long sq1, long long sq2,
-                      const float *k, int ldk, long long sk1, long long sk2,
-                      const float *v, int ldv, long long sv1, long long sv2,
-                      const float *att, int ldatt, long long satt1, long long satt2,
-                      const float *dy, int lddy, long long sdy1, long long sdy2,
-                      float *dq, int lddq, long long sdq1, long long sdq2,
-                      float *dk, int lddk, long long sdk1, long long sdk2,
-                      float *dv, int lddv, long long sdv1, long long sdv2)
-{
-    if (L1 < 0 || L2 < 1 || (long long)L1 * L2 > 0x7fffffff || T < 0 || hs < 1)
-        return MGK_EBADARG;
-    attn_t a = {.L = L1 * L2, .L2 = L2, .T = T, .Tk = T, .scale = scale, .q = VIEW(q), .k = VIEW(k), .v = VIEW(v),
-                .att = VIEW(att), .dy = VIEW(dy), .dq = VIEW(dq), .dk = VIEW(dk), .dv = VIEW(dv)};
-    if (a.L == 0 || T == 0) return MGK_OK;
-    if (bad_view(&a.q, hs) || bad_view(&a.k, hs) || bad_view(&a.v, hs) || bad_view(&a.att, T) ||
-        bad_view(&a.dy, hs) || bad_view(&a.dq, hs) || bad_view(&a.dk, hs) || bad_view(&a.dv, hs))
-        return MGK_EBADARG;
-    pthread_mutex_lock(&call_mu);
-    int b = bf16 != 0;
-    a.dvj = attn_product(b, 0, 1, 0, T, hs, T, ldatt, lddy, lddv, MGK_CAUSAL_A);
-    a.dsj = attn_product(b, 0, 0, 1, T, T, hs, lddy, ldv, T, MGK_CAUSAL_OUT);
-    a.dqj = attn_product(b, 0, 0, 0, T, hs, T, T, ldk, lddq, MGK_CAUSAL_A);
-    a.dkj = attn_product(b, 0, 1, 0, T, hs, T, T, ldq, lddk, MGK_CAUSAL_A);
-    int rc = run_attention(&a, attn_bwd_job, 8.0 * T * T * hs * a.L, (long long)T * T);
-    pthread_mutex_unlock(&call_mu);
-    return rc;
-}
-#undef VIEW
 
 int mgk_emulate_amx(int on)
 {

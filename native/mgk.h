@@ -1,9 +1,9 @@
-/* mgk.h: the C API of the GEMM, the fused attention built on it, and the thread pool (native/mgk.c, mgk_pool.c;
-   the other ops: mgk_ops.h), loaded by minigpt/backends/native.py. Row-major float32 GEMM: C = op(A) @ op(B) +
-   beta*C, op(X) = X or X^T by flag (ta, tb); beta == 0 never reads C. Every function that does work or sets a
-   value returns MGK_OK (0) or a negative MGK_E* code (the queries return their value); nothing here allocates per
-   call (packing buffers are allocated once per thread, on first use; the attention backward's scratch grows to
-   the largest T x T asked for). Not a BLAS: no alpha, no column-major. */
+/* mgk.h: the C API of the GEMM, the fused attention built on it, and the thread pool (native/mgk.c,
+   mgk_attention.c, mgk_pool.c; the other ops: mgk_ops.h), loaded by minigpt/backends/native.py. Row-major
+   float32 GEMM: C = op(A) @ op(B) + beta*C, op(X) = X or X^T by flag (ta, tb); beta == 0 never reads C. Every
+   function that does work or sets a value returns MGK_OK (0) or a negative MGK_E* code (the queries return their
+   value); nothing here allocates per call (packing buffers are allocated once per thread, on first use; the
+   attention backward's scratch grows to the largest T x T asked for). Not a BLAS: no alpha, no column-major. */
 #ifndef MGK_H
 #define MGK_H
 

@@ -526,8 +526,9 @@ int mgk_causal_softmax_bwd(long long L, int T, int Tk, int start, float scale, c
     return MGK_OK;
 }
 
-/* one item of mgk_attention_fwd/bwd (mgk.c), on the calling thread: mgk_causal_softmax_fwd over the T x Tk rows at
-   g (fwd), or mgk_causal_softmax_bwd of g from att (bwd), rows lda and ldg floats apart; the same bits */
+/* one item of mgk_attention_fwd/bwd (mgk_attention.c), on the calling thread: mgk_causal_softmax_fwd over the
+   T x Tk rows at g (fwd), or mgk_causal_softmax_bwd of g from att (bwd), rows lda and ldg floats apart; the same
+   bits */
 void mgk_softmax_item(int fwd, int T, int Tk, int start, float scale, const float *att, long long lda, float *g,
                       long long ldg)
 {

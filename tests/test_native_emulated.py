@@ -39,7 +39,7 @@ if not {"avx2", "fma"} <= _cpu_flags():
 def emulated(tmp_path_factory):
     """Path of the library built with the AVX-512 intrinsics emulated (flags as setup.py's, plus the macro)."""
     out = str(tmp_path_factory.mktemp("emu") / "libmgk_emu.so")
-    sources = [os.path.join(NATIVE, f) for f in ("mgk.c", "mgk_pool.c", "mgk_ops.c")]
+    sources = [os.path.join(NATIVE, f) for f in ("mgk.c", "mgk_pool.c", "mgk_ops.c", "mgk_attention.c")]
     cmd = [CC, "-O2", "-std=gnu11", "-fno-math-errno", "-pthread", "-fPIC", "-shared", "-Wno-psabi",
            "-DMGK_EMULATE_AVX512", "-I" + NATIVE, "-o", out] + sources
     done = subprocess.run(cmd, capture_output=True, text=True)

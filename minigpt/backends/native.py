@@ -14,7 +14,7 @@ bf16 products (matmul(..., bf16=True)) run mgk_bgemm*: the operands are rounded 
 they are read, for at most 8 rows).
 Attention's causal products (bmm(..., causal=...)) run mgk_gemm_causal, which skips the causal matrix's zeros on
 its packed paths (mgk.h says which); attention itself (Ops.attention, attention_backward) runs fused, a head at a
-time per thread, on the same products (mgk_attention_fwd/bwd).
+time per thread, on the same products (mgk_attention_fwd/bwd, native/mgk_attention.c).
 MINIGPT_NATIVE_LIB=/path/to/lib overrides the location.
 """
 import ctypes

@@ -1,0 +1,34 @@
+/* mgk_job.h: internal to the native library, not its API (mgk.h). One product as mgk.c's paths run it (job_t), and
+   what mgk.c lends the fused attention (mgk_attention.c), which runs each head's products on the batched products'
+   own blocks: a job for one item's product, one block of it on a thread, the lock that every product and fused
+   attention runs under, and the per-thread pack buffers. */
+#ifndef MGK_JOB_H
+#define MGK_JOB_H
+
+struct isa_gemm;
+typedef struct {
+    const struct isa_gemm *isa;  /* the path that runs this job: its tile and its block function */
+    int ta, tb, M, N, K, lda, ldb, ldc, L;
+    const float *A, *B; float *C; float beta;
+    long long sA, sB, sC;        /* strides of the outer batch index l / L2 (floats) */
+    int L2;                      /* inner batch size: item l is (l / L2, l % L2), e.g. (batch, head) */
+    long long sA2, sB2, sC2;     /* strides of the inner index l % L2 */
+    int pm, pn;    /* thread grid over (M, N); pm*pn == threads, or 0 when threads split the batch */
+    int small;     /* AVX-512 or AVX2, few rows, A not transposed with B: the unpacked path (small_any) */
+    int ksplit;    /* small, one product, op(B) = B: threads split K, each its own partial sum (see run) */
+    int bf16;      /* round both operands to bfloat16 while packing, or reading on the few rows path (mgk_bgemm*) */
+    int causal, start;   /* 0, or MGK_CAUSAL_OUT / MGK_CAUSAL_A with the diagonal's offset (mgk_gemm_causal) */
+} job_t;
+
+/* one item's product op(A) (M x K) @ op(B) into C, beta 0, causal 0, MGK_CAUSAL_OUT or MGK_CAUSAL_A (diagonal offset
+   start), operands rounded to bf16 or not; the path that runs it chosen as the batched products choose theirs.
+   Call under mgk_lock */
+job_t mgk_item_job(int bf16, int start, int ta, int tb, int M, int N, int K, int lda, int ldb, int ldc, int causal);
+/* block C[m0:m1, n0:n1] of one item of g, on thread tid of the pool, into C (rows g->ldc apart) */
+void mgk_item_block(const job_t *g, const float *A, const float *B, float *C, int m0, int m1, int n0, int n1, int tid);
+/* one product or fused attention at a time: the pack buffers (and the attention's scratch) are per thread id */
+void mgk_lock(void);
+void mgk_unlock(void);
+/* allocate the pack buffers of threads 0..nt-1 (under mgk_lock) on first use: MGK_OK or MGK_ENOMEM */
+int mgk_pack_bufs(int nt);
+#endif
