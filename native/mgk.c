@@ -213,7 +213,7 @@ int mgk_round_bf16(long long n, const float *x, float *out)
 }
 
 static int n_threads;                  /* 0 = not set yet -> number of online CPUs */
-static pthread_mutex_t call_mu = PTHREAD_MUTEX_INITIALIZER;  /* one GEMM (or fused attention: mgk_lock) at a time:
+static pthread_mutex_t call_mu = PTHREAD_MUTEX_INITIALIZER;  /* one GEMM (or fused attention: mgk_call_lock) at a time:
                                                                 buffers are per thread id */
 
 static int bad_args(int ta, int tb, int M, int N, int K, const void *A, int lda, const void *B, int ldb,
@@ -1235,7 +1235,7 @@ static void choose_path(job_t *g)
 }
 
 /* the pack buffers of threads 0..nt-1 (under call_mu), allocated on first use (mgk_job.h) */
-int mgk_pack_bufs(int nt)
+int mgk_alloc_bufs(int nt)
 {
     for (int t = 0; t < nt; t++)
         for (int b = 0; b < 2; b++)
@@ -1253,15 +1253,15 @@ job_t mgk_item_job(int bf16, int start, int ta, int tb, int M, int N, int K, int
     return g;
 }
 
-void mgk_lock(void) { pthread_mutex_lock(&call_mu); }
-void mgk_unlock(void) { pthread_mutex_unlock(&call_mu); }
+void mgk_call_lock(void) { pthread_mutex_lock(&call_mu); }
+void mgk_call_unlock(void) { pthread_mutex_unlock(&call_mu); }
 
 static int run(job_t *g)
 {
     if (g->M == 0 || g->N == 0 || g->L == 0) return MGK_OK;
     pthread_mutex_lock(&call_mu);
     choose_path(g);
-    int nt = plan(g), rc = mgk_pack_bufs(nt);
+    int nt = plan(g), rc = mgk_alloc_bufs(nt);
     if (rc == MGK_OK) {
 #ifdef MGK_X86
         unsigned int csr = _mm_getcsr();

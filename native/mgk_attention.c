@@ -9,7 +9,7 @@
 #include "mgk.h"
 #include "mgk_job.h"
 #include "mgk_ops.h"       /* mgk_softmax_item */
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(MGK_NO_SIMD)
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(MGK_NO_SIMD)   /* mgk.c's MGK_X86 */
 #define ATTN_X86 1
 #include <xmmintrin.h>     /* _mm_getcsr/_mm_setcsr (baseline SSE): the caller's FP mode, for the softmax */
 #endif
@@ -87,7 +87,7 @@ static int run_attention(attn_t *a, void (*fn)(void *, int, int), double flops, 
     int nt = mgk_get_num_threads();
     if (flops < 4e5) nt = 1;
     if (nt > a->L) nt = a->L;
-    int rc = mgk_pack_bufs(nt);
+    int rc = mgk_alloc_bufs(nt);
     for (int t = 0; t < nt && rc == MGK_OK; t++)
         if (ds_cap[t] < scratch) {
             free(ds_bufs[t]);
@@ -123,11 +123,11 @@ int mgk_attention_fwd(int bf16, int L1, int L2, int T, int Tk, int hs, int start
     if (a.L == 0 || T == 0) return MGK_OK;
     if (bad_view(&a.q, hs) || bad_view(&a.k, hs) || bad_view(&a.v, hs) || bad_view(&a.att, Tk) || bad_view(&a.y, hs))
         return MGK_EBADARG;
-    mgk_lock();
+    mgk_call_lock();
     a.s = mgk_item_job(bf16 != 0, start, 0, 1, T, Tk, hs, ldq, ldk, ldatt, MGK_CAUSAL_OUT);
     a.o = mgk_item_job(bf16 != 0, start, 0, 0, T, hs, Tk, ldatt, ldv, ldy, MGK_CAUSAL_A);
     int rc = run_attention(&a, attn_fwd_job, 4.0 * T * Tk * hs * a.L, 0);
-    mgk_unlock();
+    mgk_call_unlock();
     return rc;
 }
 
@@ -149,14 +149,14 @@ int mgk_attention_bwd(int bf16, int L1, int L2, int T, int hs, float scale,
     if (bad_view(&a.q, hs) || bad_view(&a.k, hs) || bad_view(&a.v, hs) || bad_view(&a.att, T) ||
         bad_view(&a.dy, hs) || bad_view(&a.dq, hs) || bad_view(&a.dk, hs) || bad_view(&a.dv, hs))
         return MGK_EBADARG;
-    mgk_lock();
+    mgk_call_lock();
     int b = bf16 != 0;
     a.dvj = mgk_item_job(b, 0, 1, 0, T, hs, T, ldatt, lddy, lddv, MGK_CAUSAL_A);
     a.dsj = mgk_item_job(b, 0, 0, 1, T, T, hs, lddy, ldv, T, MGK_CAUSAL_OUT);
     a.dqj = mgk_item_job(b, 0, 0, 0, T, hs, T, T, ldk, lddq, MGK_CAUSAL_A);
     a.dkj = mgk_item_job(b, 0, 1, 0, T, hs, T, T, ldq, lddk, MGK_CAUSAL_A);
     int rc = run_attention(&a, attn_bwd_job, 8.0 * T * T * hs * a.L, (long long)T * T);
-    mgk_unlock();
+    mgk_call_unlock();
     return rc;
 }
 #undef VIEW

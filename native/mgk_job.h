@@ -4,6 +4,11 @@
    attention runs under, and the per-thread pack buffers. */
 #ifndef MGK_JOB_H
 #define MGK_JOB_H
+#ifdef __GNUC__
+#define MGK_INTERNAL __attribute__((visibility("hidden")))   /* not exported: calls inside the library stay direct */
+#else
+#define MGK_INTERNAL
+#endif
 
 struct isa_gemm;
 typedef struct {
@@ -20,15 +25,18 @@ typedef struct {
     int causal, start;   /* 0, or MGK_CAUSAL_OUT / MGK_CAUSAL_A with the diagonal's offset (mgk_gemm_causal) */
 } job_t;
 
-/* one item's product op(A) (M x K) @ op(B) into C, beta 0, causal 0, MGK_CAUSAL_OUT or MGK_CAUSAL_A (diagonal offset
-   start), operands rounded to bf16 or not; the path that runs it chosen as the batched products choose theirs.
-   Call under mgk_lock */
-job_t mgk_item_job(int bf16, int start, int ta, int tb, int M, int N, int K, int lda, int ldb, int ldc, int causal);
-/* block C[m0:m1, n0:n1] of one item of g, on thread tid of the pool, into C (rows g->ldc apart) */
-void mgk_item_block(const job_t *g, const float *A, const float *B, float *C, int m0, int m1, int n0, int n1, int tid);
+/* the job of one item's product op(A) (M x K) @ op(B), beta 0, causal 0, MGK_CAUSAL_OUT or MGK_CAUSAL_A (diagonal
+   offset start), operands rounded to bf16 or not, with the path that runs it chosen as the batched products choose
+   theirs; mgk_item_block runs it. Call under mgk_call_lock */
+MGK_INTERNAL job_t mgk_item_job(int bf16, int start, int ta, int tb, int M, int N, int K, int lda, int ldb, int ldc,
+                                int causal);
+/* block C[m0:m1, n0:n1] of one item of g into C (rows g->ldc apart), on pool thread tid: under mgk_call_lock, after
+   mgk_alloc_bufs(nt > tid), with the GEMM's FP mode (mgk_pool_set_ftz). MGK_CAUSAL_OUT writes 0 past the diagonal */
+MGK_INTERNAL void mgk_item_block(const job_t *g, const float *A, const float *B, float *C, int m0, int m1, int n0,
+                                 int n1, int tid);
 /* one product or fused attention at a time: the pack buffers (and the attention's scratch) are per thread id */
-void mgk_lock(void);
-void mgk_unlock(void);
-/* allocate the pack buffers of threads 0..nt-1 (under mgk_lock) on first use: MGK_OK or MGK_ENOMEM */
-int mgk_pack_bufs(int nt);
+MGK_INTERNAL void mgk_call_lock(void);
+MGK_INTERNAL void mgk_call_unlock(void);
+/* allocate the pack buffers of threads 0..nt-1 (under mgk_call_lock) on first use: MGK_OK or MGK_ENOMEM */
+MGK_INTERNAL int mgk_alloc_bufs(int nt);
 #endif

@@ -52,7 +52,10 @@ int mgk_ref_adamw(long long n, float *p, const float *g, float *m, float *v, dou
 int mgk_ref_embedding_bwd(long long N, int V, int C, float *dW, const long long *idx, const float *dout);
 
 /* internal: one item's causal softmax (fwd) or its backward, on the calling thread, rows lda (att) and ldg (g)
-   floats apart, for the fused attention (mgk_attention.c); not loaded by native.py */
+   floats apart, for the fused attention (mgk_attention.c); not exported from the library */
+#ifdef __GNUC__
+__attribute__((visibility("hidden")))
+#endif
 void mgk_softmax_item(int fwd, int T, int Tk, int start, float scale, const float *att, long long lda, float *g,
                       long long ldg);
 #endif

@@ -1,7 +1,8 @@
 """The native backend: every op in the C library native/mgk*.c (built as minigpt/_mgk*.so), through ctypes: the
-products (mgk.c), and LayerNorm, GELU, causal softmax, cross-entropy, the embedding scatter-add and AdamW
-(mgk_ops.c), float32 only. It needs neither numba nor BLAS. (AdamW and the scatter-add are memory-bound, and
-ctypes costs ~3 us a call against numba's ~0.5 us: about 0.1 ms of a config S step, the price of one backend.)
+products (mgk.c), the fused attention (mgk_attention.c), and LayerNorm, GELU, causal softmax, cross-entropy, the
+embedding scatter-add and AdamW (mgk_ops.c), float32 only. It needs neither numba nor BLAS. (AdamW and the
+scatter-add are memory-bound, and ctypes costs ~3 us a call against numba's ~0.5 us: about 0.1 ms of a config S
+step, the price of one backend.)
 
 The only file that uses ctypes. Loads the library once and declares every signature. Transposes are flags.
 The products and the fused attention walk strided views in place (rows of contiguous floats, up to two batch
