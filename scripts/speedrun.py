@@ -490,8 +490,8 @@ SELECTION_ROUND4 = (
     "context --round1 false --out reports/speedrun_context_heldout.md`): 1.5497 against 1.5647 (-0.021, -0.020, "
     "-0.003). Alone on round 1 the same context was +0.005 on both sets: it gains only beside the embeddings' lr "
     "x 10. In bf16 (reports/speedrun_round4_bf16.md) it gained 0.006, with one seed of three worse. Both of those "
-    "invocations scored each run with the context of its own block; this report also scores the recipe with nanoGPT's "
-    "64 tokens, to show how much of its gain is the longer context at evaluation.")
+    "invocations scored each run with the context of its own block; this report also scores the recipe with "
+    "nanoGPT's 64 tokens, to show how much of its gain is the longer context at evaluation.")
 SELECTION_ROUND3 = (
     "How round 3 was chosen: from seed 1337 of the full ablation at a031af9 (`python scripts/speedrun.py`, AMD EPYC "
     "Zen 3, 2026-11-25, budget 89.1 s), where the round-2 recipe reached 1.6565 after 638 iterations, round 2 "
@@ -501,7 +501,7 @@ SELECTION_ROUND3 = (
     "Round 3 keeps round 2's 10x embedding lr and drops QK-norm (still an option, `--qk_norm`). Seeds 1338 and 1339 "
     "of that invocation are its held-out test: the rows named 'round 2 without QK-norm' and 'round 1 + embedding "
     "lr x 10' there are round 3.")
-SELECTION = SELECTION_ROUND6 + "\n\n" + SELECTION_ROUND5 + "\n\n" + SELECTION_ROUND4 + "\n\n" + SELECTION_ROUND3 + "\n\n" + (
+SELECTION = "\n\n".join([SELECTION_ROUND6, SELECTION_ROUND5, SELECTION_ROUND4, SELECTION_ROUND3]) + "\n\n" + (
     "How round 2 was chosen: eight single runs on seed 1337 alone (AMD EPYC Zen 3, family 25 model 1), each at a "
     "fixed 600 iterations of round 1 (Muon, batch 32, warmup 30, cosine to 600, 1 thread) rather than in a time "
     "budget: the machine was shared with other benchmarks then (0.25-0.4 s a step instead of about 0.06), so a "

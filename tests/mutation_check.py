@@ -178,7 +178,8 @@ M = [
         "tests/test_native_isa.py::test_fused_attention_is_the_composed_ops_every_path"),
     ("minigpt/backends/native.py", "and items >= nt and (items % nt == 0 or items >= 4 * nt))", "and items >= 1)",
         "tests/test_native_isa.py::test_fused_attention_is_the_composed_ops_every_path"),
-    ("minigpt/backends/native.py", "if any(np.may_share_memory(x, y) for y in inputs):", "if False:", "tests/test_kernels.py::test_attention_rejects_bad_arguments_as_its_products_do"),
+    ("minigpt/backends/native.py", "if any(np.may_share_memory(x, y) for y in inputs):", "if False:",
+        "tests/test_kernels.py::test_attention_rejects_bad_arguments_as_its_products_do"),
     # the avx512 and avx512bf16 micro-kernels, caught on any AVX2 CPU by their emulated build
     ("native/mgk.c", "if (NV == 2) acc[i][1] = _mm512_fmadd_ps(a, b1, acc[i][1]);",
         "if (NV == 2) acc[i][1] = _mm512_fmadd_ps(a, b0, acc[i][1]);", EMU),

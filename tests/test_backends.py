@@ -60,7 +60,6 @@ def test_ops_declares_every_op_and_each_backend_implements_it():
     assert {op for op in COMPOSED if getattr(_class("native"), op) is not getattr(Ops, op)} == COMPOSED   # fused
 
 
-
 def test_backends_name_their_dtypes():
     assert _class("numpy").dtypes == {F32, F64}
     assert _class("numba").dtypes == {F32}                      # its GEMM is float32 only
