@@ -431,7 +431,7 @@ static void kernel_8x16(int kc, const float *ap, const float *bp, float *c, long
    avx512bf16: the same panels, rounded to bf16 and folded into k-pairs, then vdpbf16ps, which adds
    a[2p]*b[2p] + a[2p+1]*b[2p+1] (exact products of bf16 values) into each float32 lane: twice the multiply-adds
    of an fp32 FMA per instruction. mgk_isa() takes this path only where it measures at least 1.2x the fp32 FMA
-   rate (best_isa; vdpbf16ps measured 2.0x on AMD Zen 5, is reported at about 2x on Zen 4, half on Intel Xeons). */
+   rate (best_isa; vdpbf16ps measured 2.0x on AMD Zen 5, half on Intel Xeons; reported at about 2x on Zen 4). */
 #ifdef MGK_BF16
 #pragma GCC push_options
 TARGET_AVX512BF16
@@ -1170,7 +1170,7 @@ static double peak_once(peak_fn *fn, int flops, long long iters)   /* GFLOP/s of
    3 register-only loops each (about 0.4 ms each on Zen 5) */
 static int best_isa(void)
 {
-    int isa = mgk_cpu_isa();                   /* amx: tiles sustain 6.7-15x the fp32 FMAs on the Xeons measured */
+    int isa = mgk_cpu_isa();                   /* amx: taken without a rate check (tiles: 6.7-15x the FMAs) */
 #ifdef MGK_BF16
     if (isa == MGK_ISA_AVX512BF16) {
         const struct isa_gemm *b = &ISA_GEMM[MGK_ISA_AVX512BF16];
