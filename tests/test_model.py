@@ -185,9 +185,24 @@ def test_gpt_activation_table_is_made_once_per_shape():
     acts, dacts = model.acts, model.dacts
     model.backward()
     model.forward(x[:, ::-1].copy(), y)
-    assert model.acts is acts and model.dacts is dacts and model.acts.h[1].qkv.base is acts.qkv
+    assert model.acts is acts and model.dacts is dacts and np.shares_memory(model.acts.h[1].qkv, acts.qkv)
     model.forward(x[:, :3], y[:, :3])
     assert model.acts is not acts and model.acts.logits.shape == (2, 3, 11)
+
+
+def test_gpt_tables_start_on_cache_lines():
+    """Every array of the activation and gradient tables starts on a 64-byte line (np.zeros of a large array does
+    not: 16 bytes in), is zero, and has its table shape and the model's dtype."""
+    model = tiny_model()
+    x, y = batch(np.random.default_rng(0))
+    acts, dacts = model.tables(*x.shape)
+    arrays = list(vars(acts).items()) + list(vars(dacts).items())
+    arrays = [(k, a) for k, a in arrays if isinstance(a, np.ndarray)]
+    assert len(arrays) > 20
+    for name, a in arrays:
+        assert a.ctypes.data % 64 == 0, name
+        assert a.dtype == model.param_memory.dtype and a.flags.c_contiguous and not a.any(), name
+    assert acts.qkv.shape[:3] == (model.config.n_layer,) + x.shape
 
 
 def test_gpt_init_scales():
