@@ -168,11 +168,10 @@ def attention_backward(dqkv, dy, qkv, att, n_head, mask=None, attd=None):
 
 def dropout_mask(mask, p, rng):
     """Fill mask with a fresh inverted-dropout mask: 1 / (1 - p) with probability 1 - p, else 0, so that
-    x * mask keeps the expectation of x. The forward multiplies by it, the backward by the same mask."""
-    rng.random(out=mask, dtype=mask.dtype)                        # uniform in [0, 1)
-    np.greater_equal(mask, p, out=mask, casting="unsafe")         # keep: 1.0, drop: 0.0
-    mask *= 1.0 / (1.0 - p)
-    return mask
+    x * mask keeps the expectation of x. The forward multiplies by it, the backward by the same mask. rng gives
+    one 64-bit seed; each element's draw is a hash of (seed, its index) (Ops.dropout_mask), so every backend
+    fills the same mask, on all its threads at once."""
+    return ops.dropout_mask(mask, p, int(rng.integers(2**64, dtype=np.uint64)))
 
 
 # ----------------------------------------------------------------------------

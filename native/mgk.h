@@ -7,7 +7,7 @@
 #ifndef MGK_H
 #define MGK_H
 
-#define MGK_ABI      7   /* bumped when a signature changes; minigpt/backends/native.py refuses any other build */
+#define MGK_ABI      8   /* bumped when a signature changes; minigpt/backends/native.py refuses any other build */
 
 #define MGK_OK       0
 #define MGK_EBADARG -1   /* negative size, too small leading dimension, NULL pointer */

@@ -41,7 +41,8 @@
 #define PAR_MIN_PS 100000000LL
 #define PAR_SPIN_PS 5000000LL
 enum { PS_LN_FWD = 300, PS_LN_BWD = 400, PS_GELU_FWD = 700, PS_GELU_BWD = 150, PS_SM_FWD = 450, PS_SM_BWD = 250,
-       PS_XENT = 800, PS_ADAM = 150, PS_EMB = 100, PS_EXP = 300 };
+       PS_XENT = 800, PS_ADAM = 150, PS_EMB = 100, PS_EXP = 300,
+       PS_DROPOUT = 100 };
 
 typedef void (*job_fn)(const void *args, int tid, int nt);
 
@@ -669,6 +670,43 @@ int mgk_embedding_bwd(long long N, int V, int C, float *dW, const long long *idx
     return MGK_OK;
 }
 
+/* ----------------------------------------------------------------------------
+   dropout masks: element i's 32 random bits are a hash of (seed, i), so threads (and backends) need no shared
+   generator state. mix32: a bijection of 32-bit words; its multipliers are those of "lowbias32" (Chris Wellons'
+   hash-prospector search), as numpy_ops.mix32's */
+
+BODY uint32_t mix32(uint32_t x)
+{
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    return x ^ (x >> 16);
+}
+
+typedef struct { long long n; uint32_t k1, k2, keep_from; float scale; float *mask; } drop_t;
+
+BODY void drop_body(const drop_t *a, int tid, int nt)
+{
+    long long lo, hi;
+    span(a->n, tid, nt, LANES, &lo, &hi);
+    for (long long i = lo; i < hi; i++) {
+        uint32_t u = mix32(mix32((uint32_t)i ^ a->k1) ^ a->k2);
+        a->mask[i] = pick(u >> 8 >= a->keep_from, a->scale, 0.0f);
+    }
+}
+VARIANTS(drop, drop_t)
+
+int mgk_dropout_mask(long long n, unsigned long long seed, unsigned int keep_from, float scale, float *mask)
+{
+    if (n < 0 || n > 0xffffffffLL || (n && !mask)) return MGK_EBADARG;
+    uint32_t k1 = mix32((uint32_t)seed);                  /* numpy_ops.dropout_hash's keys */
+    uint32_t k2 = mix32((uint32_t)(seed >> 32) ^ mix32(k1 ^ 0x9e3779b9u));
+    drop_t a = {n, k1, k2, keep_from, scale, mask};
+    run(drop_fns, &a, n * PS_DROPOUT, (n + LANES - 1) / LANES);
+    return MGK_OK;
+}
+
 typedef struct { long long n; const float *x; float *y; } exp_t;
 
 BODY void exp_body(const exp_t *a, int tid, int nt)
@@ -821,5 +859,14 @@ int mgk_ref_embedding_bwd(long long N, int V, int C, float *dW, const long long 
         return MGK_EBADARG;
     for (long long n = 0; n < N; n++)
         for (int j = 0; j < C; j++) dW[idx[n] * C + j] += dout[n * C + j];
+    return MGK_OK;
+}
+
+int mgk_ref_dropout_mask(long long n, unsigned long long seed, unsigned int keep_from, float scale, float *mask)
+{
+    if (n < 0 || n > 0xffffffffLL || (n && !mask)) return MGK_EBADARG;
+    uint32_t k1 = mix32((uint32_t)seed), k2 = mix32((uint32_t)(seed >> 32) ^ mix32(k1 ^ 0x9e3779b9u));
+    for (long long i = 0; i < n; i++)
+        mask[i] = (mix32(mix32((uint32_t)i ^ k1) ^ k2) >> 8) >= keep_from ? scale : 0.0f;
     return MGK_OK;
 }

@@ -32,6 +32,10 @@ int mgk_adamw(long long n, float *p, const float *g, float *m, float *v, double 
               double eps, double wd, double bc1, double bc2);
 /* dW (V, C): dW[idx[n]] += dout[n] for n = 0..N-1 in order (repeated ids add up), idx in [0, V) */
 int mgk_embedding_bwd(long long N, int V, int C, float *dW, const long long *idx, const float *dout);
+/* mask[0:n] = an inverted-dropout mask: element i is scale where the 24 high bits of mix32(mix32(i ^ k1) ^ k2)
+   are >= keep_from, else 0; k1 = mix32(the seed's low 32 bits), k2 = mix32(its high 32 bits ^ mix32(k1 ^ 0x9e3779b9))
+   (numpy_ops.dropout_hash is the specification); n < 2**32 */
+int mgk_dropout_mask(long long n, unsigned long long seed, unsigned int keep_from, float scale, float *mask);
 /* y = e**x elementwise with the fast paths' inline exp (for tests: its accuracy over the float32 range) */
 int mgk_exp(long long n, const float *x, float *y);
 
@@ -50,6 +54,7 @@ int mgk_ref_xent_bwd(long long N, int V, const float *logits, const long long *t
 int mgk_ref_adamw(long long n, float *p, const float *g, float *m, float *v, double lr, double b1, double b2,
                   double eps, double wd, double bc1, double bc2);
 int mgk_ref_embedding_bwd(long long N, int V, int C, float *dW, const long long *idx, const float *dout);
+int mgk_ref_dropout_mask(long long n, unsigned long long seed, unsigned int keep_from, float scale, float *mask);
 
 /* internal: one item's causal softmax (fwd) or its backward, on the calling thread, rows lda (att) and ldg (g)
    floats apart, for the fused attention (mgk_attention.c); not exported from the library */

@@ -94,6 +94,19 @@ M = [
     (NK, "d[targets[i]] -= scale", "d[targets[i]] -= 1.0", f"{TO}::test_cross_entropy_matches_spec"),
     (NK, "m[i] = b1 * m[i] + c1 * gi", "m[i] = b1 * m[i] + gi", f"{TO}::test_adamw_matches_spec"),
     (NK, "p = p * r * r + r + F32(1.0)", "p = p * r * r + r", f"{TO}::test_exp32_matches_numpy_over_the_whole_range"),
+    # dropout masks: the spec's keys (two seeds would share a mask's structure), numba's and C's hash, the layer's
+    # fresh seed per mask
+    (SPEC, "k2 = mix32(np.uint32(seed >> 32) ^ mix32(k1 ^ GOLDEN, one), one)",
+        "k2 = mix32(np.uint32(seed >> 32) ^ k1, one)",
+        f"{TO}::test_dropout_mask_is_a_fair_fresh_draw"),
+    (NK, "u = _mix32(_mix32(np.uint64(i) ^ k1) ^ k2)", "u = _mix32(np.uint64(i) ^ k1 ^ k2)",
+        f"{TO}::test_dropout_mask_matches_spec"),
+    ("native/mgk_ops.c", "uint32_t u = mix32(mix32((uint32_t)i ^ a->k1) ^ a->k2);",
+        "uint32_t u = mix32(mix32((uint32_t)i ^ a->k1) ^ a->k1);",
+        "tests/test_native_ops.py::test_dropout_mask_fast_matches_reference_and_spec"),
+    (L, "return ops.dropout_mask(mask, p, int(rng.integers(2**64, dtype=np.uint64)))",
+        "return ops.dropout_mask(mask, p, 7)",
+        f"{TL}::test_dropout_mask_is_inverted_and_fresh"),
     # the numba GEMM and its view handling
     (GEMM, "bk = beta if k0 == 0 else np.float32(1.0)", "bk = beta", f"{TO}::test_few_rows_match_float64"),
     ("minigpt/backends/__init__.py", "            np.copyto(x, s)", "            pass",

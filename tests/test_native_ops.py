@@ -229,6 +229,28 @@ def test_embedding_backward_fast_matches_reference_and_spec(lib, isas, N, C):
     np.testing.assert_array_equal(fast, ref)                       # the same adds in the same order
 
 
+def dropout(lib, prefix, n, p, seed):
+    mask = np.full(n, np.nan, F32)
+    assert getattr(lib, prefix + "dropout_mask")(n, seed, backends.dropout_keep_from(p), 1.0 / (1.0 - p), mask) == 0
+    return [mask]
+
+
+def dropout_spec(n, p, seed):
+    mask = np.empty(n, F64)
+    SPEC.dropout_mask(mask, p, seed)
+    return [mask]
+
+
+@pytest.mark.parametrize("n", ROWS + (70_001,))                  # 70,001: past numpy_ops' hashing chunk
+@pytest.mark.parametrize("p,seed", [(0.2, 1), (0.5, 2**64 - 1), (0.0, 2**40 + 3)])
+def test_dropout_mask_fast_matches_reference_and_spec(lib, isas, n, p, seed):
+    check(lib, isas, lambda pre: dropout(lib, pre, n, p, seed), lambda: dropout_spec(n, p, seed))
+    fast, ref = dropout(lib, "mgk_", n, p, seed)[0], dropout(lib, "mgk_ref_", n, p, seed)[0]
+    want = dropout_spec(n, p, seed)[0]
+    np.testing.assert_array_equal(fast, ref)                       # the same integers decide every element
+    np.testing.assert_array_equal(fast > 0, want > 0)
+
+
 # ----------------------------------------------------------------------------
 # threads: every op on shapes large enough to be split, the same bits on 1 and 2 threads
 
@@ -265,7 +287,7 @@ def same_bits_for_1_and_2_threads(lib, isas):
                         + gelu(lib, "mgk_", x, None, dy, None) + softmax(lib, "mgk_", s, datt, 0.25, 0)
                         + xent(lib, "mgk_", logits, t, 0.1) + adamw(lib, "mgk_", p, g, m, v, args)
                         + embedding(lib, "mgk_", dW, idx, dout) + layernorm(lib, "mgk_", wx, ww, wb, wdy, ww, wb)
-                        + gelu(lib, "mgk_", wx, wb, wdy, wb))
+                        + gelu(lib, "mgk_", wx, wb, wdy, wb) + dropout(lib, "mgk_", 3_000_001, 0.1, 99))
         for i, (one, two) in enumerate(zip(*runs)):
             np.testing.assert_array_equal(two, one, err_msg=f"output {i}, ISA path {isa}")
 

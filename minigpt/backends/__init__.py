@@ -14,6 +14,7 @@ BackendUnavailable; only "auto" chooses, and it says what it chose. This module 
 import contextlib
 import functools
 import importlib
+import math
 import os
 import sys
 
@@ -39,6 +40,22 @@ def gemm_dims(a, b, ta, tb):
         raise ValueError(f"matmul: inner dimensions differ: op(a) is {M}x{Ka} (a {a.shape}, ta={ta}), "
                          f"op(b) is {Kb}x{N} (b {b.shape}, tb={tb})")
     return M, N, Ka
+
+
+def dropout_keep_from(p):
+    """Dropout keeps element n where dropout_hash(seed, n) >> 8 (24 random bits) >= this: with probability
+    1 - p, to within 2**-24."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout_mask: p must lie in [0, 1), got {p!r}")
+    return math.ceil(p * 2**24)
+
+
+def check_dropout(mask, seed):
+    """ValueError for a mask too large for 32-bit element numbers, or a seed outside [0, 2**64)."""
+    if mask.size >= 2**32:
+        raise ValueError(f"dropout_mask: {mask.size} elements; masks number theirs in 32 bits: draw it in parts")
+    if not 0 <= seed < 2**64:
+        raise ValueError(f"dropout_mask: seed {seed} is outside [0, 2**64)")
 
 
 @functools.lru_cache(maxsize=64)
@@ -166,6 +183,13 @@ class Ops:
 
     def adamw(self, p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2):
         """One in-place AdamW update of p, m, v (C-contiguous, same shape as g); bc1, bc2: bias corrections."""
+        raise NotImplementedError
+
+    def dropout_mask(self, mask, p, seed):
+        """mask (any shape) = an inverted-dropout mask drawn from seed (an int in [0, 2**64)): element n (in C
+        order) is 1 / (1 - p) where dropout_hash(seed, n) keeps it (dropout_keep_from), else 0. A counter-based
+        draw: each element depends on (seed, n) alone, so every backend, thread count and chunking gives the same
+        mask. mask.size < 2**32."""
         raise NotImplementedError
 
     # ---- knobs: not ops (a backend without the knob ignores it)

@@ -27,12 +27,12 @@ import os
 
 import numpy as np
 
-from . import BackendUnavailable, Ops, _check_bf16, check_float32, gemm_dims
+from . import BackendUnavailable, Ops, _check_bf16, check_dropout, check_float32, dropout_keep_from, gemm_dims
 
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # minigpt/
 _ERRORS = {-1: "bad argument", -2: "out of memory", -3: "could not start a worker thread"}
 _i, _ll = ctypes.c_int, ctypes.c_longlong
-_ABI = 7                                                  # MGK_ABI in native/mgk.h
+_ABI = 8                                                  # MGK_ABI in native/mgk.h
 _CAUSAL = {"out": 1, "a": 2}                              # MGK_CAUSAL_OUT, MGK_CAUSAL_A in native/mgk.h
 _ndf32 = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
 
@@ -140,7 +140,8 @@ def _lib():
            "xent_fwd": [_ll, _i, _f32, _i64, _f32, ctypes.POINTER(_d)],
            "xent_bwd": [_ll, _i, _f32, _i64, _f32, _f, _f32],
            "adamw": [_ll, _f32, _f32, _f32, _f32] + [_d] * 7,
-           "embedding_bwd": [_ll, _i, _i, _f32, _i64, _f32]}
+           "embedding_bwd": [_ll, _i, _i, _f32, _i64, _f32],
+           "dropout_mask": [_ll, ctypes.c_uint64, ctypes.c_uint32, _f, _f32]}
     for op, args in ops.items():
         for f in (getattr(lib, f"mgk_{op}"), getattr(lib, f"mgk_ref_{op}")):    # fast path, scalar reference
             f.argtypes, f.restype = args, _i
@@ -332,6 +333,14 @@ class NativeOps(Ops):
         c = self._contiguous("adamw")
         rc = self.lib.mgk_adamw(p.size, p, c.inp(g), m, v, lr, b1, b2, eps, wd, bc1, bc2)
         self._done(rc, "adamw", c)
+
+    def dropout_mask(self, mask, p, seed):                                # mask (...) = 0 or 1 / (1 - p)
+        check_float32(mask, backend=self.name)
+        check_dropout(mask, seed)
+        c = self._contiguous("dropout_mask")
+        rc = self.lib.mgk_dropout_mask(mask.size, seed, dropout_keep_from(p), 1.0 / (1.0 - p), c.out(mask))
+        self._done(rc, "dropout_mask", c)
+        return mask
 
     def set_threads(self, n):
         self.lib.mgk_set_num_threads(max(1, int(n)))

@@ -301,3 +301,29 @@ def adamw(p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2):     # all flat (n,), updat
         m[i] = b1 * m[i] + c1 * gi                          # m = b1 m + (1 - b1) g
         v[i] = b2 * v[i] + c2 * (gi * gi)                   # v = b2 v + (1 - b2) g^2
         p[i] = p[i] * decay - a * m[i] / (np.sqrt(v[i]) * rb + eps)   # decoupled decay, then Adam
+
+
+# ----------------------------------------------------------------------------
+# dropout masks: numpy_ops.dropout_hash, element by element, in 64-bit integers kept to their low 32 bits
+
+_M32, _MIX1, _MIX2 = np.uint64(0xFFFFFFFF), np.uint64(0x7FEB352D), np.uint64(0x846CA68B)
+_GOLDEN = np.uint64(0x9E3779B9)
+
+
+@njit(**_JIT)
+def _mix32(x):                                             # x: uint64 < 2**32 -> numpy_ops.mix32 of it
+    x ^= x >> np.uint64(16)
+    x = (x * _MIX1) & _M32
+    x ^= x >> np.uint64(15)
+    x = (x * _MIX2) & _M32
+    return x ^ (x >> np.uint64(16))
+
+
+@njit(parallel=True, **_JIT)
+def dropout_mask(mask, lo, hi, keep_from, scale):          # mask (n,) flat: 0 or scale, element i by its own hash
+    k1 = _mix32(np.uint64(lo))                              # the keys of numpy_ops.dropout_hash
+    k2 = _mix32(np.uint64(hi) ^ _mix32(k1 ^ _GOLDEN))
+    keep_from, scale, zero = np.uint64(keep_from), mask.dtype.type(scale), mask.dtype.type(0.0)
+    for i in prange(mask.size):
+        u = _mix32(_mix32(np.uint64(i) ^ k1) ^ k2)
+        mask[i] = scale if (u >> np.uint64(8)) >= keep_from else zero

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from . import BackendUnavailable, Ops, check_float32, gemm_dims
+from . import BackendUnavailable, Ops, check_dropout, check_float32, dropout_keep_from, gemm_dims
 from .numpy_ops import bf16_operands
 
 try:
@@ -148,6 +148,14 @@ class NumbaOps(Ops):
             raise ValueError("adamw updates p, m and v in place: they must be C-contiguous arrays, not views")
         c = self._contiguous("adamw")
         NK.adamw(p.reshape(-1), c.inp(g).reshape(-1), m.reshape(-1), v.reshape(-1), lr, b1, b2, eps, wd, bc1, bc2)
+
+    def dropout_mask(self, mask, p, seed):                               # mask (...) = 0 or 1 / (1 - p)
+        check_dropout(mask, seed)
+        self._threads(mask.size)
+        c = self._contiguous("dropout_mask")
+        NK.dropout_mask(c.out(mask).reshape(-1), seed & 0xFFFFFFFF, seed >> 32, dropout_keep_from(p), 1.0 / (1.0 - p))
+        c.back()
+        return mask
 
 
 _backend = None

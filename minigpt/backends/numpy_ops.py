@@ -12,9 +12,42 @@ import math
 
 import numpy as np
 
-from . import Ops, future
+from . import Ops, check_dropout, dropout_keep_from, future
 
 GELU_C, GELU_A = math.sqrt(2.0 / math.pi), 0.044715
+
+
+# dropout's random bits: a counter-based hash of (seed, element number), so that any backend and any thread
+# draws the same mask. The mixer is a bijection of 32-bit words (xor-shifts and odd multipliers); its two
+# multipliers are those of "lowbias32", found by Chris Wellons' hash-prospector search.
+MIX = (np.uint32(0x7FEB352D), np.uint32(0x846CA68B))
+GOLDEN = np.uint32(0x9E3779B9)                                    # 2**32 / the golden ratio
+CHUNK = 1 << 16                                                  # elements hashed at once (in L2)
+COUNT = np.arange(CHUNK, dtype=np.uint32)                         # 0, 1, ..., CHUNK - 1
+COUNT.flags.writeable = False
+
+
+def mix32(x, t):
+    """x (uint32) <- a scramble of each element, in place; t: scratch of x's shape."""
+    for shift, mul in ((16, MIX[0]), (15, MIX[1]), (16, None)):
+        x ^= np.right_shift(x, shift, out=t)
+        if mul is not None:
+            x *= mul                                              # modulo 2**32
+    return x
+
+
+def dropout_hash(seed, n, t):
+    """The 32 random bits of element numbers n (uint32, overwritten) under seed: mix32(mix32(n ^ k1) ^ k2), with
+    k1 = mix32(lo) and k2 = mix32(hi ^ mix32(k1 ^ GOLDEN)) from the seed's low and high 32 bits. The keys are a
+    bijection of the seed with no shortcut between them (k2 = mix32(hi ^ k1) made element 0 of every seed below
+    2**32 the same), so seeds that differ in a bit draw unrelated masks."""
+    one = np.empty(1, np.uint32)
+    k1 = mix32(np.array([seed & 0xFFFFFFFF], np.uint32), one)
+    k2 = mix32(np.uint32(seed >> 32) ^ mix32(k1 ^ GOLDEN, one), one)
+    n ^= k1[0]
+    mix32(n, t)
+    n ^= k2[0]
+    return mix32(n, t)
 
 
 def _t(x, flag):
@@ -183,6 +216,23 @@ class NumpyOps(Ops):
         tmp /= math.sqrt(bc2)
         tmp += eps                                                  # sqrt(v_hat) + eps
         p -= np.divide(np.multiply(m, lr / bc1, out=step), tmp, out=step)   # p -= lr m_hat / (sqrt(v_hat) + eps)
+
+    # ---- dropout
+    def dropout_mask(self, mask, p, seed):                          # mask (...) = 0 or 1 / (1 - p)
+        check_dropout(mask, seed)
+        keep_from, scale = dropout_keep_from(p), mask.dtype.type(1.0 / (1.0 - p))
+        contiguous = mask.flags.c_contiguous
+        flat = mask.reshape(-1) if contiguous else np.empty(mask.size, mask.dtype)
+        n, t = self._tmp("dropout n", (CHUNK,), np.uint32), self._tmp("dropout t", (CHUNK,), np.uint32)
+        keep = self._tmp("dropout keep", (CHUNK,), bool)
+        for i in range(0, mask.size, CHUNK):
+            k = min(CHUNK, mask.size - i)
+            u = dropout_hash(seed, np.add(COUNT[:k], np.uint32(i), out=n[:k]), t[:k])   # element numbers i, i + 1, ...
+            np.greater_equal(np.right_shift(u, 8, out=u), keep_from, out=keep[:k])  # 24 random bits >= keep_from
+            np.multiply(keep[:k], scale, out=flat[i:i + k])
+        if not contiguous:
+            mask[...] = flat.reshape(mask.shape)
+        return mask
 
     def set_threads(self, n):
         from threadpoolctl import threadpool_limits
