@@ -21,7 +21,7 @@ typedef struct {
     float scale;
     int start;
     unsigned int csr;                   /* the caller's FP mode: the softmax runs in it, as mgk_ops.c's ops do */
-    view_t q, k, v, att, y, dy, dq, dk, dv;
+    view_t q, k, v, att, y, dy, dq, dk, dv, mask, attd;   /* mask.p NULL: no dropout */
     job_t s, o, dvj, dsj, dqj, dkj;     /* the products: forward s = q k^T, y = att v; backward dv, ds, dq, dk */
 } attn_t;
 
@@ -45,6 +45,16 @@ static void softmax_item(const attn_t *a, int fwd, const float *att, float *g, l
 #endif
 }
 
+/* dropout: out = p * m elementwise, rows 0..T (ldp, ldm, ldo floats apart), columns 0..cols, or with seen only
+   0..i of row i: the composition's np.multiply(att, mask, out=attd) (forward, every column), or its datt *= mask
+   (backward, start 0: the softmax's backward reads no column past i, and writes 0 there) */
+static void drop_rows(int T, int cols, int seen, const float *p, long long ldp, const float *m, long long ldm,
+                      float *out, long long ldo)
+{
+    for (int i = 0; i < T; i++)
+        for (int j = 0, n = seen ? i + 1 : cols; j < n; j++) out[i * ldo + j] = p[i * ldp + j] * m[i * ldm + j];
+}
+
 static void attn_fwd_job(void *arg, int tid, int nt)
 {
     const attn_t *a = arg;
@@ -54,7 +64,13 @@ static void attn_fwd_job(void *arg, int tid, int nt)
         float *att = (float *)at(a, &a->att, l), *y = (float *)at(a, &a->y, l);
         mgk_item_block(&a->s, q, k, att, 0, T, 0, a->Tk, tid);       /* s = q k^T, 0 past the diagonal */
         softmax_item(a, 1, att, att, a->att.ld);                     /* att = softmax(scale s) */
-        mgk_item_block(&a->o, att, v, y, 0, T, 0, a->o.N, tid);      /* y = att v */
+        const float *p = att;
+        if (a->mask.p) {                                             /* attd = att * mask (dropout) */
+            float *attd = (float *)at(a, &a->attd, l);
+            drop_rows(T, a->Tk, 0, att, a->att.ld, at(a, &a->mask, l), a->mask.ld, attd, a->attd.ld);
+            p = attd;
+        }
+        mgk_item_block(&a->o, p, v, y, 0, T, 0, a->o.N, tid);        /* y = att v (attd v) */
     }
 }
 
@@ -67,8 +83,11 @@ static void attn_bwd_job(void *arg, int tid, int nt)
         const float *q = at(a, &a->q, l), *k = at(a, &a->k, l), *v = at(a, &a->v, l);
         const float *att = at(a, &a->att, l), *dy = at(a, &a->dy, l);
         float *dq = (float *)at(a, &a->dq, l), *dk = (float *)at(a, &a->dk, l), *dv = (float *)at(a, &a->dv, l);
-        mgk_item_block(&a->dvj, att, dy, dv, 0, T, 0, hs, tid);      /* fwd: y = att v -> dv = att^T dy */
+        const float *p = a->mask.p ? at(a, &a->attd, l) : att;      /* what multiplied v */
+        mgk_item_block(&a->dvj, p, dy, dv, 0, T, 0, hs, tid);        /* fwd: y = att v -> dv = att^T dy */
         mgk_item_block(&a->dsj, dy, v, ds, 0, T, 0, T, tid);         /*                   datt = dy v^T */
+        if (a->mask.p)                                               /* fwd: attd = att * mask */
+            drop_rows(T, T, 1, ds, T, at(a, &a->mask, l), a->mask.ld, ds, T);
         softmax_item(a, 0, att, ds, T);                              /* fwd: att = softmax(scale s) -> ds */
         mgk_item_block(&a->dqj, ds, k, dq, 0, T, 0, hs, tid);        /* fwd: s = q k^T -> dq = ds k */
         mgk_item_block(&a->dkj, ds, q, dk, 0, T, 0, hs, tid);        /*                   dk = ds^T q */
@@ -114,18 +133,22 @@ int mgk_attention_fwd(int bf16, int L1, int L2, int T, int Tk, int hs, int start
                       const float *k, int ldk, long long sk1, long long sk2,
                       const float *v, int ldv, long long sv1, long long sv2,
                       float *att, int ldatt, long long satt1, long long satt2,
-                      float *y, int ldy, long long sy1, long long sy2)
+                      float *y, int ldy, long long sy1, long long sy2,
+                      const float *mask, int ldmask, long long smask1, long long smask2,
+                      float *attd, int ldattd, long long sattd1, long long sattd2)
 {
     if (L1 < 0 || L2 < 1 || (long long)L1 * L2 > 0x7fffffff || T < 0 || hs < 1 || start < 0 || Tk < start + T)
         return MGK_EBADARG;
     attn_t a = {.L = L1 * L2, .L2 = L2, .T = T, .Tk = Tk, .scale = scale, .start = start,
-                .q = VIEW(q), .k = VIEW(k), .v = VIEW(v), .att = VIEW(att), .y = VIEW(y)};
+                .q = VIEW(q), .k = VIEW(k), .v = VIEW(v), .att = VIEW(att), .y = VIEW(y), .mask = VIEW(mask),
+                .attd = VIEW(attd)};
     if (a.L == 0 || T == 0) return MGK_OK;
-    if (bad_view(&a.q, hs) || bad_view(&a.k, hs) || bad_view(&a.v, hs) || bad_view(&a.att, Tk) || bad_view(&a.y, hs))
+    if (bad_view(&a.q, hs) || bad_view(&a.k, hs) || bad_view(&a.v, hs) || bad_view(&a.att, Tk) || bad_view(&a.y, hs)
+        || (mask && (bad_view(&a.mask, Tk) || bad_view(&a.attd, Tk))))
         return MGK_EBADARG;
     mgk_call_lock();
     a.s = mgk_item_job(bf16 != 0, start, 0, 1, T, Tk, hs, ldq, ldk, ldatt, MGK_CAUSAL_OUT);
-    a.o = mgk_item_job(bf16 != 0, start, 0, 0, T, hs, Tk, ldatt, ldv, ldy, MGK_CAUSAL_A);
+    a.o = mgk_item_job(bf16 != 0, start, 0, 0, T, hs, Tk, mask ? ldattd : ldatt, ldv, ldy, MGK_CAUSAL_A);
     int rc = run_attention(&a, attn_fwd_job, 4.0 * T * Tk * hs * a.L, 0);
     mgk_call_unlock();
     return rc;
@@ -139,19 +162,23 @@ int mgk_attention_bwd(int bf16, int L1, int L2, int T, int hs, float scale,
                       const float *dy, int lddy, long long sdy1, long long sdy2,
                       float *dq, int lddq, long long sdq1, long long sdq2,
                       float *dk, int lddk, long long sdk1, long long sdk2,
-                      float *dv, int lddv, long long sdv1, long long sdv2)
+                      float *dv, int lddv, long long sdv1, long long sdv2,
+                      const float *mask, int ldmask, long long smask1, long long smask2,
+                      const float *attd, int ldattd, long long sattd1, long long sattd2)
 {
     if (L1 < 0 || L2 < 1 || (long long)L1 * L2 > 0x7fffffff || T < 0 || hs < 1)
         return MGK_EBADARG;
     attn_t a = {.L = L1 * L2, .L2 = L2, .T = T, .Tk = T, .scale = scale, .q = VIEW(q), .k = VIEW(k), .v = VIEW(v),
-                .att = VIEW(att), .dy = VIEW(dy), .dq = VIEW(dq), .dk = VIEW(dk), .dv = VIEW(dv)};
+                .att = VIEW(att), .dy = VIEW(dy), .dq = VIEW(dq), .dk = VIEW(dk), .dv = VIEW(dv), .mask = VIEW(mask),
+                .attd = VIEW(attd)};
     if (a.L == 0 || T == 0) return MGK_OK;
     if (bad_view(&a.q, hs) || bad_view(&a.k, hs) || bad_view(&a.v, hs) || bad_view(&a.att, T) ||
-        bad_view(&a.dy, hs) || bad_view(&a.dq, hs) || bad_view(&a.dk, hs) || bad_view(&a.dv, hs))
+        bad_view(&a.dy, hs) || bad_view(&a.dq, hs) || bad_view(&a.dk, hs) || bad_view(&a.dv, hs) ||
+        (mask && (bad_view(&a.mask, T) || bad_view(&a.attd, T))))
         return MGK_EBADARG;
     mgk_call_lock();
     int b = bf16 != 0;
-    a.dvj = mgk_item_job(b, 0, 1, 0, T, hs, T, ldatt, lddy, lddv, MGK_CAUSAL_A);
+    a.dvj = mgk_item_job(b, 0, 1, 0, T, hs, T, mask ? ldattd : ldatt, lddy, lddv, MGK_CAUSAL_A);
     a.dsj = mgk_item_job(b, 0, 0, 1, T, T, hs, lddy, ldv, T, MGK_CAUSAL_OUT);
     a.dqj = mgk_item_job(b, 0, 0, 0, T, hs, T, T, ldk, lddq, MGK_CAUSAL_A);
     a.dkj = mgk_item_job(b, 0, 1, 0, T, hs, T, T, ldq, lddk, MGK_CAUSAL_A);

@@ -98,8 +98,9 @@ def check_fused_attention(ops, bf16, rng):
     composition of the same backend's products and softmax: the same bits, no write outside the views, and the
     caller's floating-point mode kept. Every array is a view with its own strides, as the layers pass them or
     stranger: q inside a qkv, k and v inside their own padded arrays (at start > 0, a KV cache's), att with
-    longer rows than Tk, y, dy, dq, dk, dv heads of padded arrays. Returns how many shapes ran ops' own attention
-    (the rest took the composition)."""
+    longer rows than Tk, y, dy, dq, dk, dv heads of padded arrays. At start 0 the shape runs once more under
+    dropout (a mask and attd with longer rows than T). Returns how many shapes ran ops' own attention (the rest
+    took the composition)."""
     from minigpt.backends import native
     own = 0
     for B, nh, T, hs, start in ATTENTION:
@@ -111,27 +112,35 @@ def check_fused_attention(ops, bf16, rng):
         else:
             k, v = padded_heads(rng, B, Tk, nh, hs, 1)[1], padded_heads(rng, B, Tk, nh, hs, 5)[1]
         own += type(ops).attention is not backends.Ops.attention and native._fused(ops, q, k, start)
-        res = []                                            # the op's, then the composition's
-        for run in (ops.attention, lambda *a: backends.Ops.attention(ops, *a)):
-            att = np.full((B, nh, T, Tk + 3), np.nan, np.float32)
-            y, yh = padded_heads(rng, B, T, nh, hs, 2, fill=np.nan)
-            with backends.bf16_products(bf16):
-                run(q, k, v, att[..., :Tk], yh, scale, start)
-            assert np.isnan(att[..., Tk:]).all() and np.isnan(y[:, :, C:]).all(), "a write outside the views"
-            res.append((att, y))
-        np.testing.assert_array_equal(res[0][0], res[1][0], err_msg=f"att {B, nh, T, hs, start}")
-        np.testing.assert_array_equal(res[0][1], res[1][1], err_msg=f"y {B, nh, T, hs, start}")
-        if start:
-            continue
-        att, dy = res[0][0][..., :Tk], padded_heads(rng, B, T, nh, hs, 1)[1]
-        grads = []
-        for run in (ops.attention_backward, lambda *a: backends.Ops.attention_backward(ops, *a)):
-            outs = [padded_heads(rng, B, T, nh, hs, pad, fill=np.nan) for pad in (3, 1, 6)]
-            with backends.bf16_products(bf16):
-                run(q, k, v, att, dy, *(h for _, h in outs), scale)
-            assert all(np.isnan(a[:, :, C:]).all() for a, _ in outs), "a write outside the views"
-            grads.append([a for a, _ in outs])
-        for name, got, want in zip("qkv", *grads):
-            np.testing.assert_array_equal(got, want, err_msg=f"d{name} {B, nh, T, hs}")
+        for p_drop in (None,) if start else (None, 0.3):
+            mask = None
+            if p_drop:                                      # 0 or 1/(1-p) in a (B, nh, T, T + 2) array
+                mask = np.full((B, nh, T, T + 2), np.nan, np.float32)[..., :T]
+                mask[...] = rng.choice([0.0, 1.0 / (1.0 - p_drop)], mask.shape)
+            what = f"{B, nh, T, hs, start}" + (" under dropout" if p_drop else "")
+            res = []                                        # the op's, then the composition's
+            for run in (ops.attention, lambda *a: backends.Ops.attention(ops, *a)):
+                att = np.full((B, nh, T, Tk + 3), np.nan, np.float32)
+                attd = np.full((B, nh, T, Tk + 1), np.nan, np.float32)
+                y, yh = padded_heads(rng, B, T, nh, hs, 2, fill=np.nan)
+                with backends.bf16_products(bf16):
+                    run(q, k, v, att[..., :Tk], yh, scale, start, *(() if mask is None else (mask, attd[..., :Tk])))
+                assert np.isnan(att[..., Tk:]).all() and np.isnan(y[:, :, C:]).all(), "a write outside the views"
+                assert np.isnan(attd[..., Tk:]).all() and np.isnan(attd).all() == (mask is None), what
+                res.append((att, y, attd))
+            for name, got, want in zip(("att", "y", "attd"), *res):
+                np.testing.assert_array_equal(got, want, err_msg=f"{name} {what}")
+            if start:
+                continue
+            att, attd, dy = res[0][0][..., :Tk], res[0][2][..., :Tk], padded_heads(rng, B, T, nh, hs, 1)[1]
+            grads = []
+            for run in (ops.attention_backward, lambda *a: backends.Ops.attention_backward(ops, *a)):
+                outs = [padded_heads(rng, B, T, nh, hs, pad, fill=np.nan) for pad in (3, 1, 6)]
+                with backends.bf16_products(bf16):
+                    run(q, k, v, att, dy, *(h for _, h in outs), scale, *(() if mask is None else (mask, attd)))
+                assert all(np.isnan(a[:, :, C:]).all() for a, _ in outs), "a write outside the views"
+                grads.append([a for a, _ in outs])
+            for name, got, want in zip("qkv", *grads):
+                np.testing.assert_array_equal(got, want, err_msg=f"d{name} {what}")
     assert np.float32(1e-40) * np.float32(1.0) != 0, "the caller's subnormals flushed to zero"
     return own

@@ -117,8 +117,8 @@ def _lib():
     lib.mgk_bgemm_batched.restype = _i
     lib.mgk_gemm_causal.argtypes, lib.mgk_gemm_causal.restype = [_i] * 3 + lib.mgk_sgemm_batched.argtypes, _i
     view = [_p, _i, _ll, _ll]                                         # a strided stack: _matrices
-    lib.mgk_attention_fwd.argtypes = [_i] * 7 + [ctypes.c_float] + view * 5
-    lib.mgk_attention_bwd.argtypes = [_i] * 5 + [ctypes.c_float] + view * 8
+    lib.mgk_attention_fwd.argtypes = [_i] * 7 + [ctypes.c_float] + view * 7      # ..., y, mask, attd
+    lib.mgk_attention_bwd.argtypes = [_i] * 5 + [ctypes.c_float] + view * 10     # ..., dv, mask, attd
     lib.mgk_attention_fwd.restype = lib.mgk_attention_bwd.restype = _i
     lib.mgk_round_bf16.argtypes, lib.mgk_round_bf16.restype = [_ll, _f32, _f32], _i
     lib.mgk_isa_name.argtypes, lib.mgk_isa_name.restype = [_i], ctypes.c_char_p
@@ -196,32 +196,35 @@ class NativeOps(Ops):
         return out
 
     # ---- attention fused (mgk_attention_fwd/bwd: each thread runs whole heads, whose probabilities stay in its
-    #      caches; the same bits as Ops' composition of the products and softmax here). What the fused kernels do
-    #      not take runs the composition, which also raises the errors: dropout's mask, views _matrices cannot
-    #      walk, empty sizes, fewer heads than split evenly over the threads (_fused), and bad arguments
+    #      caches; the same bits as Ops' composition of the products and softmax here; dropout's mask and attd
+    #      too). What the fused kernels do not take runs the composition, which also raises the errors: views
+    #      _matrices cannot walk, empty sizes, fewer heads than split evenly over the threads (_fused), and bad
+    #      arguments
     def attention(self, q, k, v, att, y, scale, start=0, mask=None, attd=None):
-        views = [_matrices(x) for x in (q, k, v, att, y)] if mask is None and _fused(self, q, k, start) else None
+        drop = () if mask is None else (mask, attd)
+        views = [_matrices(x) for x in (q, k, v, att, y, *drop)] if _fused(self, q, k, start) else None
         if views is None or None in views:
             return super().attention(q, k, v, att, y, scale, start, mask, attd)
-        check_float32(q, k, v, att, y, backend=self.name)
+        check_float32(q, k, v, att, y, *drop, backend=self.name)
         lead, (T, hs), Tk = q.shape[:-2], q.shape[-2:], k.shape[-2]
-        self._shapes("attention", ((*lead, Tk, hs), k, v), ((*lead, T, Tk), att), (q.shape, y))
-        _outputs("attention", (att, y), (q, k, v))
+        self._shapes("attention", ((*lead, Tk, hs), k, v), ((*lead, T, Tk), att, *drop), (q.shape, y))
+        _outputs("attention", (att, y, *drop[1:]), (q, k, v, *drop[:1]))
         rc = self.lib.mgk_attention_fwd(_check_bf16(None, q), *_lead(lead), T, Tk, hs, start, scale,
-                                        *[f for x in views for f in x])
+                                        *[f for x in views for f in x], *(() if drop else NO_DROPOUT))
         _check(rc, "attention", q, k)
         return y
 
     def attention_backward(self, q, k, v, att, dy, dq, dk, dv, scale, mask=None, attd=None):
-        views = [_matrices(x) for x in (q, k, v, att, dy, dq, dk, dv)] if mask is None and _fused(self, q, k) else None
+        drop = () if mask is None else (mask, attd)
+        views = [_matrices(x) for x in (q, k, v, att, dy, dq, dk, dv, *drop)] if _fused(self, q, k) else None
         if views is None or None in views:
             return super().attention_backward(q, k, v, att, dy, dq, dk, dv, scale, mask, attd)
-        check_float32(q, k, v, att, dy, dq, dk, dv, backend=self.name)
+        check_float32(q, k, v, att, dy, dq, dk, dv, *drop, backend=self.name)
         lead, (T, hs) = q.shape[:-2], q.shape[-2:]
-        self._shapes("attention_backward", (q.shape, k, v, dy, dq, dk, dv), ((*lead, T, T), att))
-        _outputs("attention_backward", (dq, dk, dv), (q, k, v, att, dy))
+        self._shapes("attention_backward", (q.shape, k, v, dy, dq, dk, dv), ((*lead, T, T), att, *drop))
+        _outputs("attention_backward", (dq, dk, dv), (q, k, v, att, dy, *drop))
         rc = self.lib.mgk_attention_bwd(_check_bf16(None, q), *_lead(lead), T, hs, scale,
-                                        *[f for x in views for f in x])
+                                        *[f for x in views for f in x], *(() if drop else NO_DROPOUT))
         _check(rc, "attention_backward", q, dy)
         return dq, dk, dv
 
@@ -356,6 +359,9 @@ class NativeOps(Ops):
         """fp32 FMA throughput of a register-only loop on the native threads (for reports); bf16: that of the
         bf16 products' instruction (vdpbf16ps on the avx512bf16 path, AMX tiles on amx, else the same FMAs)."""
         return (self.lib.mgk_peak_bf16_gflops if bf16 else self.lib.mgk_peak_gflops)(iters)
+
+
+NO_DROPOUT = (None, 0, 0, 0) * 2                        # the mask and attd views of a call without dropout
 
 
 def _fused(ops, q, k, start=0):
