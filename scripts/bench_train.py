@@ -1,7 +1,7 @@
 """Training-step speed of every backend at configs S and M, side by side with PyTorch; writes reports/benchmarks.md.
 
     python scripts/bench_train.py [--threads 2] [--steps_S 30] [--steps_M 3] [--rounds 3] [--baseline OLD_TREE]
-                                  [--dtypes float32,bf16] [--isas avx2,generic]
+                                  [--dtypes float32,bf16] [--isas avx2,generic] [--dropout 0.2 --out FILE]
 
 One invocation, the same threads: rounds alternate the implementations, each in its own child process
 (`--child NAME`), medians after warm-up. A profiled pass splits a minigpt step into matmul / attention /
@@ -10,9 +10,10 @@ LayerNorm / GELU / loss / optimizer / other (exclusive times). PyTorch is option
 --inplace`); every round then also runs that tree's own children ("native@base", "native bf16@base", ...: each
 dtype, on the default ISA path), so before and after are measured side by side, in the same invocation. The
 child protocol (--child/--config/--steps/--threads/--profile in, one JSON line {median, shares, rss} out) is the
-one this script has had since b972235; --dtype bf16 (new) is passed to bf16 children only. --dtypes
-float32,bf16 runs every implementation in both (PyTorch's bf16 is its autocast); --isas adds native rows on
-lower ISA paths (MINIGPT_ISA in the child).
+one this script has had since b972235; --dtype bf16 is passed to bf16 children only, --dropout P to every
+child when P > 0. --dtypes float32,bf16 runs every implementation in both (PyTorch's bf16 is its autocast);
+--isas adds native rows on lower ISA paths (MINIGPT_ISA in the child). --dropout trains every model with
+dropout (reports/dropout.md is its report: --out).
 """
 import argparse
 import importlib.util
@@ -50,10 +51,10 @@ def model_flops(c, V=65):
 # one step of each implementation
 
 class MiniStep:
-    def __init__(self, c, backend, threads, seed=0, bf16=False):
+    def __init__(self, c, backend, threads, seed=0, bf16=False, dropout=0.0):
         backends.select(backend, threads=threads, verbose=False)
         cfg = GPTConfig(vocab_size=65, block_size=c["block_size"], n_layer=c["n_layer"], n_head=c["n_head"],
-                        n_embd=c["n_embd"], bias=False)
+                        n_embd=c["n_embd"], bias=False, dropout=dropout)
         self.model = GPT(cfg, np.random.default_rng(seed), bf16=bf16)
         self.opt = AdamW(self.model.params())
         r = np.random.default_rng(seed)
@@ -178,7 +179,8 @@ def profile(step, n):
 def child(a):
     """One implementation in this process: median step time, profiled shares, peak RSS, as one JSON line."""
     c, bf16 = CONFIGS[a.config], a.dtype == "bf16"
-    mini = MiniStep(c, a.child if a.child != "pytorch" else "numpy", a.threads, bf16=bf16 and a.child != "pytorch")
+    mini = MiniStep(c, a.child if a.child != "pytorch" else "numpy", a.threads, bf16=bf16 and a.child != "pytorch",
+                    dropout=a.dropout)
     step = TorchStep(mini, a.threads, autocast=bf16) if a.child == "pytorch" else mini
     times = time_steps(step, a.steps, warmup=3 if a.config == "S" else 1)   # one M step warms every kernel
     shares = profile(mini, max(1, a.steps // 3)) if a.child != "pytorch" and a.profile else None
@@ -224,14 +226,15 @@ def probe(tree, peak_threads=0):
     return info
 
 
-def run_child(tree, impl, cfg_name, steps, threads, prof):
-    """impl: (backend or "pytorch", dtype, ISA path or None). A float32 child takes no --dtype, so a baseline
-    tree from before --dtype runs too."""
+def run_child(tree, impl, cfg_name, steps, threads, prof, dropout):
+    """impl: (backend or "pytorch", dtype, ISA path or None). A float32 child takes no --dtype, and one without
+    dropout no --dropout, so a baseline tree from before those options runs too."""
     name, dtype, isa = impl
     env = {**tree_env(tree), **({"MINIGPT_ISA": isa} if isa else {})}
     r = subprocess.run([sys.executable, os.path.join(tree, "scripts", "bench_train.py"), "--child", name,
                         "--config", cfg_name, "--steps", str(steps), "--threads", str(threads),
-                        "--profile", str(int(prof))] + (["--dtype", dtype] if dtype != "float32" else []),
+                        "--profile", str(int(prof))] + (["--dtype", dtype] if dtype != "float32" else [])
+                       + (["--dropout", str(dropout)] if dropout else []),
                        cwd=tree, env=env, capture_output=True, text=True)
     if r.returncode:
         return {"error": (r.stderr.strip().splitlines() or ["no output"])[-1]}
@@ -254,6 +257,8 @@ def main():
     ap.add_argument("--isas", default="", help="comma list of native ISA paths to run as extra rows "
                     "(\"native:avx2\", ...), set by MINIGPT_ISA in the child; the plain native row is the default path")
     ap.add_argument("--out", default="reports/benchmarks.md", help="the report (its notes below the marker are kept)")
+    ap.add_argument("--dropout", type=float, default=0.0, help="dropout probability of every model (masks drawn "
+                    "every step; PyTorch's where nanoGPT puts them); a --baseline tree's children must take it too")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--config", default="S", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=3, help=argparse.SUPPRESS)
@@ -299,7 +304,7 @@ def main():
                                  or impl[0] == "pytorch")) or label in failed or f"{cfg_name}:{name}" in skip:
                         continue                   # pytorch runs once (it is the same in both trees); the
                                                    # baseline, each dtype on the default path only
-                    r = run_child(tree, impl, cfg_name, n, a.threads, rnd == 0)
+                    r = run_child(tree, impl, cfg_name, n, a.threads, rnd == 0, a.dropout)
                     if "error" in r:
                         failed[label] = r["error"]
                         print(f"{cfg_name} {label}: failed: {r['error']}", flush=True)
@@ -343,7 +348,7 @@ def write_report(a, results, have_torch, where, peak, failed, parent_rss):
              "process PyTorch's OpenMP threads spin and slow both sides). Each process: 3 warm-up steps (1 at M), "
              "then the median step; the table gives the median over rounds (per-round medians in brackets). A step is "
              "forward + backward + clip + AdamW, float32 (bf16 rows: see below), bias off, vocab 65, same initial weights "
-             "and batch. "
+             "and batch, " + (f"dropout {a.dropout} (fresh masks every step). " if a.dropout else "no dropout. ") +
              "Peak RSS is that process's maximum resident set (it imports numpy, numba only in the numba rows, torch in "
              "PyTorch's); "
              f"it includes the spawning parent's, {parent_rss:.0f} MiB here, so values near that say nothing."]

@@ -18,31 +18,33 @@ import torch.nn.functional as F
 
 
 class Attention(nn.Module):
-    def __init__(self, C, nh, bias):
+    def __init__(self, C, nh, bias, dropout=0.0):
         super().__init__()
-        self.nh = nh
+        self.nh, self.dropout = nh, dropout
         self.c_attn = nn.Linear(C, 3 * C, bias=bias)
         self.c_proj = nn.Linear(C, C, bias=bias)
+        self.resid_dropout = nn.Dropout(dropout)
 
     def forward(self, x):                                      # (B, T, C)
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (a.view(B, T, self.nh, C // self.nh).transpose(1, 2) for a in (q, k, v))   # (B, nh, T, hs)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
 
 class Block(nn.Module):
-    def __init__(self, C, nh, bias, gelu="tanh"):
+    def __init__(self, C, nh, bias, gelu="tanh", dropout=0.0):
         super().__init__()
         self.gelu = "none" if gelu == "erf" else gelu                 # torch's name for the exact form
         self.ln_1, self.ln_2 = nn.LayerNorm(C, bias=bias), nn.LayerNorm(C, bias=bias)
-        self.attn = Attention(C, nh, bias)
+        self.attn = Attention(C, nh, bias, dropout)
         self.c_fc, self.c_proj = nn.Linear(C, 4 * C, bias=bias), nn.Linear(4 * C, C, bias=bias)
+        self.mlp_dropout = nn.Dropout(dropout)
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
-        return x + self.c_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate=self.gelu))
+        return x + self.mlp_dropout(self.c_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate=self.gelu)))
 
 
 class TorchGPT(nn.Module):
@@ -51,7 +53,9 @@ class TorchGPT(nn.Module):
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
-        self.h = nn.ModuleList(Block(cfg.n_embd, cfg.n_head, cfg.bias, gelu) for _ in range(cfg.n_layer))
+        self.drop = nn.Dropout(cfg.dropout)                    # dropout where nanoGPT (and minigpt) put it: the
+        self.h = nn.ModuleList(Block(cfg.n_embd, cfg.n_head, cfg.bias, gelu, cfg.dropout)   # embeddings, the
+                               for _ in range(cfg.n_layer))   # probabilities, each block's two outputs
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.lm_head = None if cfg.tie_weights else nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         for n, p in self.named_parameters():                   # GPT-2 init (overwritten by from_minigpt)
@@ -63,7 +67,7 @@ class TorchGPT(nn.Module):
 
     def forward(self, idx, targets=None):
         T = idx.shape[1]
-        x = self.wte(idx.long()) + self.wpe(torch.arange(T, device=idx.device))
+        x = self.drop(self.wte(idx.long()) + self.wpe(torch.arange(T, device=idx.device)))
         for block in self.h:
             x = block(x)
         x = self.ln_f(x)
