@@ -7,7 +7,7 @@
 #ifndef MGK_H
 #define MGK_H
 
-#define MGK_ABI      8   /* bumped when a signature changes; minigpt/backends/native.py refuses any other build */
+#define MGK_ABI      9   /* bumped when a signature changes; minigpt/backends/native.py refuses any other build */
 
 #define MGK_OK       0
 #define MGK_EBADARG -1   /* negative size, too small leading dimension, NULL pointer */
@@ -48,11 +48,11 @@ int mgk_gemm_causal(int causal, int start, int bf16, int L1, int L2, int ta, int
      backward: from att and dy (T x hs), with Tk = T and start = 0: dv = att^T dy, ds = the softmax's backward of
                dy v^T (d scores), dq = ds k, dk = ds^T q; dq, dk, dv are written, not added into
    dropout (mask not NULL; T x Tk, like att): the forward writes attd = att * mask and multiplies v by it; the
-   backward takes both, dv = attd^T dy and d scores from (dy v^T) * mask; mask NULL: attd is not read (may be
+   backward takes both, dv = attd^T dy and d scores from (dy v^T) * mask; mask NULL: attd is not touched (may be
    NULL too).
    bf16: every product's operands rounded to bf16 (as mgk_bgemm). The result has the same bits as that of the
-   products (mgk_gemm_causal) and softmaxes (mgk_causal_softmax_fwd/bwd) called one after another; fused, each
-   thread runs whole items, whose probabilities stay in its caches between the steps. */
+   products (mgk_gemm_causal), softmaxes (mgk_causal_softmax_fwd/bwd) and mask multiplies called one after
+   another; fused, each thread runs whole items, whose probabilities stay in its caches between the steps. */
 int mgk_attention_fwd(int bf16, int L1, int L2, int T, int Tk, int hs, int start, float scale,
                       const float *q, int ldq, long long sq1, long long sq2,
                       const float *k, int ldk, long long sk1, long long sk2,

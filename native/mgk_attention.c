@@ -4,7 +4,8 @@
    ..., and runs one item's products and softmax back to back, so its probabilities, and the backward's d(scores) in
    the thread's own scratch, stay in L2 between them. Every product is the batched products' own block of the item
    (mgk_item_block, lent by mgk.c through mgk_job.h) and the softmax mgk_ops.c's (mgk_softmax_item): the same bits
-   as the ops called one by one (minigpt/backends/__init__.py's Ops.attention, the composition). */
+   as the ops called one by one (minigpt/backends/__init__.py's Ops.attention, the composition). Under dropout the
+   item's probabilities are multiplied by its mask there too (attd, drop_rows), as the composition's NumPy does. */
 #include <stdlib.h>
 #include "mgk.h"
 #include "mgk_job.h"
@@ -45,14 +46,24 @@ static void softmax_item(const attn_t *a, int fwd, const float *att, float *g, l
 #endif
 }
 
-/* dropout: out = p * m elementwise, rows 0..T (ldp, ldm, ldo floats apart), columns 0..cols, or with seen only
-   0..i of row i: the composition's np.multiply(att, mask, out=attd) (forward, every column), or its datt *= mask
-   (backward, start 0: the softmax's backward reads no column past i, and writes 0 there) */
-static void drop_rows(int T, int cols, int seen, const float *p, long long ldp, const float *m, long long ldm,
-                      float *out, long long ldo)
+/* dropout, in the caller's FP mode as the composition's NumPy multiplies: out = p * m elementwise, rows 0..T
+   (ldp, ldm, ldo floats apart), columns 0..cols of each row, or (causal) 0..min(i + 1, cols) of row i: the
+   composition's np.multiply(att, mask, out=attd) (forward, every column), or its datt *= mask (backward, start
+   0: the softmax's backward reads no column past i, and writes 0 there) */
+static void drop_rows(const attn_t *a, int T, int cols, int causal, const float *p, long long ldp, const float *m,
+                      long long ldm, float *out, long long ldo)
 {
+#ifdef ATTN_X86
+    unsigned int own = _mm_getcsr();
+    _mm_setcsr(a->csr);
+#endif
     for (int i = 0; i < T; i++)
-        for (int j = 0, n = seen ? i + 1 : cols; j < n; j++) out[i * ldo + j] = p[i * ldp + j] * m[i * ldm + j];
+        for (int j = 0, n = causal && i + 1 < cols ? i + 1 : cols; j < n; j++)
+            out[i * ldo + j] = p[i * ldp + j] * m[i * ldm + j];
+#ifdef ATTN_X86
+    _mm_setcsr(own);
+#endif
+    (void)a;
 }
 
 static void attn_fwd_job(void *arg, int tid, int nt)
@@ -67,7 +78,7 @@ static void attn_fwd_job(void *arg, int tid, int nt)
         const float *p = att;
         if (a->mask.p) {                                             /* attd = att * mask (dropout) */
             float *attd = (float *)at(a, &a->attd, l);
-            drop_rows(T, a->Tk, 0, att, a->att.ld, at(a, &a->mask, l), a->mask.ld, attd, a->attd.ld);
+            drop_rows(a, T, a->Tk, 0, att, a->att.ld, at(a, &a->mask, l), a->mask.ld, attd, a->attd.ld);
             p = attd;
         }
         mgk_item_block(&a->o, p, v, y, 0, T, 0, a->o.N, tid);        /* y = att v (attd v) */
@@ -87,7 +98,7 @@ static void attn_bwd_job(void *arg, int tid, int nt)
         mgk_item_block(&a->dvj, p, dy, dv, 0, T, 0, hs, tid);        /* fwd: y = att v -> dv = att^T dy */
         mgk_item_block(&a->dsj, dy, v, ds, 0, T, 0, T, tid);         /*                   datt = dy v^T */
         if (a->mask.p)                                               /* fwd: attd = att * mask */
-            drop_rows(T, T, 1, ds, T, at(a, &a->mask, l), a->mask.ld, ds, T);
+            drop_rows(a, T, T, 1, ds, T, at(a, &a->mask, l), a->mask.ld, ds, T);
         softmax_item(a, 0, att, ds, T);                              /* fwd: att = softmax(scale s) -> ds */
         mgk_item_block(&a->dqj, ds, k, dq, 0, T, 0, hs, tid);        /* fwd: s = q k^T -> dq = ds k */
         mgk_item_block(&a->dkj, ds, q, dk, 0, T, 0, hs, tid);        /*                   dk = ds^T q */

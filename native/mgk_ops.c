@@ -1,8 +1,9 @@
 /* mgk_ops.c: the non-matmul ops of a training step (API in mgk_ops.h; semantics: minigpt/backends/numpy_ops.py):
-   LayerNorm, bias + GELU, causal softmax and softmax cross-entropy (forward and backward each), AdamW and the
-   embedding scatter-add, float32. Each op has a plain scalar reference, mgk_ref_<op> (simple loops and libm: the
-   algorithmic reference), and a fast path, mgk_<op>: ONE C body per op, compiled three times (no target: any
-   x86-64 or other CPU; AVX2+FMA; AVX-512) and picked at run time by mgk_isa(), so the file needs no -march flag.
+   LayerNorm, bias + GELU, causal softmax and softmax cross-entropy (forward and backward each), AdamW, the
+   embedding scatter-add and dropout's masks, float32. Each op has a plain scalar reference, mgk_ref_<op> (simple
+   loops and libm: the algorithmic reference), and a fast path, mgk_<op>: ONE C body per op, compiled three times
+   (no target: any x86-64 or other CPU; AVX2+FMA; AVX-512) and picked at run time by mgk_isa(), so the file needs
+   no -march flag.
    The bodies are plain loops for the auto-vectorizer (no -ffast-math): exp is an inline polynomial instead of a
    libm call, and row sums and maxima run in 16 independent lanes (GNU vectors of 4 floats) folded in a fixed
    order. FMA contraction is off in this file, so the three paths give the same bits; rows (or, for the parameter
@@ -684,6 +685,13 @@ BODY uint32_t mix32(uint32_t x)
     return x ^ (x >> 16);
 }
 
+/* the two keys of a seed (numpy_ops.dropout_keys) */
+BODY void drop_keys(unsigned long long seed, uint32_t *k1, uint32_t *k2)
+{
+    *k1 = mix32((uint32_t)seed);
+    *k2 = mix32((uint32_t)(seed >> 32) ^ mix32(*k1 ^ 0x9e3779b9u));
+}
+
 typedef struct { long long n; uint32_t k1, k2, keep_from; float scale; float *mask; } drop_t;
 
 BODY void drop_body(const drop_t *a, int tid, int nt)
@@ -700,9 +708,8 @@ VARIANTS(drop, drop_t)
 int mgk_dropout_mask(long long n, unsigned long long seed, unsigned int keep_from, float scale, float *mask)
 {
     if (n < 0 || n > 0xffffffffLL || (n && !mask)) return MGK_EBADARG;
-    uint32_t k1 = mix32((uint32_t)seed);                  /* numpy_ops.dropout_hash's keys */
-    uint32_t k2 = mix32((uint32_t)(seed >> 32) ^ mix32(k1 ^ 0x9e3779b9u));
-    drop_t a = {n, k1, k2, keep_from, scale, mask};
+    drop_t a = {n, 0, 0, keep_from, scale, mask};
+    drop_keys(seed, &a.k1, &a.k2);
     run(drop_fns, &a, n * PS_DROPOUT, (n + LANES - 1) / LANES);
     return MGK_OK;
 }
@@ -865,7 +872,8 @@ int mgk_ref_embedding_bwd(long long N, int V, int C, float *dW, const long long 
 int mgk_ref_dropout_mask(long long n, unsigned long long seed, unsigned int keep_from, float scale, float *mask)
 {
     if (n < 0 || n > 0xffffffffLL || (n && !mask)) return MGK_EBADARG;
-    uint32_t k1 = mix32((uint32_t)seed), k2 = mix32((uint32_t)(seed >> 32) ^ mix32(k1 ^ 0x9e3779b9u));
+    uint32_t k1, k2;
+    drop_keys(seed, &k1, &k2);
     for (long long i = 0; i < n; i++)
         mask[i] = (mix32(mix32((uint32_t)i ^ k1) ^ k2) >> 8) >= keep_from ? scale : 0.0f;
     return MGK_OK;

@@ -53,9 +53,9 @@ class TorchGPT(nn.Module):
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
-        self.drop = nn.Dropout(cfg.dropout)                    # dropout where nanoGPT (and minigpt) put it: the
-        self.h = nn.ModuleList(Block(cfg.n_embd, cfg.n_head, cfg.bias, gelu, cfg.dropout)   # embeddings, the
-                               for _ in range(cfg.n_layer))   # probabilities, each block's two outputs
+        # dropout where nanoGPT (and minigpt) put it: the embeddings, the probabilities, each block's two outputs
+        self.drop = nn.Dropout(cfg.dropout)
+        self.h = nn.ModuleList(Block(cfg.n_embd, cfg.n_head, cfg.bias, gelu, cfg.dropout) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.lm_head = None if cfg.tie_weights else nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         for n, p in self.named_parameters():                   # GPT-2 init (overwritten by from_minigpt)

@@ -99,9 +99,21 @@ def check_fused_attention(ops, bf16, rng):
     caller's floating-point mode kept. Every array is a view with its own strides, as the layers pass them or
     stranger: q inside a qkv, k and v inside their own padded arrays (at start > 0, a KV cache's), att with
     longer rows than Tk, y, dy, dq, dk, dv heads of padded arrays. At start 0 the shape runs once more under
-    dropout (a mask and attd with longer rows than T). Returns how many shapes ran ops' own attention (the rest
-    took the composition)."""
-    from minigpt.backends import native
+    dropout (a mask and attd with longer rows than T). Returns how many forwards ran native's fused kernel (counted
+    at its ctypes function; each start-0 one's backward must have run fused too); 0 for another backend."""
+    lib, calls = getattr(ops, "lib", None), []
+    if lib is not None:                                     # count the fused kernels' calls
+        real = {f: getattr(lib, f) for f in ("mgk_attention_fwd", "mgk_attention_bwd")}
+        for f, fn in real.items():
+            setattr(lib, f, lambda *a, f=f, fn=fn: calls.append(f) or fn(*a))
+    try:
+        return _check_fused_attention(ops, bf16, rng, calls)
+    finally:
+        for f, fn in (real.items() if lib is not None else ()):
+            setattr(lib, f, fn)
+
+
+def _check_fused_attention(ops, bf16, rng, calls):
     own = 0
     for B, nh, T, hs, start in ATTENTION:
         Tk, C, scale = start + T, nh * hs, 1.0 / np.sqrt(hs)
@@ -111,14 +123,13 @@ def check_fused_attention(ops, bf16, rng):
             k, v = cache[0, :, :, :Tk], cache[1, :, :, :Tk]
         else:
             k, v = padded_heads(rng, B, Tk, nh, hs, 1)[1], padded_heads(rng, B, Tk, nh, hs, 5)[1]
-        own += type(ops).attention is not backends.Ops.attention and native._fused(ops, q, k, start)
         for p_drop in (None,) if start else (None, 0.3):
             mask = None
             if p_drop:                                      # 0 or 1/(1-p) in a (B, nh, T, T + 2) array
                 mask = np.full((B, nh, T, T + 2), np.nan, np.float32)[..., :T]
                 mask[...] = rng.choice([0.0, 1.0 / (1.0 - p_drop)], mask.shape)
             what = f"{B, nh, T, hs, start}" + (" under dropout" if p_drop else "")
-            res = []                                        # the op's, then the composition's
+            res, before = [], len(calls)                    # the op's, then the composition's
             for run in (ops.attention, lambda *a: backends.Ops.attention(ops, *a)):
                 att = np.full((B, nh, T, Tk + 3), np.nan, np.float32)
                 attd = np.full((B, nh, T, Tk + 1), np.nan, np.float32)
@@ -130,10 +141,12 @@ def check_fused_attention(ops, bf16, rng):
                 res.append((att, y, attd))
             for name, got, want in zip(("att", "y", "attd"), *res):
                 np.testing.assert_array_equal(got, want, err_msg=f"{name} {what}")
+            fused = calls[before:] == ["mgk_attention_fwd"]
+            own += fused
             if start:
                 continue
             att, attd, dy = res[0][0][..., :Tk], res[0][2][..., :Tk], padded_heads(rng, B, T, nh, hs, 1)[1]
-            grads = []
+            grads, before = [], len(calls)
             for run in (ops.attention_backward, lambda *a: backends.Ops.attention_backward(ops, *a)):
                 outs = [padded_heads(rng, B, T, nh, hs, pad, fill=np.nan) for pad in (3, 1, 6)]
                 with backends.bf16_products(bf16):
@@ -142,5 +155,6 @@ def check_fused_attention(ops, bf16, rng):
                 grads.append([a for a, _ in outs])
             for name, got, want in zip("qkv", *grads):
                 np.testing.assert_array_equal(got, want, err_msg=f"d{name} {what}")
+            assert (calls[before:] == ["mgk_attention_bwd"]) == fused, f"the backward fused iff the forward, {what}"
     assert np.float32(1e-40) * np.float32(1.0) != 0, "the caller's subnormals flushed to zero"
     return own

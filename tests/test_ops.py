@@ -433,13 +433,15 @@ def test_adamw_matches_spec(use, rng, name, dt, shape):
 @pytest.mark.parametrize("name,dt", KERNELS)
 @pytest.mark.parametrize("layout", ["contig", "step", "rev"])
 def test_dropout_mask_matches_spec(use, name, dt, layout):
-    """The same mask as the spec's, bit for bit in its zeros, on any view; past numpy_ops' hashing chunk."""
+    """The same mask as the spec's, bit for bit in its zeros, on any view; past numpy_ops' hashing chunk; p so
+    close to 1 that every element is dropped (keep_from = 2**24)."""
     ops = use(name)
-    for shape, p, seed in (((3, 7, 5), 0.5, 12), ((2, 35001), 0.1, 2**63 + 7)):
+    for shape, p, seed in (((3, 7, 5), 0.5, 12), ((2, 35001), 0.1, 2**63 + 7), ((9, 4), 1 - 2**-25, 5)):
         mask, untouched = gapped(shape, layout, dt)
         want = SPEC.dropout_mask(np.empty(shape), p, seed)
         assert ops.dropout_mask(mask, p, seed) is mask
         np.testing.assert_array_equal(mask > 0, want > 0)
+        assert (mask == 0).all() == (p > 1 - 2**-24)
         close(mask, want, dt)
         assert untouched(), f"{name}: a write outside the mask's view"
 

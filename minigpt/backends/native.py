@@ -1,8 +1,8 @@
 """The native backend: every op in the C library native/mgk*.c (built as minigpt/_mgk*.so), through ctypes: the
-products (mgk.c), the fused attention (mgk_attention.c), and LayerNorm, GELU, causal softmax, cross-entropy, the
-embedding scatter-add and AdamW (mgk_ops.c), float32 only. It needs neither numba nor BLAS. (AdamW and the
-scatter-add are memory-bound, and ctypes costs ~3 us a call against numba's ~0.5 us: about 0.1 ms of a config S
-step, the price of one backend.)
+products (mgk.c), the fused attention (mgk_attention.c), and LayerNorm, GELU, causal softmax, cross-entropy,
+the embedding scatter-add, AdamW and dropout's masks (mgk_ops.c), float32 only. It needs neither numba nor
+BLAS. (AdamW and the scatter-add are memory-bound, and ctypes costs ~3 us a call against numba's ~0.5 us: about
+0.1 ms of a config S step, the price of one backend.)
 
 The only file that uses ctypes. Loads the library once and declares every signature. Transposes are flags.
 The products and the fused attention walk strided views in place (rows of contiguous floats, up to two batch
@@ -32,8 +32,9 @@ from . import BackendUnavailable, Ops, _check_bf16, check_dropout, check_float32
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # minigpt/
 _ERRORS = {-1: "bad argument", -2: "out of memory", -3: "could not start a worker thread"}
 _i, _ll = ctypes.c_int, ctypes.c_longlong
-_ABI = 8                                                  # MGK_ABI in native/mgk.h
+_ABI = 9                                                  # MGK_ABI in native/mgk.h
 _CAUSAL = {"out": 1, "a": 2}                              # MGK_CAUSAL_OUT, MGK_CAUSAL_A in native/mgk.h
+_NO_DROPOUT = (None, 0, 0, 0) * 2                         # the fused attention's mask and attd views: none
 _ndf32 = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
 
 
@@ -198,25 +199,27 @@ class NativeOps(Ops):
     # ---- attention fused (mgk_attention_fwd/bwd: each thread runs whole heads, whose probabilities stay in its
     #      caches; the same bits as Ops' composition of the products and softmax here; dropout's mask and attd
     #      too). What the fused kernels do not take runs the composition, which also raises the errors: views
-    #      _matrices cannot walk, empty sizes, fewer heads than split evenly over the threads (_fused), and bad
-    #      arguments
+    #      _matrices cannot walk, empty sizes, fewer heads than split evenly over the threads (_fused), a mask
+    #      without attd, and bad arguments
     def attention(self, q, k, v, att, y, scale, start=0, mask=None, attd=None):
-        drop = () if mask is None else (mask, attd)
-        views = [_matrices(x) for x in (q, k, v, att, y, *drop)] if _fused(self, q, k, start) else None
+        drop = () if mask is None else (mask, attd)                 # dropout: mask in, attd out
+        fused = _fused(self, q, k, start) and (mask is None or attd is not None)
+        views = [_matrices(x) for x in (q, k, v, att, y, *drop)] if fused else None
         if views is None or None in views:
             return super().attention(q, k, v, att, y, scale, start, mask, attd)
         check_float32(q, k, v, att, y, *drop, backend=self.name)
         lead, (T, hs), Tk = q.shape[:-2], q.shape[-2:], k.shape[-2]
         self._shapes("attention", ((*lead, Tk, hs), k, v), ((*lead, T, Tk), att, *drop), (q.shape, y))
-        _outputs("attention", (att, y, *drop[1:]), (q, k, v, *drop[:1]))
+        _outputs("attention", (att, y) + ((attd,) if drop else ()), (q, k, v) + ((mask,) if drop else ()))
         rc = self.lib.mgk_attention_fwd(_check_bf16(None, q), *_lead(lead), T, Tk, hs, start, scale,
-                                        *[f for x in views for f in x], *(() if drop else NO_DROPOUT))
+                                        *[f for x in views for f in x], *(() if drop else _NO_DROPOUT))
         _check(rc, "attention", q, k)
         return y
 
     def attention_backward(self, q, k, v, att, dy, dq, dk, dv, scale, mask=None, attd=None):
-        drop = () if mask is None else (mask, attd)
-        views = [_matrices(x) for x in (q, k, v, att, dy, dq, dk, dv, *drop)] if _fused(self, q, k) else None
+        drop = () if mask is None else (mask, attd)                 # dropout: both in
+        fused = _fused(self, q, k) and (mask is None or attd is not None)
+        views = [_matrices(x) for x in (q, k, v, att, dy, dq, dk, dv, *drop)] if fused else None
         if views is None or None in views:
             return super().attention_backward(q, k, v, att, dy, dq, dk, dv, scale, mask, attd)
         check_float32(q, k, v, att, dy, dq, dk, dv, *drop, backend=self.name)
@@ -224,7 +227,7 @@ class NativeOps(Ops):
         self._shapes("attention_backward", (q.shape, k, v, dy, dq, dk, dv), ((*lead, T, T), att, *drop))
         _outputs("attention_backward", (dq, dk, dv), (q, k, v, att, dy, *drop))
         rc = self.lib.mgk_attention_bwd(_check_bf16(None, q), *_lead(lead), T, hs, scale,
-                                        *[f for x in views for f in x], *(() if drop else NO_DROPOUT))
+                                        *[f for x in views for f in x], *(() if drop else _NO_DROPOUT))
         _check(rc, "attention_backward", q, dy)
         return dq, dk, dv
 
@@ -359,9 +362,6 @@ class NativeOps(Ops):
         """fp32 FMA throughput of a register-only loop on the native threads (for reports); bf16: that of the
         bf16 products' instruction (vdpbf16ps on the avx512bf16 path, AMX tiles on amx, else the same FMAs)."""
         return (self.lib.mgk_peak_bf16_gflops if bf16 else self.lib.mgk_peak_gflops)(iters)
-
-
-NO_DROPOUT = (None, 0, 0, 0) * 2                        # the mask and attd views of a call without dropout
 
 
 def _fused(ops, q, k, start=0):

@@ -321,7 +321,7 @@ def _mix32(x):                                             # x: uint64 < 2**32 -
 
 @njit(parallel=True, **_JIT)
 def dropout_mask(mask, lo, hi, keep_from, scale):          # mask (n,) flat: 0 or scale, element i by its own hash
-    k1 = _mix32(np.uint64(lo))                              # the keys of numpy_ops.dropout_hash
+    k1 = _mix32(np.uint64(lo))                              # numpy_ops.dropout_keys
     k2 = _mix32(np.uint64(hi) ^ _mix32(k1 ^ _GOLDEN))
     keep_from, scale, zero = np.uint64(keep_from), mask.dtype.type(scale), mask.dtype.type(0.0)
     for i in prange(mask.size):

@@ -36,17 +36,22 @@ def mix32(x, t):
     return x
 
 
-def dropout_hash(seed, n, t):
-    """The 32 random bits of element numbers n (uint32, overwritten) under seed: mix32(mix32(n ^ k1) ^ k2), with
-    k1 = mix32(lo) and k2 = mix32(hi ^ mix32(k1 ^ GOLDEN)) from the seed's low and high 32 bits. The keys are a
-    bijection of the seed with no shortcut between them (k2 = mix32(hi ^ k1) made element 0 of every seed below
-    2**32 the same), so seeds that differ in a bit draw unrelated masks."""
+def dropout_keys(seed):
+    """The two 32-bit keys of a 64-bit seed: k1 = mix32(lo), k2 = mix32(hi ^ mix32(k1 ^ GOLDEN)), lo and hi its low
+    and high halves. A bijection of the seed with no shortcut between the keys (k2 = mix32(hi ^ k1) made element 0
+    of every seed below 2**32 the same), so seeds that differ in a bit draw unrelated masks. (One-element arrays:
+    numpy wraps uint32 arithmetic on arrays silently, and warns on scalars.)"""
     one = np.empty(1, np.uint32)
     k1 = mix32(np.array([seed & 0xFFFFFFFF], np.uint32), one)
     k2 = mix32(np.uint32(seed >> 32) ^ mix32(k1 ^ GOLDEN, one), one)
-    n ^= k1[0]
+    return k1[0], k2[0]
+
+
+def dropout_hash(keys, n, t):
+    """The 32 random bits of element numbers n (uint32, overwritten) under a seed's keys: mix32(mix32(n ^ k1) ^ k2)."""
+    n ^= keys[0]
     mix32(n, t)
-    n ^= k2[0]
+    n ^= keys[1]
     return mix32(n, t)
 
 
@@ -220,18 +225,17 @@ class NumpyOps(Ops):
     # ---- dropout
     def dropout_mask(self, mask, p, seed):                          # mask (...) = 0 or 1 / (1 - p)
         check_dropout(mask, seed)
-        keep_from, scale = dropout_keep_from(p), mask.dtype.type(1.0 / (1.0 - p))
-        contiguous = mask.flags.c_contiguous
-        flat = mask.reshape(-1) if contiguous else np.empty(mask.size, mask.dtype)
+        keys, keep_from, scale = dropout_keys(seed), dropout_keep_from(p), mask.dtype.type(1.0 / (1.0 - p))
+        c = self._contiguous("dropout_mask")
+        flat = c.out(mask).reshape(-1)
         n, t = self._tmp("dropout n", (CHUNK,), np.uint32), self._tmp("dropout t", (CHUNK,), np.uint32)
         keep = self._tmp("dropout keep", (CHUNK,), bool)
         for i in range(0, mask.size, CHUNK):
             k = min(CHUNK, mask.size - i)
-            u = dropout_hash(seed, np.add(COUNT[:k], np.uint32(i), out=n[:k]), t[:k])   # element numbers i, i + 1, ...
+            u = dropout_hash(keys, np.add(COUNT[:k], np.uint32(i), out=n[:k]), t[:k])   # element numbers i, i + 1, ...
             np.greater_equal(np.right_shift(u, 8, out=u), keep_from, out=keep[:k])  # 24 random bits >= keep_from
             np.multiply(keep[:k], scale, out=flat[i:i + k])
-        if not contiguous:
-            mask[...] = flat.reshape(mask.shape)
+        c.back()
         return mask
 
     def set_threads(self, n):
