@@ -43,8 +43,8 @@ def gemm_dims(a, b, ta, tb):
 
 
 def dropout_keep_from(p):
-    """Dropout keeps element n where dropout_hash(seed, n) >> 8 (24 random bits) >= this: with probability
-    1 - p, to within 2**-24."""
+    """Dropout keeps element n where its 32 random bits (numpy_ops.dropout_hash of the seed's keys and n) >> 8,
+    24 of them, are >= this: with probability 1 - p, to within 2**-24."""
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout_mask: p must lie in [0, 1), got {p!r}")
     return math.ceil(p * 2**24)
@@ -187,7 +187,7 @@ class Ops:
 
     def dropout_mask(self, mask, p, seed):
         """mask (any shape) = an inverted-dropout mask drawn from seed (an int in [0, 2**64)): element n (in C
-        order) is 1 / (1 - p) where dropout_hash(seed, n) keeps it (dropout_keep_from), else 0. A counter-based
+        order) is 1 / (1 - p) where numpy_ops.dropout_hash keeps it (dropout_keep_from), else 0. A counter-based
         draw: each element depends on (seed, n) alone, so every backend, thread count and chunking gives the same
         mask. mask.size < 2**32."""
         raise NotImplementedError
