@@ -136,10 +136,10 @@ def qk_norm_backward(dqkv, tmp, qkv, rstd, n_head):
 # ----------------------------------------------------------------------------
 # causal self-attention over the heads of a fused qkv, and dropout
 
-def attention_forward(y, att, qkv, n_head, start=0, kv=None, mask=None, attd=None):
+def attention_forward(y, att, qkv, n_head, start=0, kv=None, drop=None):
     """y (B, T, C) = softmax(q k^T / sqrt(hs) + causal mask) v for every head, where q, k, v are the thirds of
-    qkv (B, T, 3C); att (B, nh, T, >=Tk) keeps the probabilities. mask (B, nh, T, T), when given, is attention
-    dropout: attd = att * mask is what multiplies v. Generation passes kv = (k, v) (B, nh, block_size, hs)
+    qkv (B, T, 3C); att (B, nh, T, >=Tk) keeps the probabilities. drop = (p, seed), when given, is attention
+    dropout: dropout(att) is what multiplies v. Generation passes kv = (k, v) (B, nh, block_size, hs)
     holding the start positions before this call's: the call appends its own and its query i sees keys
     0..start+i. The products and softmax: Ops.attention (backends/__init__.py)."""
     B, T, C3 = qkv.shape
@@ -151,27 +151,33 @@ def attention_forward(y, att, qkv, n_head, start=0, kv=None, mask=None, attd=Non
     (yh,) = heads(y, n_head)                                      # heads side by side in y (B, T, C)
     scale = 1.0 / math.sqrt(C3 // (3 * n_head))
     # att = softmax(scale q k^T), causal; y = att v (attd v under dropout)
-    ops.attention(q, k, v, att[..., :start + T], yh, scale, start, mask, attd)
+    ops.attention(q, k, v, att[..., :start + T], yh, scale, start, drop)
     return y
 
 
-def attention_backward(dqkv, dy, qkv, att, n_head, mask=None, attd=None):
-    """dy (B, T, C) -> dqkv (B, T, 3C). mask, attd: the forward's dropout."""
+def attention_backward(dqkv, dy, qkv, att, n_head, drop=None):
+    """dy (B, T, C) -> dqkv (B, T, 3C). drop: the forward's dropout (p, seed)."""
     q, k, v = heads(qkv, n_head, 3)                               # (B, nh, T, hs)
     dq, dk, dv = heads(dqkv, n_head, 3)                           # views of dqkv
     (dyh,) = heads(dy, n_head)
     scale = 1.0 / math.sqrt(q.shape[-1])
     # dv = att^T dy (attd^T dy under dropout); ds = the softmax's backward of dy v^T; dq = ds k, dk = ds^T q
-    ops.attention_backward(q, k, v, att, dyh, dq, dk, dv, scale, mask, attd)
+    ops.attention_backward(q, k, v, att, dyh, dq, dk, dv, scale, drop)
     return dqkv
 
 
-def dropout_mask(mask, p, rng):
-    """Fill mask with a fresh inverted-dropout mask: 1 / (1 - p) with probability 1 - p, else 0, so that
-    x * mask keeps the expectation of x. The forward multiplies by it, the backward by the same mask. rng gives
-    one 64-bit seed; each element's draw is a hash of (seed, its index) (Ops.dropout_mask), so every backend
-    fills the same mask, on all its threads at once."""
-    return ops.dropout_mask(mask, p, int(rng.integers(2**64, dtype=np.uint64)))
+def dropout_seed(rng):
+    """A fresh 64-bit seed for one dropout mask, from the model's generator: a forward draws one per mask and keeps
+    it in its activation table; its backward draws the same mask again from it."""
+    return int(rng.integers(2**64, dtype=np.uint64))
+
+
+def dropout(out, x, p, seed):                                     # x (any shape) -> out (x's shape); out may be x
+    """Inverted dropout: out = x * mask, the mask 1 / (1 - p) with probability 1 - p, else 0, so that out keeps
+    the expectation of x. Each element's draw is a hash of (seed, its index) (Ops.dropout): every backend draws
+    the same mask, on all its threads at once, and nothing is stored. The backward is the same call on dout:
+    fwd out = x * mask -> dx = dout * mask."""
+    return ops.dropout(x, p, int(seed), out=out)
 
 
 # ----------------------------------------------------------------------------

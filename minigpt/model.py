@@ -49,10 +49,10 @@ def parameter_shapes(cfg):
 
 def activation_shapes(cfg, B, T, Tk=None, dropout=False):
     """{name: shape} of every array a forward at (B, T) writes and the backward reads; per-layer ones lead
-    with L. Tk: keys a query may see (T in training; block_size in a KVCache). dropout adds the masks."""
+    with L. Tk: keys a query may see (T in training; block_size in a KVCache). dropout adds the masks' seeds."""
     C, nh, V, Ln, Tk = cfg.n_embd, cfg.n_head, cfg.vocab_size, cfg.n_layer, Tk or T
     shapes = {
-        "emb":      (B, T, C),            # wte[idx] + wpe[t] (times emb_mask): the residual stream's start
+        "emb":      (B, T, C),            # wte[idx] + wpe[t] (dropout's, in training): the residual stream's start
         "ln1":      (Ln, B, T, C),        # ln_1(x)
         "ln1_mean": (Ln, B * T),
         "ln1_rstd": (Ln, B * T),
@@ -76,15 +76,15 @@ def activation_shapes(cfg, B, T, Tk=None, dropout=False):
         shapes["qk_rstd"] = (Ln, B, T, 2, nh)    # 1 / rms of each head's q and k (q, k in qkv are normalised)
     if cfg.logit_cap:
         shapes["logits_dcap"] = (B, T, V)        # 1 - tanh^2 of the capped logits: d logits / d the uncapped
-    if dropout:
-        shapes.update({
-            "emb_mask":  (B, T, C),       # inverted-dropout masks (layers.dropout_mask), drawn every forward
-            "att_mask":  (Ln, B, nh, T, T),
-            "attd":      (Ln, B, nh, T, T),   # att * att_mask: what multiplies v
-            "attn_mask": (Ln, B, T, C),   # on the attention's output, before the residual add
-            "mlp_mask":  (Ln, B, T, C),   # on the MLP's output
+    if dropout:                           # inverted dropout (layers.dropout): a mask is a seed, drawn every
+        shapes.update({                   # forward (SEED_DTYPE); the backward draws the same masks again
+            "emb_seed":   (1,),           # on the embeddings
+            "drop_seeds": (Ln, 3),        # on att (what multiplies v), the attention's output, the MLP's output
         })
     return shapes
+
+
+SEED_DTYPE = {"emb_seed": np.uint64, "drop_seeds": np.uint64}   # the tables' arrays that are not of the model's dtype
 
 
 def gradient_shapes(cfg, B, T):
@@ -113,19 +113,19 @@ def zeros_aligned(shape, dtype, align=64):
 
 
 class Table(SimpleNamespace):
-    """Named arrays allocated once from a {name: shape} table, each on a cache line (zeros_aligned); .h[l] holds
-    layer l's slices of the per-layer ones (those in activation_shapes that lead with n_layer), so a layer reads
-    a.qkv, not a.qkv[l]."""
+    """Named arrays allocated once from a {name: shape} table, each on a cache line (zeros_aligned), of dtype
+    (the seeds: SEED_DTYPE); .h[l] holds layer l's slices of the per-layer ones (those in activation_shapes that
+    lead with n_layer), so a layer reads a.qkv, not a.qkv[l]."""
 
     def __init__(self, shapes, dtype, n_layer=0, per_layer=()):
-        super().__init__(**{k: zeros_aligned(s, dtype) for k, s in shapes.items()})
+        super().__init__(**{k: zeros_aligned(s, SEED_DTYPE.get(k, dtype)) for k, s in shapes.items()})
         self.shape = next(iter(shapes.values()))[:2] if shapes else ()
         self.h = [SimpleNamespace(**{k: getattr(self, k)[l] for k in per_layer if k in shapes})
                   for l in range(n_layer)]
 
 
 PER_LAYER = ("ln1", "ln1_mean", "ln1_rstd", "qkv", "att", "atty", "x_attn", "ln2", "ln2_mean", "ln2_rstd", "fc",
-             "fc_dgelu", "x_mlp", "qk_rstd", "att_mask", "attd", "attn_mask", "mlp_mask")
+             "fc_dgelu", "x_mlp", "qk_rstd", "drop_seeds")
 
 
 def _normal(rng, shape, std, dtype):
@@ -147,36 +147,37 @@ class Block:
         self.qk_norm, self.relu2 = cfg.qk_norm, cfg.activation == "relu2"
 
     def forward(self, x, a, rng=None, start=0, kv=None):           # x (B, T, C) -> a.x_mlp (B, T, C)
-        x = self.attn_forward(x, a, rng, start, kv)                # a.x_attn = x + attn(ln_1(x))
-        return self.mlp_forward(x, a, rng)                         # a.x_mlp = x_attn + mlp(ln_2(x_attn))
+        if rng is not None:                                        # dropout: this step's masks, as seeds
+            a.drop_seeds[:] = [L.dropout_seed(rng) for _ in range(3)]
+        x = self.attn_forward(x, a, start, kv, rng is not None)    # a.x_attn = x + attn(ln_1(x))
+        return self.mlp_forward(x, a, rng is not None)             # a.x_mlp = x_attn + mlp(ln_2(x_attn))
 
     def backward(self, dx, x, a, d, dropped=False):                # dx: d loss/d a.x_mlp -> d loss/d x, in place
         self.mlp_backward(dx, a.x_attn, a, d, dropped)             # dx += ln_2.backward(mlp.backward(dx))
         return self.attn_backward(dx, x, a, d, dropped)            # dx += ln_1.backward(attn.backward(dx))
 
+    def att_drop(self, a, dropped):                                # attention dropout's (p, seed), or None
+        return (self.p_drop, int(a.drop_seeds[0])) if dropped else None
+
     # ---- the attention half
-    def attn_forward(self, x, a, rng, start, kv):
+    def attn_forward(self, x, a, start, kv, dropped):
         p, b = self.p, self.p.get
-        if rng is not None:
-            L.dropout_mask(a.att_mask, self.p_drop, rng)
         L.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p["ln_1.weight"], b("ln_1.bias"))
         L.linear_forward(a.qkv, a.ln1, p["attn.c_attn.weight"], b("attn.c_attn.bias"))
         if self.qk_norm:
             L.qk_norm_forward(a.qk_rstd, a.qkv, self.n_head)      # q, k <- q / rms(q), k / rms(k), per head
-        L.attention_forward(a.atty, a.att, a.qkv, self.n_head, start, kv,
-                            *((a.att_mask, a.attd) if rng is not None else ()))
+        L.attention_forward(a.atty, a.att, a.qkv, self.n_head, start, kv, self.att_drop(a, dropped))
         L.linear_forward(a.x_attn, a.atty, p["attn.c_proj.weight"], b("attn.c_proj.bias"))   # attn(ln_1(x))
-        if rng is not None:
-            a.x_attn *= L.dropout_mask(a.attn_mask, self.p_drop, rng)
+        if dropped:
+            L.dropout(a.x_attn, a.x_attn, self.p_drop, a.drop_seeds[1])
         return np.add(x, a.x_attn, out=a.x_attn)                   # x_attn = x + attn(ln_1(x))
 
     def attn_backward(self, dx, x, a, d, dropped):                 # dx (B, T, C): d loss / d x_attn
         p, g, gb = self.p, self.g, self.g.get
-        dy = np.multiply(dx, a.attn_mask, out=d.dproj) if dropped else dx   # fwd: y *= attn_mask
+        dy = L.dropout(d.dproj, dx, self.p_drop, a.drop_seeds[1]) if dropped else dx   # fwd: y = dropout(y)
         L.linear_backward(d.datty, g["attn.c_proj.weight"], gb("attn.c_proj.bias"), dy, a.atty,
                           p["attn.c_proj.weight"])
-        L.attention_backward(d.dqkv, d.datty, a.qkv, a.att, self.n_head,
-                             *((a.att_mask, a.attd) if dropped else ()))
+        L.attention_backward(d.dqkv, d.datty, a.qkv, a.att, self.n_head, self.att_drop(a, dropped))
         if self.qk_norm:                                           # datty is free again: scratch
             L.qk_norm_backward(d.dqkv, d.datty, a.qkv, a.qk_rstd, self.n_head)
         L.linear_backward(d.dln, g["attn.c_attn.weight"], gb("attn.c_attn.bias"), d.dqkv, a.ln1,
@@ -187,19 +188,19 @@ class Block:
         return dx
 
     # ---- the MLP half
-    def mlp_forward(self, x, a, rng):                              # x = a.x_attn
+    def mlp_forward(self, x, a, dropped):                          # x = a.x_attn
         p, b = self.p, self.p.get
         L.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, x, p["ln_2.weight"], b("ln_2.bias"))
         act = L.linear_relu2_forward if self.relu2 else L.linear_gelu_forward
         act(a.fc, a.fc_dgelu, a.ln2, p["mlp.c_fc.weight"], b("mlp.c_fc.bias"))
         L.linear_forward(a.x_mlp, a.fc, p["mlp.c_proj.weight"], b("mlp.c_proj.bias"))        # mlp(ln_2(x))
-        if rng is not None:
-            a.x_mlp *= L.dropout_mask(a.mlp_mask, self.p_drop, rng)
+        if dropped:
+            L.dropout(a.x_mlp, a.x_mlp, self.p_drop, a.drop_seeds[2])
         return np.add(x, a.x_mlp, out=a.x_mlp)                     # x_mlp = x + mlp(ln_2(x))
 
     def mlp_backward(self, dx, x, a, d, dropped):                  # dx (B, T, C): d loss / d x_mlp
         p, g, gb = self.p, self.g, self.g.get
-        dy = np.multiply(dx, a.mlp_mask, out=d.dproj) if dropped else dx    # fwd: y *= mlp_mask
+        dy = L.dropout(d.dproj, dx, self.p_drop, a.drop_seeds[2]) if dropped else dx   # fwd: y = dropout(y)
         L.linear_backward(d.dfc, g["mlp.c_proj.weight"], gb("mlp.c_proj.bias"), dy, a.fc, p["mlp.c_proj.weight"])
         L.linear_gelu_backward(d.dln, g["mlp.c_fc.weight"], gb("mlp.c_fc.bias"), d.dfc, a.fc_dgelu, a.ln2,
                                p["mlp.c_fc.weight"])                # relu2's too: dz = dout * the kept derivative
@@ -230,7 +231,7 @@ class GPT:
             raise ValueError(f"bf16 products need a float32 model, not {np.dtype(dtype)}")
         cfg = self.config = config
         self.bf16 = bf16
-        self.rng = rng if rng is not None else np.random.default_rng(0)   # init, then dropout masks
+        self.rng = rng if rng is not None else np.random.default_rng(0)   # init, then dropout's seeds
         shapes = parameter_shapes(cfg)
         n = sum(math.prod(s) for s in shapes.values())
         self.param_memory, self.grad_memory = np.zeros(n, dtype), np.zeros(n, dtype)   # every parameter, gradient
@@ -295,7 +296,8 @@ class GPT:
         p = self._params
         x = L.embedding_forward(a.emb, idx, p["wte.weight"], p["wpe.weight"], start)     # (B, T, C)
         if rng is not None:
-            x *= L.dropout_mask(a.emb_mask, self.config.dropout, rng)
+            a.emb_seed[0] = L.dropout_seed(rng)
+            L.dropout(x, x, self.config.dropout, a.emb_seed[0])
         for l, block in enumerate(self.h):
             x = block.forward(x, a.h[l], rng, start, None if cache is None else (cache.k[l], cache.v[l]))
         L.layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, p["ln_f.weight"], p.get("ln_f.bias"))
@@ -325,7 +327,7 @@ class GPT:
             x = a.h[l - 1].x_mlp if l else a.emb                          # stream, carried down in place
             self.h[l].backward(dx, x, a.h[l], d, self.dropped)
         if self.dropped:
-            dx *= a.emb_mask                                              # fwd: emb *= emb_mask
+            L.dropout(dx, dx, self.config.dropout, a.emb_seed[0])          # fwd: emb = dropout(emb)
         L.embedding_backward(g["wte.weight"], g["wpe.weight"], dx, self.idx)   # wte's gradient += the lookup's
 
     def head_forward(self, logits, x, dcap=None):                         # x (B, T, C) -> logits (B, T, V)

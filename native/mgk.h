@@ -7,7 +7,7 @@
 #ifndef MGK_H
 #define MGK_H
 
-#define MGK_ABI      9   /* bumped when a signature changes; minigpt/backends/native.py refuses any other build */
+#define MGK_ABI     10   /* bumped when a signature changes; minigpt/backends/native.py refuses any other build */
 
 #define MGK_OK       0
 #define MGK_EBADARG -1   /* negative size, too small leading dimension, NULL pointer */
@@ -47,9 +47,10 @@ int mgk_gemm_causal(int causal, int start, int bf16, int L1, int L2, int ta, int
                0), y (T x hs) = att v; q is T x hs, k and v are Tk x hs
      backward: from att and dy (T x hs), with Tk = T and start = 0: dv = att^T dy, ds = the softmax's backward of
                dy v^T (d scores), dq = ds k, dk = ds^T q; dq, dk, dv are written, not added into
-   dropout (mask not NULL; T x Tk, like att): the forward writes attd = att * mask and multiplies v by it; the
-   backward takes both, dv = attd^T dy and d scores from (dy v^T) * mask; mask NULL: attd is not touched (may be
-   NULL too).
+   dropout (drop != 0; mgk_dropout's mask of seed, keep_from and drop_scale, its elements numbered as those of an
+   (L1, L2, T, Tk) array, which must number fewer than 2**32): the forward multiplies v by attd = att * mask, and
+   the backward draws the mask again: dv = attd^T dy, d scores from (dy v^T) * mask. Neither is stored: attd lives
+   in a thread's scratch, a head at a time.
    bf16: every product's operands rounded to bf16 (as mgk_bgemm). The result has the same bits as that of the
    products (mgk_gemm_causal), softmaxes (mgk_causal_softmax_fwd/bwd) and mask multiplies called one after
    another; fused, each thread runs whole items, whose probabilities stay in its caches between the steps. */
@@ -59,8 +60,7 @@ int mgk_attention_fwd(int bf16, int L1, int L2, int T, int Tk, int hs, int start
                       const float *v, int ldv, long long sv1, long long sv2,
                       float *att, int ldatt, long long satt1, long long satt2,
                       float *y, int ldy, long long sy1, long long sy2,
-                      const float *mask, int ldmask, long long smask1, long long smask2,
-                      float *attd, int ldattd, long long sattd1, long long sattd2);
+                      int drop, unsigned long long seed, unsigned int keep_from, float drop_scale);
 int mgk_attention_bwd(int bf16, int L1, int L2, int T, int hs, float scale,
                       const float *q, int ldq, long long sq1, long long sq2,
                       const float *k, int ldk, long long sk1, long long sk2,
@@ -70,8 +70,7 @@ int mgk_attention_bwd(int bf16, int L1, int L2, int T, int hs, float scale,
                       float *dq, int lddq, long long sdq1, long long sdq2,
                       float *dk, int lddk, long long sdk1, long long sdk2,
                       float *dv, int lddv, long long sdv1, long long sdv2,
-                      const float *mask, int ldmask, long long smask1, long long smask2,
-                      const float *attd, int ldattd, long long sattd1, long long sattd2);
+                      int drop, unsigned long long seed, unsigned int keep_from, float drop_scale);
 /* plain scalar loops, one thread: the reference the fast path is tested against */
 int mgk_sgemm_ref(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                   float beta, float *C, int ldc);

@@ -5,7 +5,8 @@
    the thread's own scratch, stay in L2 between them. Every product is the batched products' own block of the item
    (mgk_item_block, lent by mgk.c through mgk_job.h) and the softmax mgk_ops.c's (mgk_softmax_item): the same bits
    as the ops called one by one (minigpt/backends/__init__.py's Ops.attention, the composition). Under dropout the
-   item's probabilities are multiplied by its mask there too (attd, drop_rows), as the composition's NumPy does. */
+   item's probabilities are multiplied by its mask there too, the mask drawn from the seed as they are (attd, in
+   the thread's scratch; mgk_dropout_rows): no mask or attd is stored, and the backward draws them again. */
 #include <stdlib.h>
 #include "mgk.h"
 #include "mgk_job.h"
@@ -22,12 +23,17 @@ typedef struct {
     float scale;
     int start;
     unsigned int csr;                   /* the caller's FP mode: the softmax runs in it, as mgk_ops.c's ops do */
-    view_t q, k, v, att, y, dy, dq, dk, dv, mask, attd;   /* mask.p NULL: no dropout */
+    view_t q, k, v, att, y, dy, dq, dk, dv;
+    int drop;                           /* dropout: 0 none, else the mask of element n (mgk_dropout's numbering of
+                                           an (L, T, Tk) array) from keys k1, k2 */
+    unsigned int k1, k2, keep_from;
+    float drop_scale;
     job_t s, o, dvj, dsj, dqj, dkj;     /* the products: forward s = q k^T, y = att v; backward dv, ds, dq, dk */
 } attn_t;
 
-static float *ds_bufs[256];             /* per thread id: the backward's d(scores) of one item, T x T */
-static long long ds_cap[256];
+static float *bufs[2][256];             /* per thread id: the backward's d(scores) of one item, T x T, and attd, the
+                                           probabilities of one item after dropout, T x Tk */
+static long long caps[2][256];
 
 static const float *at(const attn_t *a, const view_t *x, int l)
 {
@@ -46,24 +52,21 @@ static void softmax_item(const attn_t *a, int fwd, const float *att, float *g, l
 #endif
 }
 
-/* dropout, in the caller's FP mode as the composition's NumPy multiplies: out = p * m elementwise, rows 0..T
-   (ldp, ldm, ldo floats apart), columns 0..cols of each row, or (causal) 0..min(i + 1, cols) of row i: the
-   composition's np.multiply(att, mask, out=attd) (forward, every column), or its datt *= mask (backward, start
-   0: the softmax's backward reads no column past i, and writes 0 there) */
-static void drop_rows(const attn_t *a, int T, int cols, int causal, const float *p, long long ldp, const float *m,
-                      long long ldm, float *out, long long ldo)
+/* dropout of item l, in the caller's FP mode as the composition's multiplies: out (T x Tk, ldo) = x * the mask of
+   the item's elements, which are 0 past the diagonal (column start + i of row i) in both x's here: att (forward:
+   the composition's dropout(att), attd) and d(scores) (backward, start 0: its dropout(datt) after dy v^T, which
+   wrote 0 there) */
+static void drop_item(const attn_t *a, int l, const float *x, long long ldx, float *out, long long ldo)
 {
 #ifdef ATTN_X86
     unsigned int own = _mm_getcsr();
     _mm_setcsr(a->csr);
 #endif
-    for (int i = 0; i < T; i++)
-        for (int j = 0, n = causal && i + 1 < cols ? i + 1 : cols; j < n; j++)
-            out[i * ldo + j] = p[i * ldp + j] * m[i * ldm + j];
+    mgk_dropout_rows(a->T, a->Tk, a->start, (unsigned int)l * (unsigned int)a->T * (unsigned int)a->Tk,
+                     (unsigned int)a->Tk, a->k1, a->k2, a->keep_from, a->drop_scale, x, ldx, out, ldo);
 #ifdef ATTN_X86
     _mm_setcsr(own);
 #endif
-    (void)a;
 }
 
 static void attn_fwd_job(void *arg, int tid, int nt)
@@ -76,10 +79,9 @@ static void attn_fwd_job(void *arg, int tid, int nt)
         mgk_item_block(&a->s, q, k, att, 0, T, 0, a->Tk, tid);       /* s = q k^T, 0 past the diagonal */
         softmax_item(a, 1, att, att, a->att.ld);                     /* att = softmax(scale s) */
         const float *p = att;
-        if (a->mask.p) {                                             /* attd = att * mask (dropout) */
-            float *attd = (float *)at(a, &a->attd, l);
-            drop_rows(a, T, a->Tk, 0, att, a->att.ld, at(a, &a->mask, l), a->mask.ld, attd, a->attd.ld);
-            p = attd;
+        if (a->drop) {                                               /* attd = dropout(att) */
+            drop_item(a, l, att, a->att.ld, bufs[1][tid], a->Tk);
+            p = bufs[1][tid];
         }
         mgk_item_block(&a->o, p, v, y, 0, T, 0, a->o.N, tid);        /* y = att v (attd v) */
     }
@@ -88,17 +90,21 @@ static void attn_fwd_job(void *arg, int tid, int nt)
 static void attn_bwd_job(void *arg, int tid, int nt)
 {
     const attn_t *a = arg;
-    float *ds = ds_bufs[tid];
+    float *ds = bufs[0][tid], *attd = bufs[1][tid];
     int T = a->T, hs = a->dvj.N;
     for (int l = tid; l < a->L; l += nt) {
         const float *q = at(a, &a->q, l), *k = at(a, &a->k, l), *v = at(a, &a->v, l);
         const float *att = at(a, &a->att, l), *dy = at(a, &a->dy, l);
         float *dq = (float *)at(a, &a->dq, l), *dk = (float *)at(a, &a->dk, l), *dv = (float *)at(a, &a->dv, l);
-        const float *p = a->mask.p ? at(a, &a->attd, l) : att;      /* what multiplied v */
+        const float *p = att;                                        /* what multiplied v: */
+        if (a->drop) {                                               /* attd = dropout(att), drawn again */
+            drop_item(a, l, att, a->att.ld, attd, T);
+            p = attd;
+        }
         mgk_item_block(&a->dvj, p, dy, dv, 0, T, 0, hs, tid);        /* fwd: y = att v -> dv = att^T dy */
         mgk_item_block(&a->dsj, dy, v, ds, 0, T, 0, T, tid);         /*                   datt = dy v^T */
-        if (a->mask.p)                                               /* fwd: attd = att * mask */
-            drop_rows(a, T, T, 1, ds, T, at(a, &a->mask, l), a->mask.ld, ds, T);
+        if (a->drop)                                                 /* fwd: attd = dropout(att) */
+            drop_item(a, l, ds, T, ds, T);
         softmax_item(a, 0, att, ds, T);                              /* fwd: att = softmax(scale s) -> ds */
         mgk_item_block(&a->dqj, ds, k, dq, 0, T, 0, hs, tid);        /* fwd: s = q k^T -> dq = ds k */
         mgk_item_block(&a->dkj, ds, q, dk, 0, T, 0, hs, tid);        /*                   dk = ds^T q */
@@ -111,20 +117,22 @@ static int bad_view(const view_t *x, int cols)
 }
 
 /* run fn over the items on min(threads, L) threads (one below ~4 us of work), with the GEMM's FP mode; scratch:
-   floats of each thread's ds_bufs (grown, never shrunk) */
-static int run_attention(attn_t *a, void (*fn)(void *, int, int), double flops, long long scratch)
+   floats of each thread's bufs[0] (ds) and bufs[1] (attd) (grown, never shrunk) */
+static int run_attention(attn_t *a, void (*fn)(void *, int, int), double flops, long long ds, long long attd)
 {
     int nt = mgk_get_num_threads();
     if (flops < 4e5) nt = 1;
     if (nt > a->L) nt = a->L;
     int rc = mgk_alloc_bufs(nt);
+    long long want[2] = {ds, attd};
     for (int t = 0; t < nt && rc == MGK_OK; t++)
-        if (ds_cap[t] < scratch) {
-            free(ds_bufs[t]);
-            ds_bufs[t] = aligned_alloc(64, sizeof(float) * (size_t)((scratch + 15) / 16 * 16));
-            ds_cap[t] = ds_bufs[t] ? scratch : 0;
-            if (!ds_bufs[t]) rc = MGK_ENOMEM;
-        }
+        for (int b = 0; b < 2 && rc == MGK_OK; b++)
+            if (caps[b][t] < want[b]) {
+                free(bufs[b][t]);
+                bufs[b][t] = aligned_alloc(64, sizeof(float) * (size_t)((want[b] + 15) / 16 * 16));
+                caps[b][t] = bufs[b][t] ? want[b] : 0;
+                if (!bufs[b][t]) rc = MGK_ENOMEM;
+            }
     if (rc != MGK_OK) return rc;
 #ifdef ATTN_X86
     a->csr = _mm_getcsr();
@@ -145,22 +153,22 @@ int mgk_attention_fwd(int bf16, int L1, int L2, int T, int Tk, int hs, int start
                       const float *v, int ldv, long long sv1, long long sv2,
                       float *att, int ldatt, long long satt1, long long satt2,
                       float *y, int ldy, long long sy1, long long sy2,
-                      const float *mask, int ldmask, long long smask1, long long smask2,
-                      float *attd, int ldattd, long long sattd1, long long sattd2)
+                      int drop, unsigned long long seed, unsigned int keep_from, float drop_scale)
 {
-    if (L1 < 0 || L2 < 1 || (long long)L1 * L2 > 0x7fffffff || T < 0 || hs < 1 || start < 0 || Tk < start + T)
+    if (L1 < 0 || L2 < 1 || (long long)L1 * L2 > 0x7fffffff || T < 0 || hs < 1 || start < 0 || Tk < start + T ||
+        (drop && (long long)L1 * L2 * T * Tk > 0xffffffffLL))
         return MGK_EBADARG;
     attn_t a = {.L = L1 * L2, .L2 = L2, .T = T, .Tk = Tk, .scale = scale, .start = start,
-                .q = VIEW(q), .k = VIEW(k), .v = VIEW(v), .att = VIEW(att), .y = VIEW(y), .mask = VIEW(mask),
-                .attd = VIEW(attd)};
+                .q = VIEW(q), .k = VIEW(k), .v = VIEW(v), .att = VIEW(att), .y = VIEW(y), .drop = drop != 0,
+                .keep_from = keep_from, .drop_scale = drop_scale};
     if (a.L == 0 || T == 0) return MGK_OK;
-    if (bad_view(&a.q, hs) || bad_view(&a.k, hs) || bad_view(&a.v, hs) || bad_view(&a.att, Tk) || bad_view(&a.y, hs)
-        || (mask && (bad_view(&a.mask, Tk) || bad_view(&a.attd, Tk))))
+    if (bad_view(&a.q, hs) || bad_view(&a.k, hs) || bad_view(&a.v, hs) || bad_view(&a.att, Tk) || bad_view(&a.y, hs))
         return MGK_EBADARG;
+    mgk_dropout_keys(seed, &a.k1, &a.k2);
     mgk_call_lock();
     a.s = mgk_item_job(bf16 != 0, start, 0, 1, T, Tk, hs, ldq, ldk, ldatt, MGK_CAUSAL_OUT);
-    a.o = mgk_item_job(bf16 != 0, start, 0, 0, T, hs, Tk, mask ? ldattd : ldatt, ldv, ldy, MGK_CAUSAL_A);
-    int rc = run_attention(&a, attn_fwd_job, 4.0 * T * Tk * hs * a.L, 0);
+    a.o = mgk_item_job(bf16 != 0, start, 0, 0, T, hs, Tk, drop ? Tk : ldatt, ldv, ldy, MGK_CAUSAL_A);
+    int rc = run_attention(&a, attn_fwd_job, 4.0 * T * Tk * hs * a.L, 0, drop ? (long long)T * Tk : 0);
     mgk_call_unlock();
     return rc;
 }
@@ -174,26 +182,26 @@ int mgk_attention_bwd(int bf16, int L1, int L2, int T, int hs, float scale,
                       float *dq, int lddq, long long sdq1, long long sdq2,
                       float *dk, int lddk, long long sdk1, long long sdk2,
                       float *dv, int lddv, long long sdv1, long long sdv2,
-                      const float *mask, int ldmask, long long smask1, long long smask2,
-                      const float *attd, int ldattd, long long sattd1, long long sattd2)
+                      int drop, unsigned long long seed, unsigned int keep_from, float drop_scale)
 {
-    if (L1 < 0 || L2 < 1 || (long long)L1 * L2 > 0x7fffffff || T < 0 || hs < 1)
+    if (L1 < 0 || L2 < 1 || (long long)L1 * L2 > 0x7fffffff || T < 0 || hs < 1 ||
+        (drop && (long long)L1 * L2 * T * T > 0xffffffffLL))
         return MGK_EBADARG;
     attn_t a = {.L = L1 * L2, .L2 = L2, .T = T, .Tk = T, .scale = scale, .q = VIEW(q), .k = VIEW(k), .v = VIEW(v),
-                .att = VIEW(att), .dy = VIEW(dy), .dq = VIEW(dq), .dk = VIEW(dk), .dv = VIEW(dv), .mask = VIEW(mask),
-                .attd = VIEW(attd)};
+                .att = VIEW(att), .dy = VIEW(dy), .dq = VIEW(dq), .dk = VIEW(dk), .dv = VIEW(dv), .drop = drop != 0,
+                .keep_from = keep_from, .drop_scale = drop_scale};
     if (a.L == 0 || T == 0) return MGK_OK;
     if (bad_view(&a.q, hs) || bad_view(&a.k, hs) || bad_view(&a.v, hs) || bad_view(&a.att, T) ||
-        bad_view(&a.dy, hs) || bad_view(&a.dq, hs) || bad_view(&a.dk, hs) || bad_view(&a.dv, hs) ||
-        (mask && (bad_view(&a.mask, T) || bad_view(&a.attd, T))))
+        bad_view(&a.dy, hs) || bad_view(&a.dq, hs) || bad_view(&a.dk, hs) || bad_view(&a.dv, hs))
         return MGK_EBADARG;
+    mgk_dropout_keys(seed, &a.k1, &a.k2);
     mgk_call_lock();
     int b = bf16 != 0;
-    a.dvj = mgk_item_job(b, 0, 1, 0, T, hs, T, mask ? ldattd : ldatt, lddy, lddv, MGK_CAUSAL_A);
+    a.dvj = mgk_item_job(b, 0, 1, 0, T, hs, T, drop ? T : ldatt, lddy, lddv, MGK_CAUSAL_A);
     a.dsj = mgk_item_job(b, 0, 0, 1, T, T, hs, lddy, ldv, T, MGK_CAUSAL_OUT);
     a.dqj = mgk_item_job(b, 0, 0, 0, T, hs, T, T, ldk, lddq, MGK_CAUSAL_A);
     a.dkj = mgk_item_job(b, 0, 1, 0, T, hs, T, T, ldq, lddk, MGK_CAUSAL_A);
-    int rc = run_attention(&a, attn_bwd_job, 8.0 * T * T * hs * a.L, (long long)T * T);
+    int rc = run_attention(&a, attn_bwd_job, 8.0 * T * T * hs * a.L, (long long)T * T, drop ? (long long)T * T : 0);
     mgk_call_unlock();
     return rc;
 }

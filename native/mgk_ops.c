@@ -1,6 +1,6 @@
 /* mgk_ops.c: the non-matmul ops of a training step (API in mgk_ops.h; semantics: minigpt/backends/numpy_ops.py):
    LayerNorm, bias + GELU, causal softmax and softmax cross-entropy (forward and backward each), AdamW, the
-   embedding scatter-add and dropout's masks, float32. Each op has a plain scalar reference, mgk_ref_<op> (simple
+   embedding scatter-add and dropout, float32. Each op has a plain scalar reference, mgk_ref_<op> (simple
    loops and libm: the algorithmic reference), and a fast path, mgk_<op>: ONE C body per op, compiled three times
    (no target: any x86-64 or other CPU; AVX2+FMA; AVX-512) and picked at run time by mgk_isa(), so the file needs
    no -march flag.
@@ -672,8 +672,8 @@ int mgk_embedding_bwd(long long N, int V, int C, float *dW, const long long *idx
 }
 
 /* ----------------------------------------------------------------------------
-   dropout masks: element i's 32 random bits are a hash of (seed, i), so threads (and backends) need no shared
-   generator state. mix32: a bijection of 32-bit words; its multipliers are those of "lowbias32" (Chris Wellons'
+   dropout: element i's mask value comes from 32 random bits, a hash of (seed, i), so threads (and backends) need no
+   shared generator state, and no mask is stored: the backward draws it again. mix32: a bijection of 32-bit words; its multipliers are those of "lowbias32" (Chris Wellons'
    hash-prospector search), as numpy_ops.mix32's */
 
 BODY uint32_t mix32(uint32_t x)
@@ -692,26 +692,66 @@ BODY void drop_keys(unsigned long long seed, uint32_t *k1, uint32_t *k2)
     *k2 = mix32((uint32_t)(seed >> 32) ^ mix32(*k1 ^ 0x9e3779b9u));
 }
 
-typedef struct { long long n; uint32_t k1, k2, keep_from; float scale; float *mask; } drop_t;
+/* y = x * element i's mask value: scale where the 24 high bits of its hash are >= keep_from, else 0 */
+BODY float drop_one(uint32_t i, uint32_t k1, uint32_t k2, uint32_t keep_from, float scale, float x)
+{
+    return x * pick(mix32(mix32(i ^ k1) ^ k2) >> 8 >= keep_from, scale, 0.0f);
+}
+
+typedef struct { long long n; uint32_t k1, k2, keep_from; float scale; const float *x; float *y; } drop_t;
 
 BODY void drop_body(const drop_t *a, int tid, int nt)
 {
     long long lo, hi;
     span(a->n, tid, nt, LANES, &lo, &hi);
-    for (long long i = lo; i < hi; i++) {
-        uint32_t u = mix32(mix32((uint32_t)i ^ a->k1) ^ a->k2);
-        a->mask[i] = pick(u >> 8 >= a->keep_from, a->scale, 0.0f);
-    }
+    for (long long i = lo; i < hi; i++)
+        a->y[i] = drop_one((uint32_t)i, a->k1, a->k2, a->keep_from, a->scale, a->x[i]);
 }
 VARIANTS(drop, drop_t)
 
-int mgk_dropout_mask(long long n, unsigned long long seed, unsigned int keep_from, float scale, float *mask)
+int mgk_dropout(long long n, unsigned long long seed, unsigned int keep_from, float scale, const float *x, float *y)
 {
-    if (n < 0 || n > 0xffffffffLL || (n && !mask)) return MGK_EBADARG;
-    drop_t a = {n, 0, 0, keep_from, scale, mask};
+    if (n < 0 || n > 0xffffffffLL || (n && (!x || !y))) return MGK_EBADARG;
+    drop_t a = {n, 0, 0, keep_from, scale, x, y};
     drop_keys(seed, &a.k1, &a.k2);
     run(drop_fns, &a, n * PS_DROPOUT, (n + LANES - 1) / LANES);
     return MGK_OK;
+}
+
+/* the fused attention's dropout of one item (mgk_ops.h), on the calling thread: rows of x times their elements'
+   mask values, element (i, j) numbered n0 + i*ldn + j; past column `upto + i` of row i the output is 0 (x is 0 there:
+   att past the diagonal, so the same bits as the product) */
+typedef struct { int rows, cols, upto; uint32_t n0, ldn, k1, k2, keep_from; float scale; const float *x;
+                 long long ldx; float *y; long long ldy; } drop_rows_t;
+
+BODY void drop_rows_body(const drop_rows_t *a, int tid, int nt)
+{
+    (void)tid; (void)nt;
+    for (int i = 0; i < a->rows; i++) {
+        const float *x = a->x + i * a->ldx;
+        float *y = a->y + i * a->ldy;
+        uint32_t n = a->n0 + (uint32_t)i * a->ldn;
+        int m = a->upto + i + 1 < a->cols ? a->upto + i + 1 : a->cols;
+        for (int j = 0; j < m; j++) y[j] = drop_one(n + (uint32_t)j, a->k1, a->k2, a->keep_from, a->scale, x[j]);
+        for (int j = m; j < a->cols; j++) y[j] = 0.0f;
+    }
+}
+VARIANTS(drop_rows, drop_rows_t)
+
+void mgk_dropout_keys(unsigned long long seed, unsigned int *k1, unsigned int *k2)
+{
+    uint32_t a, b;
+    drop_keys(seed, &a, &b);
+    *k1 = a, *k2 = b;
+}
+
+void mgk_dropout_rows(int rows, int cols, int upto, unsigned int n0, unsigned int ldn, unsigned int k1,
+                      unsigned int k2, unsigned int keep_from, float scale, const float *x, long long ldx, float *y,
+                      long long ldy)
+{
+    int isa = mgk_isa();
+    drop_rows_t a = {rows, cols, upto, n0, ldn, k1, k2, keep_from, scale, x, ldx, y, ldy};
+    drop_rows_fns[isa < MGK_ISA_AVX512 ? isa : MGK_ISA_AVX512](&a, 0, 1);
 }
 
 typedef struct { long long n; const float *x; float *y; } exp_t;
@@ -869,12 +909,13 @@ int mgk_ref_embedding_bwd(long long N, int V, int C, float *dW, const long long 
     return MGK_OK;
 }
 
-int mgk_ref_dropout_mask(long long n, unsigned long long seed, unsigned int keep_from, float scale, float *mask)
+int mgk_ref_dropout(long long n, unsigned long long seed, unsigned int keep_from, float scale, const float *x,
+                    float *y)
 {
-    if (n < 0 || n > 0xffffffffLL || (n && !mask)) return MGK_EBADARG;
+    if (n < 0 || n > 0xffffffffLL || (n && (!x || !y))) return MGK_EBADARG;
     uint32_t k1, k2;
     drop_keys(seed, &k1, &k2);
     for (long long i = 0; i < n; i++)
-        mask[i] = (mix32(mix32((uint32_t)i ^ k1) ^ k2) >> 8) >= keep_from ? scale : 0.0f;
+        y[i] = x[i] * ((mix32(mix32((uint32_t)i ^ k1) ^ k2) >> 8) >= keep_from ? scale : 0.0f);
     return MGK_OK;
 }

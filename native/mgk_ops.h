@@ -32,10 +32,10 @@ int mgk_adamw(long long n, float *p, const float *g, float *m, float *v, double 
               double eps, double wd, double bc1, double bc2);
 /* dW (V, C): dW[idx[n]] += dout[n] for n = 0..N-1 in order (repeated ids add up), idx in [0, V) */
 int mgk_embedding_bwd(long long N, int V, int C, float *dW, const long long *idx, const float *dout);
-/* mask[0:n] = an inverted-dropout mask: element i is scale where the 24 high bits of mix32(mix32(i ^ k1) ^ k2)
-   are >= keep_from, else 0; k1 = mix32(the seed's low 32 bits), k2 = mix32(its high 32 bits ^ mix32(k1 ^ 0x9e3779b9))
-   (numpy_ops.dropout_hash is the specification); n < 2**32 */
-int mgk_dropout_mask(long long n, unsigned long long seed, unsigned int keep_from, float scale, float *mask);
+/* y[0:n] = x * an inverted-dropout mask (y may be x): element i's mask value is scale where the 24 high bits of
+   mix32(mix32(i ^ k1) ^ k2) are >= keep_from, else 0; k1 = mix32(the seed's low 32 bits), k2 = mix32(its high 32
+   bits ^ mix32(k1 ^ 0x9e3779b9)) (numpy_ops.dropout_hash is the specification); n < 2**32 */
+int mgk_dropout(long long n, unsigned long long seed, unsigned int keep_from, float scale, const float *x, float *y);
 /* y = e**x elementwise with the fast paths' inline exp (for tests: its accuracy over the float32 range) */
 int mgk_exp(long long n, const float *x, float *y);
 
@@ -54,7 +54,8 @@ int mgk_ref_xent_bwd(long long N, int V, const float *logits, const long long *t
 int mgk_ref_adamw(long long n, float *p, const float *g, float *m, float *v, double lr, double b1, double b2,
                   double eps, double wd, double bc1, double bc2);
 int mgk_ref_embedding_bwd(long long N, int V, int C, float *dW, const long long *idx, const float *dout);
-int mgk_ref_dropout_mask(long long n, unsigned long long seed, unsigned int keep_from, float scale, float *mask);
+int mgk_ref_dropout(long long n, unsigned long long seed, unsigned int keep_from, float scale, const float *x,
+                    float *y);
 
 /* internal: one item's causal softmax (fwd) or its backward, on the calling thread, rows lda (att) and ldg (g)
    floats apart, for the fused attention (mgk_attention.c); not exported from the library */
@@ -63,4 +64,17 @@ __attribute__((visibility("hidden")))
 #endif
 void mgk_softmax_item(int fwd, int T, int Tk, int start, float scale, const float *att, long long lda, float *g,
                       long long ldg);
+/* internal, for the fused attention too: a seed's two keys (mgk_dropout's k1, k2), and one item's dropout on the
+   calling thread: y[i, j] = x[i, j] times the mask value of element n0 + i*ldn + j (mgk_dropout's), for j <= upto + i,
+   and 0 past it (where x is 0: att past the diagonal), over rows 0..rows and columns 0..cols, rows ldx and ldy apart */
+#ifdef __GNUC__
+__attribute__((visibility("hidden")))
+#endif
+void mgk_dropout_keys(unsigned long long seed, unsigned int *k1, unsigned int *k2);
+#ifdef __GNUC__
+__attribute__((visibility("hidden")))
+#endif
+void mgk_dropout_rows(int rows, int cols, int upto, unsigned int n0, unsigned int ldn, unsigned int k1,
+                      unsigned int k2, unsigned int keep_from, float scale, const float *x, long long ldx, float *y,
+                      long long ldy);
 #endif

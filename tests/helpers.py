@@ -99,7 +99,8 @@ def check_fused_attention(ops, bf16, rng):
     caller's floating-point mode kept. Every array is a view with its own strides, as the layers pass them or
     stranger: q inside a qkv, k and v inside their own padded arrays (at start > 0, a KV cache's), att with
     longer rows than Tk, y, dy, dq, dk, dv heads of padded arrays. At start 0 the shape runs once more under
-    dropout (a mask and attd with longer rows than T). Returns how many forwards ran native's fused kernel (counted
+    dropout (p 0.3, a 64-bit seed: its mask drawn by the fused kernel, and by Ops.dropout in the composition).
+    Returns how many forwards ran native's fused kernel (counted
     at its ctypes function; each start-0 one's backward must have run fused too); 0 for another backend."""
     lib, calls = getattr(ops, "lib", None), []
     if lib is not None:                                     # count the fused kernels' calls
@@ -123,34 +124,28 @@ def _check_fused_attention(ops, bf16, rng, calls):
             k, v = cache[0, :, :, :Tk], cache[1, :, :, :Tk]
         else:
             k, v = padded_heads(rng, B, Tk, nh, hs, 1)[1], padded_heads(rng, B, Tk, nh, hs, 5)[1]
-        for p_drop in (None,) if start else (None, 0.3):
-            mask = None
-            if p_drop:                                      # 0 or 1/(1-p) in a (B, nh, T, T + 2) array
-                mask = np.full((B, nh, T, T + 2), np.nan, np.float32)[..., :T]
-                mask[...] = rng.choice([0.0, 1.0 / (1.0 - p_drop)], mask.shape)
-            what = f"{B, nh, T, hs, start}" + (" under dropout" if p_drop else "")
+        for drop in (None,) if start else (None, (0.3, int(rng.integers(2**64, dtype=np.uint64)))):
+            what = f"{B, nh, T, hs, start}" + (" under dropout" if drop else "")
             res, before = [], len(calls)                    # the op's, then the composition's
             for run in (ops.attention, lambda *a: backends.Ops.attention(ops, *a)):
                 att = np.full((B, nh, T, Tk + 3), np.nan, np.float32)
-                attd = np.full((B, nh, T, Tk + 1), np.nan, np.float32)
                 y, yh = padded_heads(rng, B, T, nh, hs, 2, fill=np.nan)
                 with backends.bf16_products(bf16):
-                    run(q, k, v, att[..., :Tk], yh, scale, start, *(() if mask is None else (mask, attd[..., :Tk])))
+                    run(q, k, v, att[..., :Tk], yh, scale, start, drop)
                 assert np.isnan(att[..., Tk:]).all() and np.isnan(y[:, :, C:]).all(), "a write outside the views"
-                assert np.isnan(attd[..., Tk:]).all() and np.isnan(attd).all() == (mask is None), what
-                res.append((att, y, attd))
-            for name, got, want in zip(("att", "y", "attd"), *res):
+                res.append((att, y))
+            for name, got, want in zip(("att", "y"), *res):
                 np.testing.assert_array_equal(got, want, err_msg=f"{name} {what}")
             fused = calls[before:] == ["mgk_attention_fwd"]
             own += fused
             if start:
                 continue
-            att, attd, dy = res[0][0][..., :Tk], res[0][2][..., :Tk], padded_heads(rng, B, T, nh, hs, 1)[1]
+            att, dy = res[0][0][..., :Tk], padded_heads(rng, B, T, nh, hs, 1)[1]
             grads, before = [], len(calls)
             for run in (ops.attention_backward, lambda *a: backends.Ops.attention_backward(ops, *a)):
                 outs = [padded_heads(rng, B, T, nh, hs, pad, fill=np.nan) for pad in (3, 1, 6)]
                 with backends.bf16_products(bf16):
-                    run(q, k, v, att, dy, *(h for _, h in outs), scale, *(() if mask is None else (mask, attd)))
+                    run(q, k, v, att, dy, *(h for _, h in outs), scale, drop)
                 assert all(np.isnan(a[:, :, C:]).all() for a, _ in outs), "a write outside the views"
                 grads.append([a for a, _ in outs])
             for name, got, want in zip("qkv", *grads):

@@ -173,15 +173,15 @@ def test_layernorm_grad(rng, bias):
 @pytest.mark.parametrize("dropout", [0.0, 0.2])
 def test_attention_grad(rng, dropout):
     qkv = 2 * x_of(rng, B, T, 3 * C)                            # larger scores: sharper, non-uniform attention
-    y, att, attd = np.empty((B, T, C)), np.empty((B, NH, T, T)), np.empty((B, NH, T, T))
-    mask = L.dropout_mask(np.empty((B, NH, T, T)), dropout, np.random.default_rng(7)) if dropout else None
+    y, att = np.empty((B, T, C)), np.empty((B, NH, T, T))
+    drop = (dropout, L.dropout_seed(np.random.default_rng(7))) if dropout else None
     dqkv = np.empty((B, T, 3 * C))
 
     def backward(dy):
-        L.attention_backward(dqkv, dy, qkv, att, NH, mask, attd)
+        L.attention_backward(dqkv, dy, qkv, att, NH, drop)
         return {"qkv": dqkv}
 
-    check_layer(lambda: L.attention_forward(y, att, qkv, NH, mask=mask, attd=attd), backward, {"qkv": qkv},
+    check_layer(lambda: L.attention_forward(y, att, qkv, NH, drop=drop), backward, {"qkv": qkv},
                 x_of(rng, B, T, C))
 
 
@@ -209,12 +209,15 @@ def test_attention_with_a_kv_cache_equals_the_full_pass(rng):
     np.testing.assert_allclose(np.concatenate(got, axis=1), full, rtol=1e-12, atol=1e-14)
 
 
-def test_dropout_mask_is_inverted_and_fresh():
+def test_dropout_is_inverted_and_fresh():
     rng = np.random.default_rng(0)
-    a = L.dropout_mask(np.empty((64, 64)), 0.5, rng).copy()
+    seed = L.dropout_seed(rng)
+    a = L.dropout(np.empty((64, 64)), np.ones((64, 64)), 0.5, seed)
     assert set(np.unique(a)) == {0.0, 2.0}                      # kept units are scaled by 1/(1-p)
     assert abs(a.mean() - 1.0) < 0.05                           # the expectation is kept
-    assert not np.array_equal(a, L.dropout_mask(np.empty((64, 64)), 0.5, rng))
+    assert not np.array_equal(a, L.dropout(np.empty((64, 64)), np.ones((64, 64)), 0.5, L.dropout_seed(rng)))
+    x = np.arange(1.0, 4097.0).reshape(64, 64)                  # the same seed: the same mask, on any values
+    np.testing.assert_array_equal(L.dropout(x.copy(), x, 0.5, seed), x * a)
 
 
 # ----------------------------------------------------------------------------

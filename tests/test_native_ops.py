@@ -229,26 +229,25 @@ def test_embedding_backward_fast_matches_reference_and_spec(lib, isas, N, C):
     np.testing.assert_array_equal(fast, ref)                       # the same adds in the same order
 
 
-def dropout(lib, prefix, n, p, seed):
-    mask = np.full(n, np.nan, F32)
-    assert getattr(lib, prefix + "dropout_mask")(n, seed, backends.dropout_keep_from(p), 1.0 / (1.0 - p), mask) == 0
-    return [mask]
+def dropout(lib, prefix, x, p, seed, in_place=False):
+    y = x.copy() if in_place else np.full(x.shape, np.nan, F32)
+    keep_from, scale = backends.dropout_keep_from(p), 1.0 / (1.0 - p)
+    assert getattr(lib, prefix + "dropout")(x.size, seed, keep_from, scale, y if in_place else x, y) == 0
+    return [y]
 
 
-def dropout_spec(n, p, seed):
-    mask = np.empty(n, F64)
-    SPEC.dropout_mask(mask, p, seed)
-    return [mask]
+def dropout_spec(x, p, seed):                                     # float32, as the layers run it: the same bits
+    return [SPEC.dropout(x, p, seed, out=np.empty_like(x))]
 
 
 @pytest.mark.parametrize("n", ROWS + (70_001,))                  # 70,001: past numpy_ops' hashing chunk
 @pytest.mark.parametrize("p,seed", [(0.2, 1), (0.5, 2**64 - 1), (0.0, 2**40 + 3)])
-def test_dropout_mask_fast_matches_reference_and_spec(lib, isas, n, p, seed):
-    check(lib, isas, lambda pre: dropout(lib, pre, n, p, seed), lambda: dropout_spec(n, p, seed))
-    fast, ref = dropout(lib, "mgk_", n, p, seed)[0], dropout(lib, "mgk_ref_", n, p, seed)[0]
-    want = dropout_spec(n, p, seed)[0]
-    np.testing.assert_array_equal(fast, ref)                       # the same integers decide every element
-    np.testing.assert_array_equal(fast > 0, want > 0)
+def test_dropout_fast_matches_reference_and_spec(lib, isas, n, p, seed):
+    x = randn(np.random.default_rng(n), n)
+    want = dropout_spec(x, p, seed)
+    for run in (lambda pre: dropout(lib, pre, x, p, seed), lambda pre: dropout(lib, pre, x, p, seed, True)):
+        for got in (each_isa(lib, isas, lambda: run("mgk_")), run("mgk_ref_")):
+            np.testing.assert_array_equal(got[0], want[0])          # the same integers decide every element
 
 
 # ----------------------------------------------------------------------------
@@ -278,6 +277,7 @@ def same_bits_for_1_and_2_threads(lib, isas):
     idx, dout, dW = rng.integers(0, 50, 4000).astype(np.int64), randn(rng, (4000, 257)), randn(rng, (50, 257))
     wx, ww, wb, wdy = randn(rng, (60, 8300), 2, 1), randn(rng, 8300), randn(rng, 8300), randn(rng, (60, 8300))
     args = (1e-3, 0.9, 0.99, 1e-8, 0.1, 0.5, 0.3)
+    dx3m = randn(rng, 3_000_001)
     for isa in isas:
         assert lib.mgk_set_isa(isa) == 0
         runs = []
@@ -287,7 +287,7 @@ def same_bits_for_1_and_2_threads(lib, isas):
                         + gelu(lib, "mgk_", x, None, dy, None) + softmax(lib, "mgk_", s, datt, 0.25, 0)
                         + xent(lib, "mgk_", logits, t, 0.1) + adamw(lib, "mgk_", p, g, m, v, args)
                         + embedding(lib, "mgk_", dW, idx, dout) + layernorm(lib, "mgk_", wx, ww, wb, wdy, ww, wb)
-                        + gelu(lib, "mgk_", wx, wb, wdy, wb) + dropout(lib, "mgk_", 3_000_001, 0.1, 99))
+                        + gelu(lib, "mgk_", wx, wb, wdy, wb) + dropout(lib, "mgk_", dx3m, 0.1, 99))
         for i, (one, two) in enumerate(zip(*runs)):
             np.testing.assert_array_equal(two, one, err_msg=f"output {i}, ISA path {isa}")
 

@@ -430,28 +430,38 @@ def test_adamw_matches_spec(use, rng, name, dt, shape):
             close(got, want, dt, 2, what=f"{name_} after step {t}")
 
 
+def dropout_mask(ops, shape, p, seed, dt=F64):
+    """The mask Ops.dropout multiplies by: its dropout of ones."""
+    return ops.dropout(np.ones(shape, dt), p, seed, out=np.empty(shape, dt))
+
+
 @pytest.mark.parametrize("name,dt", KERNELS)
 @pytest.mark.parametrize("layout", ["contig", "step", "rev"])
-def test_dropout_mask_matches_spec(use, name, dt, layout):
-    """The same mask as the spec's, bit for bit in its zeros, on any view; past numpy_ops' hashing chunk; p so
-    close to 1 that every element is dropped (keep_from = 2**24)."""
+def test_dropout_matches_spec(use, rng, name, dt, layout):
+    """The spec's bits, x times its mask, from any view into any view, and in place; past numpy_ops' hashing
+    chunk; p so close to 1 that every element is dropped (keep_from = 2**24)."""
     ops = use(name)
     for shape, p, seed in (((3, 7, 5), 0.5, 12), ((2, 35001), 0.1, 2**63 + 7), ((9, 4), 1 - 2**-25, 5)):
-        mask, untouched = gapped(shape, layout, dt)
-        want = SPEC.dropout_mask(np.empty(shape), p, seed)
-        assert ops.dropout_mask(mask, p, seed) is mask
-        np.testing.assert_array_equal(mask > 0, want > 0)
-        assert (mask == 0).all() == (p > 1 - 2**-24)
-        close(mask, want, dt)
-        assert untouched(), f"{name}: a write outside the mask's view"
+        values = randn(rng, shape, dt)
+        want = SPEC.dropout(values, p, seed, out=np.empty(shape, dt))
+        x, x_untouched = gapped(shape, layout, dt, values)
+        out, untouched = gapped(shape, layout, dt)
+        assert ops.dropout(x, p, seed, out=out) is out
+        np.testing.assert_array_equal(out, want)
+        assert ((want == 0) | (want == values * dt(1.0 / (1.0 - p)))).all() and (want == 0).all() == (p > 1 - 2**-24)
+        assert untouched() and x_untouched(), f"{name}: a write outside the views"
+        np.testing.assert_array_equal(x, values)
+        assert ops.dropout(x, p, seed, out=x) is x                    # in place
+        np.testing.assert_array_equal(x, want)
+        assert x_untouched()
 
 
-def test_dropout_mask_is_a_fair_fresh_draw():
+def test_dropout_is_a_fair_fresh_draw():
     """Keep rates of 1 - p, overall and at every position; masks of two seeds (and of one seed's neighbouring
     elements) uncorrelated; the same seed gives the same mask."""
     n, draws = 4096, 64
     for p in (0.1, 0.5, 0.9):
-        masks = np.stack([SPEC.dropout_mask(np.empty(n), p, seed) > 0 for seed in range(draws)])
+        masks = np.stack([dropout_mask(SPEC, n, p, seed) > 0 for seed in range(draws)])
         assert abs(masks.mean() - (1 - p)) < 4 * np.sqrt(p * (1 - p) / masks.size)
         per_position = masks.mean(0)                              # each element kept at rate 1 - p across seeds
         assert np.abs(per_position - (1 - p)).max() < 6 * np.sqrt(p * (1 - p) / draws)   # max of 4096: ~4-5
@@ -459,16 +469,19 @@ def test_dropout_mask_is_a_fair_fresh_draw():
         for a, b in ((centred[:-1], centred[1:]), (centred[:, :-1], centred[:, 1:])):   # seeds s, s+1; i, i+1
             r = (a * b).mean() / centred.var()
             assert abs(r) < 4 / np.sqrt(a.size), (p, r)
-    a = SPEC.dropout_mask(np.empty(100), 0.5, 42)
-    np.testing.assert_array_equal(a, SPEC.dropout_mask(np.empty(100), 0.5, 42))
-    assert not np.array_equal(a, SPEC.dropout_mask(np.empty(100), 0.5, 43))
+    a = dropout_mask(SPEC, 100, 0.5, 42)
+    assert set(np.unique(a)) == {0.0, 2.0}
+    np.testing.assert_array_equal(a, dropout_mask(SPEC, 100, 0.5, 42))
+    assert not np.array_equal(a, dropout_mask(SPEC, 100, 0.5, 43))
 
 
-def test_dropout_mask_refuses_bad_arguments():
-    for mask, p, seed, words in ((np.empty(3), 1.0, 0, "p must lie in [0, 1)"), (np.empty(3), 0.1, -1, "seed"),
-                                 (np.empty(3), 0.1, 2**64, "seed")):
+def test_dropout_refuses_bad_arguments():
+    for x, out, p, seed, words in ((np.empty(3), np.empty(3), 1.0, 0, "p must lie in [0, 1)"),
+                                   (np.empty(3), np.empty(3), 0.1, -1, "seed"),
+                                   (np.empty(3), np.empty(3), 0.1, 2**64, "seed"),
+                                   (np.empty(3), np.empty(4), 0.1, 1, "out has shape")):
         with pytest.raises(ValueError, match=words.replace("[", r"\[").replace(")", r"\)")):
-            SPEC.dropout_mask(mask, p, seed)
+            SPEC.dropout(x, p, seed, out=out)
 
 
 @pytest.mark.parametrize("name,dt", KERNELS)
@@ -542,7 +555,7 @@ def _walk_rows(rng):
         "cross_entropy_backward": ([logits, t, lse, 0.25, nan(N, V)], 2),
         "embedding_backward": ([r(V, C), rng.integers(0, V, N), r(N, C)], 2),
         "adamw": ([p, g, m, v, 1e-2, 0.9, 0.99, 1e-8, 0.1, 0.5, 0.3], 2),
-        "dropout_mask": ([nan(4, 9, 13), 0.3, 2**64 - 5], 1),
+        "dropout": ([r(4, 9, 13), 0.3, 2**64 - 5, nan(4, 9, 13)], 2),
         "attention": ([qh, kh, vh, nan(2, 3, 5, 8), nan(2, 3, 5, 4), 0.4, 3], 5),
         "attention_backward": ([q0, k0, v0, att0, r(2, 3, 6, 4), nan(2, 3, 6, 4), nan(2, 3, 6, 4),
                                 nan(2, 3, 6, 4), 0.4], 10),

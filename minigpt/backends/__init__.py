@@ -46,16 +46,19 @@ def dropout_keep_from(p):
     """Dropout keeps element n where its 32 random bits (numpy_ops.dropout_hash of the seed's keys and n) >> 8,
     24 of them, are >= this: with probability 1 - p, to within 2**-24."""
     if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout_mask: p must lie in [0, 1), got {p!r}")
+        raise ValueError(f"dropout: p must lie in [0, 1), got {p!r}")
     return math.ceil(p * 2**24)
 
 
-def check_dropout(mask, seed):
-    """ValueError for a mask too large for 32-bit element numbers, or a seed outside [0, 2**64)."""
-    if mask.size >= 2**32:
-        raise ValueError(f"dropout_mask: {mask.size} elements; masks number theirs in 32 bits: draw it in parts")
+def check_dropout(x, seed, out):
+    """ValueError for an array too large for 32-bit element numbers, a seed outside [0, 2**64), or an out of
+    another shape."""
+    if x.size >= 2**32:
+        raise ValueError(f"dropout: {x.size} elements; masks number theirs in 32 bits: drop the array in parts")
     if not 0 <= seed < 2**64:
-        raise ValueError(f"dropout_mask: seed {seed} is outside [0, 2**64)")
+        raise ValueError(f"dropout: seed {seed} is outside [0, 2**64)")
+    if out.shape != x.shape:
+        raise ValueError(f"dropout: out has shape {out.shape}, x {x.shape}: pass an out of x's shape")
 
 
 @functools.lru_cache(maxsize=64)
@@ -145,25 +148,27 @@ class Ops:
 
     # ---- causal self-attention of many heads at once: the products and softmax above, composed here; a backend
     #      may fuse them (native: mgk_attention_fwd/bwd, the same bits)
-    def attention(self, q, k, v, att, y, scale, start=0, mask=None, attd=None):
+    def attention(self, q, k, v, att, y, scale, start=0, drop=None):
         """q (..., T, hs), k and v (..., Tk, hs) -> att (..., T, Tk), y (..., T, hs): att = causal_softmax of
-        scale * q k^T (query i sees keys 0..start+i), y = att v. mask (..., T, T), when given, is attention
-        dropout: attd = att * mask is what multiplies v."""
+        scale * q k^T (query i sees keys 0..start+i), y = att v. drop = (p, seed), when given, is attention
+        dropout: attd = dropout(att, p, seed) (its mask numbered over att's elements) is what multiplies v."""
         self.bmm(q, k, tb=True, out=att, causal="out", start=start)   # s = q k^T, but past the diagonal (0 there)
         self.causal_softmax(att, scale, start)                        # att = softmax(scale s), causal
-        if mask is not None:
-            att = np.multiply(att, mask, out=attd)                    # attd = att * mask
+        if drop is not None:                                          # attd = att * mask, in scratch
+            att = self.dropout(att, *drop, out=self._tmp("attd", att.shape, att.dtype))
         self.bmm(att, v, out=y, causal="a", start=start)              # y = att v
         return y
 
-    def attention_backward(self, q, k, v, att, dy, dq, dk, dv, scale, mask=None, attd=None):
+    def attention_backward(self, q, k, v, att, dy, dq, dk, dv, scale, drop=None):
         """dy (..., T, hs) -> dq, dk, dv (..., T, hs), written (not added into), from attention's forward with
-        Tk = T, start 0: its inputs q, k, v, its probabilities att and its dropout (mask, attd)."""
+        Tk = T, start 0: its inputs q, k, v, its probabilities att and its dropout (p, seed), whose mask the
+        backward draws again."""
         datt = self._tmp("attention_backward", att.shape, att.dtype)   # (..., T, T): d att, then d scores
-        self.bmm(att if mask is None else attd, dy, ta=True, out=dv, causal="a")   # fwd: y = attd v -> dv = attd^T dy
+        attd = att if drop is None else self.dropout(att, *drop, out=self._tmp("attd", att.shape, att.dtype))
+        self.bmm(attd, dy, ta=True, out=dv, causal="a")               # fwd: y = attd v -> dv = attd^T dy
         self.bmm(dy, v, tb=True, out=datt, causal="out")              #                    dattd = dy v^T, past: 0
-        if mask is not None:
-            datt *= mask                                              # fwd: attd = att * mask
+        if drop is not None:
+            self.dropout(datt, *drop, out=datt)                       # fwd: attd = att * mask
         self.causal_softmax_backward(att, datt, scale)                # fwd: att = softmax(scale s) -> ds, in place
         self.bmm(datt, k, out=dq, causal="a")                         # fwd: s = q k^T -> dq = ds k
         self.bmm(datt, q, ta=True, out=dk, causal="a")                #                   dk = ds^T q
@@ -185,11 +190,12 @@ class Ops:
         """One in-place AdamW update of p, m, v (C-contiguous, same shape as g); bc1, bc2: bias corrections."""
         raise NotImplementedError
 
-    def dropout_mask(self, mask, p, seed):
-        """mask (any shape) = an inverted-dropout mask drawn from seed (an int in [0, 2**64)): element n (in C
-        order) is 1 / (1 - p) where numpy_ops.dropout_hash keeps it (dropout_keep_from), else 0. A counter-based
-        draw: each element depends on (seed, n) alone, so every backend, thread count and chunking gives the same
-        mask. mask.size < 2**32."""
+    def dropout(self, x, p, seed, out):
+        """out = x * an inverted-dropout mask drawn from seed (an int in [0, 2**64)); x any shape, out x's (out
+        may be x). Element n of x (in C order) is multiplied by 1 / (1 - p) where numpy_ops.dropout_hash keeps
+        it (dropout_keep_from), by 0 otherwise. A counter-based draw: element n's mask value depends on (seed, n)
+        alone, so every backend, thread count and chunking draws the same mask, and a backward draws it again
+        from the seed: no mask is stored. x.size < 2**32."""
         raise NotImplementedError
 
     # ---- knobs: not ops (a backend without the knob ignores it)

@@ -1,6 +1,6 @@
 """The native backend: every op in the C library native/mgk*.c (built as minigpt/_mgk*.so), through ctypes: the
 products (mgk.c), the fused attention (mgk_attention.c), and LayerNorm, GELU, causal softmax, cross-entropy,
-the embedding scatter-add, AdamW and dropout's masks (mgk_ops.c), float32 only. It needs neither numba nor
+the embedding scatter-add, AdamW and dropout (mgk_ops.c), float32 only. It needs neither numba nor
 BLAS. (AdamW and the scatter-add are memory-bound, and ctypes costs ~3 us a call against numba's ~0.5 us: about
 0.1 ms of a config S step, the price of one backend.)
 
@@ -32,9 +32,8 @@ from . import BackendUnavailable, Ops, _check_bf16, check_dropout, check_float32
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # minigpt/
 _ERRORS = {-1: "bad argument", -2: "out of memory", -3: "could not start a worker thread"}
 _i, _ll = ctypes.c_int, ctypes.c_longlong
-_ABI = 9                                                  # MGK_ABI in native/mgk.h
+_ABI = 10                                                 # MGK_ABI in native/mgk.h
 _CAUSAL = {"out": 1, "a": 2}                              # MGK_CAUSAL_OUT, MGK_CAUSAL_A in native/mgk.h
-_NO_DROPOUT = (None, 0, 0, 0) * 2                         # the fused attention's mask and attd views: none
 _ndf32 = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
 
 
@@ -118,8 +117,9 @@ def _lib():
     lib.mgk_bgemm_batched.restype = _i
     lib.mgk_gemm_causal.argtypes, lib.mgk_gemm_causal.restype = [_i] * 3 + lib.mgk_sgemm_batched.argtypes, _i
     view = [_p, _i, _ll, _ll]                                         # a strided stack: _matrices
-    lib.mgk_attention_fwd.argtypes = [_i] * 7 + [ctypes.c_float] + view * 7      # ..., y, mask, attd
-    lib.mgk_attention_bwd.argtypes = [_i] * 5 + [ctypes.c_float] + view * 10     # ..., dv, mask, attd
+    drop = [_i, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_float]    # dropout: on, seed, keep_from, 1 / (1 - p)
+    lib.mgk_attention_fwd.argtypes = [_i] * 7 + [ctypes.c_float] + view * 5 + drop      # q, k, v, att, y, drop
+    lib.mgk_attention_bwd.argtypes = [_i] * 5 + [ctypes.c_float] + view * 8 + drop      # ..., dv, drop
     lib.mgk_attention_fwd.restype = lib.mgk_attention_bwd.restype = _i
     lib.mgk_round_bf16.argtypes, lib.mgk_round_bf16.restype = [_ll, _f32, _f32], _i
     lib.mgk_isa_name.argtypes, lib.mgk_isa_name.restype = [_i], ctypes.c_char_p
@@ -142,7 +142,7 @@ def _lib():
            "xent_bwd": [_ll, _i, _f32, _i64, _f32, _f, _f32],
            "adamw": [_ll, _f32, _f32, _f32, _f32] + [_d] * 7,
            "embedding_bwd": [_ll, _i, _i, _f32, _i64, _f32],
-           "dropout_mask": [_ll, ctypes.c_uint64, ctypes.c_uint32, _f, _f32]}
+           "dropout": [_ll, ctypes.c_uint64, ctypes.c_uint32, _f, _f32, _f32]}
     for op, args in ops.items():
         for f in (getattr(lib, f"mgk_{op}"), getattr(lib, f"mgk_ref_{op}")):    # fast path, scalar reference
             f.argtypes, f.restype = args, _i
@@ -197,37 +197,33 @@ class NativeOps(Ops):
         return out
 
     # ---- attention fused (mgk_attention_fwd/bwd: each thread runs whole heads, whose probabilities stay in its
-    #      caches; the same bits as Ops' composition of the products and softmax here; dropout's mask and attd
-    #      too). What the fused kernels do not take runs the composition, which also raises the errors: views
-    #      _matrices cannot walk, empty sizes, fewer heads than split evenly over the threads (_fused), a mask
-    #      without attd, and bad arguments
-    def attention(self, q, k, v, att, y, scale, start=0, mask=None, attd=None):
-        drop = () if mask is None else (mask, attd)                 # dropout: mask in, attd out
-        fused = _fused(self, q, k, start) and (mask is None or attd is not None)
-        views = [_matrices(x) for x in (q, k, v, att, y, *drop)] if fused else None
+    #      caches; the same bits as Ops' composition of the products and softmax here, dropout's included: its
+    #      mask drawn a head at a time, forward and backward, never stored). What the fused kernels do not take
+    #      runs the composition, which also raises the errors: views _matrices cannot walk, empty sizes, fewer
+    #      heads than split evenly over the threads (_fused), and bad arguments
+    def attention(self, q, k, v, att, y, scale, start=0, drop=None):
+        views = [_matrices(x) for x in (q, k, v, att, y)] if _fused(self, q, k, start) else None
         if views is None or None in views:
-            return super().attention(q, k, v, att, y, scale, start, mask, attd)
-        check_float32(q, k, v, att, y, *drop, backend=self.name)
+            return super().attention(q, k, v, att, y, scale, start, drop)
+        check_float32(q, k, v, att, y, backend=self.name)
         lead, (T, hs), Tk = q.shape[:-2], q.shape[-2:], k.shape[-2]
-        self._shapes("attention", ((*lead, Tk, hs), k, v), ((*lead, T, Tk), att, *drop), (q.shape, y))
-        _outputs("attention", (att, y) + ((attd,) if drop else ()), (q, k, v) + ((mask,) if drop else ()))
+        self._shapes("attention", ((*lead, Tk, hs), k, v), ((*lead, T, Tk), att), (q.shape, y))
+        _outputs("attention", (att, y), (q, k, v))
         rc = self.lib.mgk_attention_fwd(_check_bf16(None, q), *_lead(lead), T, Tk, hs, start, scale,
-                                        *[f for x in views for f in x], *(() if drop else _NO_DROPOUT))
+                                        *[f for x in views for f in x], *_drop_args(att, drop))
         _check(rc, "attention", q, k)
         return y
 
-    def attention_backward(self, q, k, v, att, dy, dq, dk, dv, scale, mask=None, attd=None):
-        drop = () if mask is None else (mask, attd)                 # dropout: both in
-        fused = _fused(self, q, k) and (mask is None or attd is not None)
-        views = [_matrices(x) for x in (q, k, v, att, dy, dq, dk, dv, *drop)] if fused else None
+    def attention_backward(self, q, k, v, att, dy, dq, dk, dv, scale, drop=None):
+        views = [_matrices(x) for x in (q, k, v, att, dy, dq, dk, dv)] if _fused(self, q, k) else None
         if views is None or None in views:
-            return super().attention_backward(q, k, v, att, dy, dq, dk, dv, scale, mask, attd)
-        check_float32(q, k, v, att, dy, dq, dk, dv, *drop, backend=self.name)
+            return super().attention_backward(q, k, v, att, dy, dq, dk, dv, scale, drop)
+        check_float32(q, k, v, att, dy, dq, dk, dv, backend=self.name)
         lead, (T, hs) = q.shape[:-2], q.shape[-2:]
-        self._shapes("attention_backward", (q.shape, k, v, dy, dq, dk, dv), ((*lead, T, T), att, *drop))
-        _outputs("attention_backward", (dq, dk, dv), (q, k, v, att, dy, *drop))
+        self._shapes("attention_backward", (q.shape, k, v, dy, dq, dk, dv), ((*lead, T, T), att))
+        _outputs("attention_backward", (dq, dk, dv), (q, k, v, att, dy))
         rc = self.lib.mgk_attention_bwd(_check_bf16(None, q), *_lead(lead), T, hs, scale,
-                                        *[f for x in views for f in x], *(() if drop else _NO_DROPOUT))
+                                        *[f for x in views for f in x], *_drop_args(att, drop))
         _check(rc, "attention_backward", q, dy)
         return dq, dk, dv
 
@@ -340,13 +336,13 @@ class NativeOps(Ops):
         rc = self.lib.mgk_adamw(p.size, p, c.inp(g), m, v, lr, b1, b2, eps, wd, bc1, bc2)
         self._done(rc, "adamw", c)
 
-    def dropout_mask(self, mask, p, seed):                                # mask (...) = 0 or 1 / (1 - p)
-        check_float32(mask, backend=self.name)
-        check_dropout(mask, seed)
-        c = self._contiguous("dropout_mask")
-        rc = self.lib.mgk_dropout_mask(mask.size, seed, dropout_keep_from(p), 1.0 / (1.0 - p), c.out(mask))
-        self._done(rc, "dropout_mask", c)
-        return mask
+    def dropout(self, x, p, seed, out):                                   # out = x * (0 or 1 / (1 - p))
+        check_float32(x, out, backend=self.name)
+        check_dropout(x, seed, out)
+        c = self._contiguous("dropout")
+        rc = self.lib.mgk_dropout(x.size, seed, dropout_keep_from(p), 1.0 / (1.0 - p), c.inp(x), c.out(out))
+        self._done(rc, "dropout", c)
+        return out
 
     def set_threads(self, n):
         self.lib.mgk_set_num_threads(max(1, int(n)))
@@ -370,6 +366,16 @@ def _fused(ops, q, k, start=0):
     items, nt = math.prod(q.shape[:-2]), ops.lib.mgk_get_num_threads()
     return (q.ndim >= 3 and min(q.shape) > 0 and k.shape[-2] >= start + q.shape[-2] and start >= 0
             and items >= nt and (items % nt == 0 or items >= 4 * nt))
+
+
+def _drop_args(att, drop):
+    """The fused attention's dropout arguments (on, seed, keep_from, 1 / (1 - p)) for drop = (p, seed) or None,
+    checked as Ops.dropout checks them (its mask is numbered over att's elements)."""
+    if drop is None:
+        return 0, 0, 0, 1.0
+    p, seed = drop
+    check_dropout(att, seed, att)
+    return 1, seed, dropout_keep_from(p), 1.0 / (1.0 - p)
 
 
 def _outputs(what, outputs, inputs):

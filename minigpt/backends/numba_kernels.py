@@ -304,7 +304,7 @@ def adamw(p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2):     # all flat (n,), updat
 
 
 # ----------------------------------------------------------------------------
-# dropout masks: numpy_ops.dropout_hash, element by element, in 64-bit integers kept to their low 32 bits
+# dropout: numpy_ops.dropout_hash, element by element, in 64-bit integers kept to their low 32 bits
 
 _M32, _MIX1, _MIX2 = np.uint64(0xFFFFFFFF), np.uint64(0x7FEB352D), np.uint64(0x846CA68B)
 _GOLDEN = np.uint64(0x9E3779B9)
@@ -320,10 +320,10 @@ def _mix32(x):                                             # x: uint64 < 2**32 -
 
 
 @njit(parallel=True, **_JIT)
-def dropout_mask(mask, lo, hi, keep_from, scale):          # mask (n,) flat: 0 or scale, element i by its own hash
-    k1 = _mix32(np.uint64(lo))                              # numpy_ops.dropout_keys
+def dropout(x, out, lo, hi, keep_from, scale):             # x, out (n,) flat: out = x * (0 or scale), element i by its
+    k1 = _mix32(np.uint64(lo))                              # own hash; numpy_ops.dropout_keys
     k2 = _mix32(np.uint64(hi) ^ _mix32(k1 ^ _GOLDEN))
-    keep_from, scale, zero = np.uint64(keep_from), mask.dtype.type(scale), mask.dtype.type(0.0)
-    for i in prange(mask.size):
+    keep_from, scale, zero = np.uint64(keep_from), x.dtype.type(scale), x.dtype.type(0.0)
+    for i in prange(x.size):
         u = _mix32(_mix32(np.uint64(i) ^ k1) ^ k2)
-        mask[i] = scale if (u >> np.uint64(8)) >= keep_from else zero
+        out[i] = x[i] * (scale if (u >> np.uint64(8)) >= keep_from else zero)

@@ -149,13 +149,14 @@ class NumbaOps(Ops):
         c = self._contiguous("adamw")
         NK.adamw(p.reshape(-1), c.inp(g).reshape(-1), m.reshape(-1), v.reshape(-1), lr, b1, b2, eps, wd, bc1, bc2)
 
-    def dropout_mask(self, mask, p, seed):                               # mask (...) = 0 or 1 / (1 - p)
-        check_dropout(mask, seed)
-        self._threads(mask.size)
-        c = self._contiguous("dropout_mask")
-        NK.dropout_mask(c.out(mask).reshape(-1), seed & 0xFFFFFFFF, seed >> 32, dropout_keep_from(p), 1.0 / (1.0 - p))
+    def dropout(self, x, p, seed, out):                                   # out = x * (0 or 1 / (1 - p))
+        check_dropout(x, seed, out)
+        self._threads(x.size)
+        c = self._contiguous("dropout")
+        NK.dropout(c.inp(x).reshape(-1), c.out(out).reshape(-1), seed & 0xFFFFFFFF, seed >> 32, dropout_keep_from(p),
+                   1.0 / (1.0 - p))
         c.back()
-        return mask
+        return out
 
 
 _backend = None

@@ -223,20 +223,21 @@ class NumpyOps(Ops):
         p -= np.divide(np.multiply(m, lr / bc1, out=step), tmp, out=step)   # p -= lr m_hat / (sqrt(v_hat) + eps)
 
     # ---- dropout
-    def dropout_mask(self, mask, p, seed):                          # mask (...) = 0 or 1 / (1 - p)
-        check_dropout(mask, seed)
-        keys, keep_from, scale = dropout_keys(seed), dropout_keep_from(p), mask.dtype.type(1.0 / (1.0 - p))
-        c = self._contiguous("dropout_mask")
-        flat = c.out(mask).reshape(-1)
+    def dropout(self, x, p, seed, out):                             # out = x * (0 or 1 / (1 - p))
+        check_dropout(x, seed, out)
+        keys, keep_from, scale = dropout_keys(seed), dropout_keep_from(p), x.dtype.type(1.0 / (1.0 - p))
+        c = self._contiguous("dropout")
+        xf, of = c.inp(x).reshape(-1), c.out(out).reshape(-1)
         n, t = self._tmp("dropout n", (CHUNK,), np.uint32), self._tmp("dropout t", (CHUNK,), np.uint32)
-        keep = self._tmp("dropout keep", (CHUNK,), bool)
-        for i in range(0, mask.size, CHUNK):
-            k = min(CHUNK, mask.size - i)
+        keep, m = self._tmp("dropout keep", (CHUNK,), bool), self._tmp("dropout m", (CHUNK,), x.dtype)
+        for i in range(0, x.size, CHUNK):
+            k = min(CHUNK, x.size - i)
             u = dropout_hash(keys, np.add(COUNT[:k], np.uint32(i), out=n[:k]), t[:k])   # element numbers i, i + 1, ...
             np.greater_equal(np.right_shift(u, 8, out=u), keep_from, out=keep[:k])  # 24 random bits >= keep_from
-            np.multiply(keep[:k], scale, out=flat[i:i + k])
+            np.multiply(keep[:k], scale, out=m[:k])                             # the mask: 0 or 1 / (1 - p)
+            np.multiply(xf[i:i + k], m[:k], out=of[i:i + k])
         c.back()
-        return mask
+        return out
 
     def set_threads(self, n):
         from threadpoolctl import threadpool_limits
