@@ -52,7 +52,7 @@ def activation_shapes(cfg, B, T, Tk=None, dropout=False):
     with L. Tk: keys a query may see (T in training; block_size in a KVCache). dropout adds the masks' seeds."""
     C, nh, V, Ln, Tk = cfg.n_embd, cfg.n_head, cfg.vocab_size, cfg.n_layer, Tk or T
     shapes = {
-        "emb":      (B, T, C),            # wte[idx] + wpe[t] (dropout's, in training): the residual stream's start
+        "emb":      (B, T, C),            # wte[idx] + wpe[t] (dropped out in place, in training): the residual stream
         "ln1":      (Ln, B, T, C),        # ln_1(x)
         "ln1_mean": (Ln, B * T),
         "ln1_rstd": (Ln, B * T),
@@ -77,14 +77,15 @@ def activation_shapes(cfg, B, T, Tk=None, dropout=False):
     if cfg.logit_cap:
         shapes["logits_dcap"] = (B, T, V)        # 1 - tanh^2 of the capped logits: d logits / d the uncapped
     if dropout:                           # inverted dropout (layers.dropout): a mask is a seed, drawn every
-        shapes.update({                   # forward (SEED_DTYPE); the backward draws the same masks again
+        shapes.update({                   # forward (TABLE_DTYPES); the backward draws the same masks again
             "emb_seed":   (1,),           # on the embeddings
-            "drop_seeds": (Ln, 3),        # on att (what multiplies v), the attention's output, the MLP's output
-        })
+            "drop_seeds": (Ln, 3),        # [ATT] on att (what multiplies v), [ATTN_OUT] on the attention's output,
+        })                                # [MLP_OUT] on the MLP's output
     return shapes
 
 
-SEED_DTYPE = {"emb_seed": np.uint64, "drop_seeds": np.uint64}   # the tables' arrays that are not of the model's dtype
+ATT, ATTN_OUT, MLP_OUT = range(3)         # the columns of drop_seeds
+TABLE_DTYPES = {"emb_seed": np.uint64, "drop_seeds": np.uint64}   # the tables' arrays not of the model's dtype
 
 
 def gradient_shapes(cfg, B, T):
@@ -114,11 +115,11 @@ def zeros_aligned(shape, dtype, align=64):
 
 class Table(SimpleNamespace):
     """Named arrays allocated once from a {name: shape} table, each on a cache line (zeros_aligned), of dtype
-    (the seeds: SEED_DTYPE); .h[l] holds layer l's slices of the per-layer ones (those in activation_shapes that
+    (the seeds: TABLE_DTYPES); .h[l] holds layer l's slices of the per-layer ones (those in activation_shapes that
     lead with n_layer), so a layer reads a.qkv, not a.qkv[l]."""
 
     def __init__(self, shapes, dtype, n_layer=0, per_layer=()):
-        super().__init__(**{k: zeros_aligned(s, SEED_DTYPE.get(k, dtype)) for k, s in shapes.items()})
+        super().__init__(**{k: zeros_aligned(s, TABLE_DTYPES.get(k, dtype)) for k, s in shapes.items()})
         self.shape = next(iter(shapes.values()))[:2] if shapes else ()
         self.h = [SimpleNamespace(**{k: getattr(self, k)[l] for k in per_layer if k in shapes})
                   for l in range(n_layer)]
@@ -156,8 +157,8 @@ class Block:
         self.mlp_backward(dx, a.x_attn, a, d, dropped)             # dx += ln_2.backward(mlp.backward(dx))
         return self.attn_backward(dx, x, a, d, dropped)            # dx += ln_1.backward(attn.backward(dx))
 
-    def att_drop(self, a, dropped):                                # attention dropout's (p, seed), or None
-        return (self.p_drop, int(a.drop_seeds[0])) if dropped else None
+    def att_dropout(self, a, dropped):                             # attention dropout's (p, seed), or None
+        return (self.p_drop, int(a.drop_seeds[ATT])) if dropped else None
 
     # ---- the attention half
     def attn_forward(self, x, a, start, kv, dropped):
@@ -166,18 +167,18 @@ class Block:
         L.linear_forward(a.qkv, a.ln1, p["attn.c_attn.weight"], b("attn.c_attn.bias"))
         if self.qk_norm:
             L.qk_norm_forward(a.qk_rstd, a.qkv, self.n_head)      # q, k <- q / rms(q), k / rms(k), per head
-        L.attention_forward(a.atty, a.att, a.qkv, self.n_head, start, kv, self.att_drop(a, dropped))
+        L.attention_forward(a.atty, a.att, a.qkv, self.n_head, start, kv, self.att_dropout(a, dropped))
         L.linear_forward(a.x_attn, a.atty, p["attn.c_proj.weight"], b("attn.c_proj.bias"))   # attn(ln_1(x))
         if dropped:
-            L.dropout(a.x_attn, a.x_attn, self.p_drop, a.drop_seeds[1])
+            L.dropout(a.x_attn, a.x_attn, self.p_drop, a.drop_seeds[ATTN_OUT])
         return np.add(x, a.x_attn, out=a.x_attn)                   # x_attn = x + attn(ln_1(x))
 
     def attn_backward(self, dx, x, a, d, dropped):                 # dx (B, T, C): d loss / d x_attn
         p, g, gb = self.p, self.g, self.g.get
-        dy = L.dropout(d.dproj, dx, self.p_drop, a.drop_seeds[1]) if dropped else dx   # fwd: y = dropout(y)
+        dy = L.dropout(d.dproj, dx, self.p_drop, a.drop_seeds[ATTN_OUT]) if dropped else dx  # fwd: y = dropout(y)
         L.linear_backward(d.datty, g["attn.c_proj.weight"], gb("attn.c_proj.bias"), dy, a.atty,
                           p["attn.c_proj.weight"])
-        L.attention_backward(d.dqkv, d.datty, a.qkv, a.att, self.n_head, self.att_drop(a, dropped))
+        L.attention_backward(d.dqkv, d.datty, a.qkv, a.att, self.n_head, self.att_dropout(a, dropped))
         if self.qk_norm:                                           # datty is free again: scratch
             L.qk_norm_backward(d.dqkv, d.datty, a.qkv, a.qk_rstd, self.n_head)
         L.linear_backward(d.dln, g["attn.c_attn.weight"], gb("attn.c_attn.bias"), d.dqkv, a.ln1,
@@ -195,12 +196,12 @@ class Block:
         act(a.fc, a.fc_dgelu, a.ln2, p["mlp.c_fc.weight"], b("mlp.c_fc.bias"))
         L.linear_forward(a.x_mlp, a.fc, p["mlp.c_proj.weight"], b("mlp.c_proj.bias"))        # mlp(ln_2(x))
         if dropped:
-            L.dropout(a.x_mlp, a.x_mlp, self.p_drop, a.drop_seeds[2])
+            L.dropout(a.x_mlp, a.x_mlp, self.p_drop, a.drop_seeds[MLP_OUT])
         return np.add(x, a.x_mlp, out=a.x_mlp)                     # x_mlp = x + mlp(ln_2(x))
 
     def mlp_backward(self, dx, x, a, d, dropped):                  # dx (B, T, C): d loss / d x_mlp
         p, g, gb = self.p, self.g, self.g.get
-        dy = L.dropout(d.dproj, dx, self.p_drop, a.drop_seeds[2]) if dropped else dx   # fwd: y = dropout(y)
+        dy = L.dropout(d.dproj, dx, self.p_drop, a.drop_seeds[MLP_OUT]) if dropped else dx   # fwd: y = dropout(y)
         L.linear_backward(d.dfc, g["mlp.c_proj.weight"], gb("mlp.c_proj.bias"), dy, a.fc, p["mlp.c_proj.weight"])
         L.linear_gelu_backward(d.dln, g["mlp.c_fc.weight"], gb("mlp.c_fc.bias"), d.dfc, a.fc_dgelu, a.ln2,
                                p["mlp.c_fc.weight"])                # relu2's too: dz = dout * the kept derivative

@@ -1,6 +1,6 @@
 """The training loop, top to bottom: lr -> eval/checkpoint -> forward/backward (accumulated) -> clip -> step -> log.
 
-Three generators, all seeded from cfg.seed: the model's (init, then dropout masks), the batch sampler's,
+Three generators, all seeded from cfg.seed: the model's (init, then dropout's seeds), the batch sampler's,
 and the evaluation one, re-created at every eval so that curves are comparable between runs. Checkpoints
 carry every state that the next step reads, so a resumed run is bit-identical to an uninterrupted one (with
 --max_time the lr follows the clock, so only the budget carries over). The last evaluation also scores the whole
@@ -237,7 +237,8 @@ def _check_memory(cfg, vocab, world):
     B, T = cfg.batch_size, cfg.block_size
     need = 4 * (4 * floats(parameter_shapes(mc)) + floats(activation_shapes(mc, B, T, dropout=cfg.dropout > 0))
                 + floats(gradient_shapes(mc, B, T))
-                + B * mc.n_head * T * T) * world.local_size     # attention's d(scores), the backend's scratch
+                + B * mc.n_head * T * T * (2 if cfg.dropout > 0 else 1)) * world.local_size   # attention's d(scores)
+                                                                # and, under dropout, attd: the backend's scratch
     if need > avail:
         raise UserError(f"this run needs about {need / 2 ** 30:,.1f} GiB (weights, gradients, optimizer state and "
                         f"one step's activations at --batch_size {B} --block_size {T}) but {avail / 2 ** 30:,.1f} "

@@ -48,11 +48,11 @@ int mgk_gemm_causal(int causal, int start, int bf16, int L1, int L2, int ta, int
      backward: from att and dy (T x hs), with Tk = T and start = 0: dv = att^T dy, ds = the softmax's backward of
                dy v^T (d scores), dq = ds k, dk = ds^T q; dq, dk, dv are written, not added into
    dropout (drop != 0; mgk_dropout's mask of seed, keep_from and drop_scale, its elements numbered as those of an
-   (L1, L2, T, Tk) array, which must number fewer than 2**32): the forward multiplies v by attd = att * mask, and
-   the backward draws the mask again: dv = attd^T dy, d scores from (dy v^T) * mask. Neither is stored: attd lives
-   in a thread's scratch, a head at a time.
+   (L1, L2, T, Tk) array, which must number fewer than 2**32): the forward computes y = attd v, attd = att * mask,
+   and the backward draws the mask again: dv = attd^T dy, d scores from (dy v^T) * mask. Neither is stored: attd
+   lives in a thread's scratch, a head at a time.
    bf16: every product's operands rounded to bf16 (as mgk_bgemm). The result has the same bits as that of the
-   products (mgk_gemm_causal), softmaxes (mgk_causal_softmax_fwd/bwd) and mask multiplies called one after
+   products (mgk_gemm_causal), softmaxes (mgk_causal_softmax_fwd/bwd) and dropouts (mgk_dropout) called one after
    another; fused, each thread runs whole items, whose probabilities stay in its caches between the steps. */
 int mgk_attention_fwd(int bf16, int L1, int L2, int T, int Tk, int hs, int start, float scale,
                       const float *q, int ldq, long long sq1, long long sq2,

@@ -31,9 +31,9 @@ typedef struct {
     job_t s, o, dvj, dsj, dqj, dkj;     /* the products: forward s = q k^T, y = att v; backward dv, ds, dq, dk */
 } attn_t;
 
-static float *bufs[2][256];             /* per thread id: the backward's d(scores) of one item, T x T, and attd, the
-                                           probabilities of one item after dropout, T x Tk */
-static long long caps[2][256];
+static float *item_scratch[2][256];    /* per thread id: the backward's d(scores) of one item, T x T, and attd,
+                                          the probabilities of one item after dropout, T x Tk */
+static long long scratch_cap[2][256];
 
 static const float *at(const attn_t *a, const view_t *x, int l)
 {
@@ -80,8 +80,8 @@ static void attn_fwd_job(void *arg, int tid, int nt)
         softmax_item(a, 1, att, att, a->att.ld);                     /* att = softmax(scale s) */
         const float *p = att;
         if (a->drop) {                                               /* attd = dropout(att) */
-            drop_item(a, l, att, a->att.ld, bufs[1][tid], a->Tk);
-            p = bufs[1][tid];
+            drop_item(a, l, att, a->att.ld, item_scratch[1][tid], a->Tk);
+            p = item_scratch[1][tid];
         }
         mgk_item_block(&a->o, p, v, y, 0, T, 0, a->o.N, tid);        /* y = att v (attd v) */
     }
@@ -90,7 +90,7 @@ static void attn_fwd_job(void *arg, int tid, int nt)
 static void attn_bwd_job(void *arg, int tid, int nt)
 {
     const attn_t *a = arg;
-    float *ds = bufs[0][tid], *attd = bufs[1][tid];
+    float *ds = item_scratch[0][tid], *attd = item_scratch[1][tid];
     int T = a->T, hs = a->dvj.N;
     for (int l = tid; l < a->L; l += nt) {
         const float *q = at(a, &a->q, l), *k = at(a, &a->k, l), *v = at(a, &a->v, l);
@@ -111,27 +111,34 @@ static void attn_bwd_job(void *arg, int tid, int nt)
     }
 }
 
+/* do L items of T x Tk elements number 2**32 or more (dropout numbers them in 32 bits)? */
+static int too_many(int L, int T, int Tk)
+{
+    return T > 0 && Tk > 0 && (unsigned long long)L > 0xffffffffULL / ((unsigned long long)T * (unsigned long long)Tk);
+}
+
 static int bad_view(const view_t *x, int cols)
 {
     return !x->p || x->ld < (cols > 1 ? cols : 1) || x->s1 < 0 || x->s2 < 0;
 }
 
 /* run fn over the items on min(threads, L) threads (one below ~4 us of work), with the GEMM's FP mode; scratch:
-   floats of each thread's bufs[0] (ds) and bufs[1] (attd) (grown, never shrunk) */
-static int run_attention(attn_t *a, void (*fn)(void *, int, int), double flops, long long ds, long long attd)
+   floats of each thread's item_scratch[0] (ds) and item_scratch[1] (attd) (grown, never shrunk) */
+static int run_attention(attn_t *a, void (*fn)(void *, int, int), double flops, long long ds_floats,
+                         long long attd_floats)
 {
     int nt = mgk_get_num_threads();
     if (flops < 4e5) nt = 1;
     if (nt > a->L) nt = a->L;
     int rc = mgk_alloc_bufs(nt);
-    long long want[2] = {ds, attd};
+    long long want[2] = {ds_floats, attd_floats};
     for (int t = 0; t < nt && rc == MGK_OK; t++)
         for (int b = 0; b < 2 && rc == MGK_OK; b++)
-            if (caps[b][t] < want[b]) {
-                free(bufs[b][t]);
-                bufs[b][t] = aligned_alloc(64, sizeof(float) * (size_t)((want[b] + 15) / 16 * 16));
-                caps[b][t] = bufs[b][t] ? want[b] : 0;
-                if (!bufs[b][t]) rc = MGK_ENOMEM;
+            if (scratch_cap[b][t] < want[b]) {
+                free(item_scratch[b][t]);
+                item_scratch[b][t] = aligned_alloc(64, sizeof(float) * (size_t)((want[b] + 15) / 16 * 16));
+                scratch_cap[b][t] = item_scratch[b][t] ? want[b] : 0;
+                if (!item_scratch[b][t]) rc = MGK_ENOMEM;
             }
     if (rc != MGK_OK) return rc;
 #ifdef ATTN_X86
@@ -156,7 +163,7 @@ int mgk_attention_fwd(int bf16, int L1, int L2, int T, int Tk, int hs, int start
                       int drop, unsigned long long seed, unsigned int keep_from, float drop_scale)
 {
     if (L1 < 0 || L2 < 1 || (long long)L1 * L2 > 0x7fffffff || T < 0 || hs < 1 || start < 0 || Tk < start + T ||
-        (drop && (long long)L1 * L2 * T * Tk > 0xffffffffLL))
+        (drop && too_many(L1 * L2, T, Tk)))
         return MGK_EBADARG;
     attn_t a = {.L = L1 * L2, .L2 = L2, .T = T, .Tk = Tk, .scale = scale, .start = start,
                 .q = VIEW(q), .k = VIEW(k), .v = VIEW(v), .att = VIEW(att), .y = VIEW(y), .drop = drop != 0,
@@ -185,7 +192,7 @@ int mgk_attention_bwd(int bf16, int L1, int L2, int T, int hs, float scale,
                       int drop, unsigned long long seed, unsigned int keep_from, float drop_scale)
 {
     if (L1 < 0 || L2 < 1 || (long long)L1 * L2 > 0x7fffffff || T < 0 || hs < 1 ||
-        (drop && (long long)L1 * L2 * T * T > 0xffffffffLL))
+        (drop && too_many(L1 * L2, T, T)))
         return MGK_EBADARG;
     attn_t a = {.L = L1 * L2, .L2 = L2, .T = T, .Tk = T, .scale = scale, .q = VIEW(q), .k = VIEW(k), .v = VIEW(v),
                 .att = VIEW(att), .dy = VIEW(dy), .dq = VIEW(dq), .dk = VIEW(dk), .dv = VIEW(dv), .drop = drop != 0,

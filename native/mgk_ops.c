@@ -673,8 +673,8 @@ int mgk_embedding_bwd(long long N, int V, int C, float *dW, const long long *idx
 
 /* ----------------------------------------------------------------------------
    dropout: element i's mask value comes from 32 random bits, a hash of (seed, i), so threads (and backends) need no
-   shared generator state, and no mask is stored: the backward draws it again. mix32: a bijection of 32-bit words; its multipliers are those of "lowbias32" (Chris Wellons'
-   hash-prospector search), as numpy_ops.mix32's */
+   shared generator state, and no mask is stored: the backward draws it again. mix32: a bijection of 32-bit words;
+   its multipliers are those of "lowbias32" (Chris Wellons' hash-prospector search), as numpy_ops.mix32's */
 
 BODY uint32_t mix32(uint32_t x)
 {

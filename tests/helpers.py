@@ -98,9 +98,9 @@ def check_fused_attention(ops, bf16, rng):
     composition of the same backend's products and softmax: the same bits, no write outside the views, and the
     caller's floating-point mode kept. Every array is a view with its own strides, as the layers pass them or
     stranger: q inside a qkv, k and v inside their own padded arrays (at start > 0, a KV cache's), att with
-    longer rows than Tk, y, dy, dq, dk, dv heads of padded arrays. At start 0 the shape runs once more under
-    dropout (p 0.3, a 64-bit seed: its mask drawn by the fused kernel, and by Ops.dropout in the composition).
-    Returns how many forwards ran native's fused kernel (counted
+    longer rows than Tk, y, dy, dq, dk, dv heads of padded arrays. Each shape runs once more under dropout (p 0.3,
+    a 64-bit seed: its mask drawn by the fused kernel, and by Ops.dropout in the composition, numbered over att's
+    (B, nh, T, Tk) elements; the backward runs at start 0). Returns how many forwards ran native's fused kernel (counted
     at its ctypes function; each start-0 one's backward must have run fused too); 0 for another backend."""
     lib, calls = getattr(ops, "lib", None), []
     if lib is not None:                                     # count the fused kernels' calls
@@ -124,7 +124,7 @@ def _check_fused_attention(ops, bf16, rng, calls):
             k, v = cache[0, :, :, :Tk], cache[1, :, :, :Tk]
         else:
             k, v = padded_heads(rng, B, Tk, nh, hs, 1)[1], padded_heads(rng, B, Tk, nh, hs, 5)[1]
-        for drop in (None,) if start else (None, (0.3, int(rng.integers(2**64, dtype=np.uint64)))):
+        for drop in (None, (0.3, int(rng.integers(2**64, dtype=np.uint64)))):
             what = f"{B, nh, T, hs, start}" + (" under dropout" if drop else "")
             res, before = [], len(calls)                    # the op's, then the composition's
             for run in (ops.attention, lambda *a: backends.Ops.attention(ops, *a)):

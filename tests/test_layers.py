@@ -185,6 +185,22 @@ def test_attention_grad(rng, dropout):
                 x_of(rng, B, T, C))
 
 
+def test_attention_dropout_multiplies_v_by_the_dropped_probabilities(rng):
+    """Under dropout y = (att * mask) v, the mask Ops.dropout draws over att's (B, nh, T, T) elements, and att the
+    probabilities without dropout."""
+    qkv, drop = x_of(rng, B, T, 3 * C), (0.4, 2**63 + 11)
+    y0, att0 = np.empty((B, T, C)), np.empty((B, NH, T, T))
+    L.attention_forward(y0, att0, qkv, NH)                       # without dropout
+    y, att = np.empty((B, T, C)), np.empty((B, NH, T, T))
+    L.attention_forward(y, att, qkv, NH, drop=drop)
+    np.testing.assert_array_equal(att, att0)                    # att keeps the probabilities
+    mask = L.dropout(np.empty(att.shape), np.ones(att.shape), *drop)
+    v = L.heads(qkv, NH, 3)[2]                                  # (B, nh, T, hs)
+    want = (att0 * mask) @ v                                    # (B, nh, T, hs)
+    np.testing.assert_allclose(y.reshape(B, T, NH, C // NH).transpose(0, 2, 1, 3), want, rtol=1e-12, atol=1e-14)
+    assert np.abs(y - y0).max() > 0.1                           # and it is not the output without dropout
+
+
 def test_attention_is_causal(rng):
     qkv = x_of(rng, B, T, 3 * C)
     y, att = np.empty((B, T, C)), np.empty((B, NH, T, T))

@@ -476,10 +476,14 @@ def test_dropout_is_a_fair_fresh_draw():
 
 
 def test_dropout_refuses_bad_arguments():
+    """A bad p or seed, an out of another shape or dtype, or one that overlaps x without being x."""
+    a4 = np.arange(4.0)
     for x, out, p, seed, words in ((np.empty(3), np.empty(3), 1.0, 0, "p must lie in [0, 1)"),
                                    (np.empty(3), np.empty(3), 0.1, -1, "seed"),
                                    (np.empty(3), np.empty(3), 0.1, 2**64, "seed"),
-                                   (np.empty(3), np.empty(4), 0.1, 1, "out has shape")):
+                                   (np.empty(3), np.empty(4), 0.1, 1, "out is"),
+                                   (np.empty(3), np.empty(3, F32), 0.1, 1, "out is"),
+                                   (a4[1:], a4[:3], 0.1, 1, "overlaps")):
         with pytest.raises(ValueError, match=words.replace("[", r"\[").replace(")", r"\)")):
             SPEC.dropout(x, p, seed, out=out)
 

@@ -52,13 +52,17 @@ def dropout_keep_from(p):
 
 def check_dropout(x, seed, out):
     """ValueError for an array too large for 32-bit element numbers, a seed outside [0, 2**64), or an out of
-    another shape."""
+    another shape or dtype, or one that overlaps x without being x (in place)."""
     if x.size >= 2**32:
-        raise ValueError(f"dropout: {x.size} elements; masks number theirs in 32 bits: drop the array in parts")
+        raise ValueError(f"dropout: {x.size} elements; masks number theirs in 32 bits: drop the array in parts, "
+                         "each with a seed of its own")
     if not 0 <= seed < 2**64:
         raise ValueError(f"dropout: seed {seed} is outside [0, 2**64)")
-    if out.shape != x.shape:
-        raise ValueError(f"dropout: out has shape {out.shape}, x {x.shape}: pass an out of x's shape")
+    if out.shape != x.shape or out.dtype != x.dtype:
+        raise ValueError(f"dropout: out is {out.shape} {out.dtype}, x {x.shape} {x.dtype}: pass an out like x")
+    same = out.__array_interface__["data"][0] == x.__array_interface__["data"][0] and out.strides == x.strides
+    if not same and np.may_share_memory(out, x):
+        raise ValueError("dropout: out overlaps x without being x: pass x itself (in place) or a separate array")
 
 
 @functools.lru_cache(maxsize=64)

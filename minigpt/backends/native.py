@@ -374,7 +374,7 @@ def _drop_args(att, drop):
     if drop is None:
         return 0, 0, 0, 1.0
     p, seed = drop
-    check_dropout(att, seed, att)
+    check_dropout(att, seed, att)                          # the mask is att's: its size, and the seed
     return 1, seed, dropout_keep_from(p), 1.0 / (1.0 - p)
 
 
