@@ -47,7 +47,7 @@ M = [
     (L, "scale / targets.size, flat(dlogits)", "1.0 / targets.size, flat(dlogits)", f"{TL}::test_cross_entropy_grad"),
     (MODEL, "dx += d.dx                                                 # fwd: x_mlp = x + mlp(ln_2(x))",
         "dx[...] = d.dx", f"{TL}::test_block_grad"),
-    (MODEL, "dy = L.dropout(d.dproj, dx, self.p_drop, a.drop_seeds[2]) if dropped else dx", "dy = dx",
+    (MODEL, "dy = L.dropout(d.dproj, dx, self.p_drop, a.drop_seeds[MLP_OUT]) if dropped else dx", "dy = dx",
         f"{TL}::test_block_grad"),
     (MODEL, 'ops.matmul(flat(dlogits), flat(x), ta=True, out=self._grads["wte.weight"], acc=True)', "None",
         f"{TM}::test_gpt_grad_every_parameter"),
