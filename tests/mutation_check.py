@@ -202,6 +202,8 @@ M = [
         "tests/test_native_isa.py::test_fused_attention_is_the_composed_ops_every_path"),
     ("native/mgk_attention.c", "mgk_dropout_rows(a->T, a->Tk, a->start,", "mgk_dropout_rows(a->T, a->Tk, 0,",
         "tests/test_native_isa.py::test_fused_attention_is_the_composed_ops_every_path"),
+    ("native/mgk_attention.c", "    _mm_setcsr(a->csr);\n#endif\n    mgk_dropout_rows", "#endif\n    mgk_dropout_rows",
+        "tests/test_native_isa.py::test_fused_attention_dropout_keeps_subnormal_probabilities_every_path"),
     ("native/mgk_ops.c", "for (int j = m; j < a->cols; j++) y[j] = 0.0f;", ";",
         "tests/test_native_isa.py::test_fused_attention_is_the_composed_ops_every_path"),
     ("native/mgk_ops.c", "const float *p = a->att + i * a->lda;", "const float *p = a->att + i * a->ldg;",

@@ -147,6 +147,34 @@ def test_fused_attention_is_the_composed_ops_every_path(path, bf16):
             assert check_fused_attention(path, bf16, np.random.default_rng(3)) == fused, n
 
 
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_fused_attention_dropout_keeps_subnormal_probabilities_every_path(path, bf16):
+    """The fused kernels multiply by dropout's mask in the caller's floating-point mode, as the composition's
+    Ops.dropout does, not in the flush-to-zero mode of their products. Row 2's scores 0, 0, -87 give probabilities
+    1/2, 1/2 and e**-87 / 2, which is subnormal in float32; dropout at p 0.5 doubles it to a normal float, and only
+    key 2 carries v, so that flushing it to 0 shows in y and in dv of every item whose mask keeps it."""
+    B, nh, T, hs, scale = 2, 2, 4, 4, 0.5
+    q, k, v = np.zeros((3, B, nh, T, hs), np.float32)
+    q[..., 0], k[:, :, 2, 0], v[:, :, 2] = 1.0, -174.0, 1e30      # scale * q . k_2 = -87
+    drop, dy = (0.5, 12345), np.ones_like(q)
+    mask = np.ones((B, nh, T, T), np.float32)
+    kept = path.dropout(mask, *drop, out=mask)[:, :, 2, 2] > 0
+    assert kept.any() and not kept.all()                          # the seed keeps some items' and drops others'
+    res = []
+    for fwd, bwd in ((path.attention, path.attention_backward),
+                     (lambda *a: backends.Ops.attention(path, *a), lambda *a: backends.Ops.attention_backward(path, *a))):
+        att, y, dq, dk, dv = np.zeros((B, nh, T, T), np.float32), *np.zeros((4, B, nh, T, hs), np.float32)
+        with backends.bf16_products(bf16):
+            fwd(q, k, v, att, y, scale, 0, drop)
+            bwd(q, k, v, att, dy, dq, dk, dv, scale, drop)
+        res.append((att, y, dq, dk, dv))
+    for name, got, want in zip(("att", "y", "dq", "dk", "dv"), *res):
+        np.testing.assert_array_equal(got, want, err_msg=name)
+    att, y, _, _, dv = res[0]
+    assert (0 < att[:, :, 2, 2]).all() and (att[:, :, 2, 2] < np.finfo(np.float32).tiny).all()   # subnormal
+    assert ((y[:, :, 2, 0] > 0) == kept).all() and ((dv[:, :, 2, 0] > 0) == kept).all()
+
 def test_gpt_step_every_path_matches_numpy():
     cfg = GPTConfig(vocab_size=29, block_size=16, n_layer=2, n_head=2, n_embd=32)
     rng = np.random.default_rng(2)
