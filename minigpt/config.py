@@ -88,8 +88,8 @@ class TrainConfig(ModelShape):
                                                     "default when it is missing)")
     out_dir: str = setting("out", "directory for log.jsonl, the checkpoints, snapshots/, the loss curve and "
                                     "report.html")
-    plot: str = setting("loss_curve.png", "loss-curve PNG made at the end: a bare name goes in --out_dir, a path "
-                                          "is used as is, '' for none (train_shakespeare.py only)")
+    plot: str = setting("loss_curve.png", "loss-curve PNG made at the end, in --out_dir: a name, or a path inside "
+                                          "it; '' for none (train_shakespeare.py only)")
     report: bool = setting(True, "write out_dir/report.html at the end: what the model learned (python -m "
                                  "minigpt.report; train_shakespeare.py only)")
     snapshots: int = setting(5, "weights kept in out_dir/snapshots/ (float16) at this many points of the run, for "
@@ -152,10 +152,8 @@ class TrainConfig(ModelShape):
         return asdict(self)
 
     def plot_path(self):
-        """Where the loss curve goes: None for --plot '', out_dir/<name> for a bare name, else the path as typed."""
-        if not self.plot:
-            return None
-        return self.plot if os.path.dirname(self.plot) else os.path.join(self.out_dir, self.plot)
+        """Where the loss curve goes: None for --plot '', else out_dir/<plot> (check() keeps it inside out_dir)."""
+        return os.path.join(self.out_dir, self.plot) if self.plot else None
 
 
 _POSITIVE = ("batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval", "lr_decay_iters")
@@ -204,6 +202,9 @@ def check(cfg):
     for k in ("beta1", "beta2"):
         if not 0.0 <= getattr(cfg, k) < 1.0:
             raise UserError(f"--{k} must lie in [0, 1), got {getattr(cfg, k)}")
+    if cfg.min_lr > cfg.lr:
+        raise UserError(f"--min_lr {cfg.min_lr:g} is above --lr {cfg.lr:g}, so the decay would raise the learning "
+                        "rate; pass a --min_lr at most --lr (e.g. --lr / 10)")
     if not 0.0 <= cfg.cooldown <= 1.0:
         raise UserError(f"--cooldown must lie in [0, 1] (0: a cosine; 0.4: a straight line over the last 40%), "
                         f"got {cfg.cooldown}")
@@ -216,16 +217,30 @@ def check(cfg):
     if cfg.tokenizer == "bpe" and cfg.vocab_size < 257:
         raise UserError(f"--vocab_size must be at least 257 (256 byte tokens and one merge), got {cfg.vocab_size}; "
                         "try 512 or 1024")
-    check_backend(cfg.backend)
+    if not plot_inside_out_dir(cfg.plot):
+        raise UserError(f"--plot {cfg.plot!r} lies outside --out_dir, where a run writes everything; pass a name "
+                        "such as curve.png, then copy it, or draw one anywhere with scripts/plot_losses.py "
+                        "OUT_DIR/log.jsonl -o PATH")
+    check_backend(cfg.backend, getattr(cfg, "given", None))
     check_dtype(cfg.dtype)
     return cfg
 
 
-def check_backend(name):
-    """--backend, typed or from $MINIGPT_BACKEND (default_backend): every command checks it with these words."""
-    if name not in ("auto", "numpy", "numba", "native"):
-        raise UserError(f"--backend must be one of auto, numpy, numba, native; got {name!r} "
-                        "(from --backend, else MINIGPT_BACKEND)")
+def plot_inside_out_dir(plot):
+    """Does --plot name a file inside --out_dir: '' (none), a name, or a relative path that stays inside it?"""
+    return not plot or not (os.path.isabs(plot) or os.path.normpath(plot).split(os.sep)[0] == os.pardir)
+
+
+def check_backend(name, given=None):
+    """--backend, typed or from $MINIGPT_BACKEND (default_backend): every command checks it with these words.
+    given: the settings typed (parse_args' cfg.given), to name the source; None when unknown."""
+    if name in ("auto", "numpy", "numba", "native"):
+        return
+    if given is not None and "backend" not in given and default_backend(unset=None) == name:
+        raise UserError(f"MINIGPT_BACKEND={name!r} is not a backend; set it to one of auto, numpy, numba, native, "
+                        "or unset it")
+    source = "" if given is not None else " (from --backend, else MINIGPT_BACKEND)"
+    raise UserError(f"--backend must be one of auto, numpy, numba, native; got {name!r}{source}")
 
 
 def check_dtype(dtype):

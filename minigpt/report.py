@@ -64,7 +64,7 @@ def main(argv=None):
 def write_report(cfg, verbose=False):
     """Build out_dir/report.html for cfg (a ReportConfig); -> its path. Written to a temporary name, renamed."""
     check_ranges(cfg, positive=("val_chars", "sample_tokens"), non_negative=("samples", "seed", "threads"))
-    check_backend(cfg.backend)
+    check_backend(cfg.backend, getattr(cfg, "given", None))
     typed = load_text(cfg.data) if cfg.data else None    # a typed --data must be readable: checked before any work
     select_backend(cfg, verbose=verbose)
     ckpt = cfg.ckpt or checkpoint.in_run(cfg.out_dir)
@@ -111,7 +111,7 @@ def write_report(cfg, verbose=False):
     mc = model.config
     subtitle = P.esc(f"{ckpt} (iteration {meta.get('iter', '?')}): {model.num_params():,} parameters, "
                      f"{mc.n_layer} layers x {mc.n_head} heads, n_embd {mc.n_embd}, block {mc.block_size}, "
-                     f"vocabulary {mc.vocab_size} ({type(tok).__name__}); backend {backends.label()}"
+                     f"vocabulary {mc.vocab_size} ({type(tok).__name__}); backend {backends.label(False)}"
                      + ("; trained with bf16 products, read here in float32"
                         if meta.get("train_config", {}).get("dtype") == "bf16" else ""))
     if notes:

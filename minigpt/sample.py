@@ -167,7 +167,8 @@ def main(argv=None):
         print("\n" + "-" * 40, flush=True)
         n_tok, n = rows.size, cfg.num_samples
         print(f"{path}: {n_tok} tokens in {dt:.2f} s: {n_tok / max(dt, 1e-9):,.0f} tokens/s "
-              f"({n} sample{'s' * (n != 1)}, kv_cache={cfg.kv_cache}, backend {backends.label()})", file=sys.stderr)
+              f"({n} sample{'s' * (n != 1)}, kv_cache={cfg.kv_cache}, backend {backends.label(model.bf16)})",
+              file=sys.stderr)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -182,7 +183,7 @@ def _settings(argv):
     if not 0 < cfg.top_p <= 1:
         raise UserError(f"--top_p must lie in (0, 1], got {cfg.top_p}")
     check_dtype(cfg.dtype)
-    check_backend(cfg.backend)
+    check_backend(cfg.backend, getattr(cfg, "given", None))
     prompt = cfg.prompt
     if cfg.prompt_file:
         if not os.path.isfile(cfg.prompt_file):

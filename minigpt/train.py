@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from . import backends, checkpoint, distributed, gpt2
-from .config import PRESETS, ModelShape, UserError, check, default_backend, parse_args
+from .config import PRESETS, ModelShape, UserError, check, default_backend, parse_args, plot_inside_out_dir
 from .bpe import BPETokenizer
 from .tokenizer import tokenizer_from_json
 from .data import CharTokenizer, Dataset, load_text, split_text
@@ -63,7 +63,7 @@ def interrupted_status(result):
 def train(cfg, given=None, fetch=None):
     """Train per cfg. From the command line, `given` names the settings the user typed: on --resume the others
     come from the checkpoint, and a typed model setting must match it. given=None (a config built in code):
-    on --resume only the model's shape comes from the checkpoint, every other setting is cfg's.
+    on --resume only the model's shape and tokenizer come from the checkpoint, every other setting is cfg's.
     fetch(path), if given, is called when the data file is missing (the script's download)."""
     try:
         return loop(setup(cfg, given, fetch))
@@ -220,7 +220,8 @@ def _build(cfg, ckpt, world):
         restore(run, ckpt)
     ranks = f", {world.size} ranks x {backends.threads()} threads" if world.size > 1 else ""
     bf16 = ", bf16 products" if model.bf16 else ""
-    say(f"model: {model.num_params():,} parameters, vocab {tok.vocab_size}, backend {backends.label()}{ranks}{bf16}")
+    say(f"model: {model.num_params():,} parameters, vocab {tok.vocab_size}, "
+        f"backend {backends.label(model.bf16)}{ranks}{bf16}")
     return run
 
 
@@ -307,6 +308,9 @@ def restore(run, ckpt):
     if run.world.root:
         _truncate_log(run.log_path, run.start)
     say(f"resuming from {run.last_path} at iter {run.start}")
+    if run.start == run.cfg.max_iters:
+        say(f"note: iter {run.start} is --max_iters: no steps are left to train, only the final evaluation; raise "
+            "--max_iters to train on")
     saved, batch = meta.get("world_size", 1), meta["train_config"].get("batch_size", run.cfg.batch_size)
     if saved != run.world.size:                                # a step draws ranks x B rows from one generator
         same = saved * batch == run.world.size * run.cfg.batch_size
@@ -322,8 +326,9 @@ def loop(run):
     """Iterations run.start .. max_iters, or until --max_time seconds are spent; returns the result dict (a
     shorter one when a signal stopped it)."""
     cfg = run.cfg
-    log = open(run.log_path if run.world.root else os.devnull, "a", buffering=1)   # line-buffered: rows reach
-    run.stop = stop = _StopFlag()                            # disk as they are made; restored in the finally below
+    # log.jsonl, line-buffered: each row reaches disk as it is made
+    log = open(run.log_path if run.world.root else os.devnull, "a", buffering=1)
+    run.stop = stop = _StopFlag()                            # SIGINT/SIGTERM handlers, restored in the finally below
     last_loss, t_train, n_timed = None, 0.0, 0
     t_start = time.perf_counter() - run.elapsed              # a resumed run spends what is left of the budget
     try:
@@ -478,7 +483,10 @@ def _load_resume(cfg, path, given):
         raise UserError(f"--resume: no checkpoint at {path}; train without --resume first, or point --out_dir "
                         "at the directory of an earlier run")
     best = os.path.join(cfg.out_dir, "ckpt_best.npz")
-    ckpt = checkpoint.load(path, fix=f"copy {best} over {path} to resume from the best one, or start a new --out_dir")
+    fix = "start a new --out_dir"
+    if os.path.exists(best) and os.path.abspath(best) != os.path.abspath(path):
+        fix = f"copy {best} over {path} to resume from the best one, or {fix}"
+    ckpt = checkpoint.load(path, fix=fix)
     saved = {**ModelShape().model_dict(), **ckpt[0]["model_config"]}   # older checkpoints: today's defaults
     for k, v in cfg.model_dict().items():
         if given is not None and k in given and saved[k] != v:
@@ -495,7 +503,8 @@ def _load_resume(cfg, path, given):
                             f"drop --{k} or start a new --out_dir")
     for k, v in ckpt[0]["train_config"].items():             # every other setting too, unless given again
         env = k == "backend" and default_backend(unset=None) is not None          # the variable counts as typed
-        legacy = k == "plot" and os.path.dirname(v) == "reports"  # older runs plotted into reports/: not any more
+        # older runs could plot into reports/ or anywhere; now the curve goes inside out_dir
+        legacy = k == "plot" and (os.path.dirname(v) == "reports" or not plot_inside_out_dir(v))
         if given is not None and k not in given and k not in ("resume", "out_dir") and not env and not legacy \
                 and hasattr(cfg, k):
             setattr(cfg, k, v)
@@ -514,8 +523,8 @@ def _start_over(cfg):
         say(f"note: {out_dir} held a run (a log.jsonl, {gone} snapshot(s)): this new run replaces its log, "
             "snapshots, report, loss curve and checkpoints; --resume would have continued it")
     made = [os.path.join(out_dir, "report.html"), os.path.join(out_dir, "loss_curve.png"),   # the report, the
-            cfg.plot_path() or ""]                                  # default --plot, this run's (when inside out_dir)
-    for path in [log] + [p for p in made if os.path.dirname(os.path.abspath(p)) == os.path.abspath(out_dir)]:
+            cfg.plot_path() or ""]                                  # default --plot, this run's
+    for path in [log] + made:
         if os.path.isfile(path):
             os.remove(path)
 
@@ -551,6 +560,7 @@ def _fmt_time(s):
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+SCRIPT_ONLY = {"plot", "report", "sample_chars"}       # settings only scripts/train_shakespeare.py acts on
 DESCRIPTION = ("Train a GPT on a UTF-8 text file; writes out_dir/log.jsonl, checkpoints and snapshots/ (training only: "
                "scripts/train_shakespeare.py also downloads, plots, samples and writes report.html).")
 
@@ -559,6 +569,11 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     try:
         cfg = parse_args(argv, prog="python -m minigpt.train", description=DESCRIPTION)   # --help: SystemExit(0)
+        skipped = sorted(k for k in SCRIPT_ONLY & cfg.given if getattr(cfg, k))   # asked for: not --plot '' etc.
+        if skipped:
+            flags = ", ".join("--" + k for k in skipped)
+            say(f"note: python -m minigpt.train does not plot, sample or report: {flags} ignored "
+                "(scripts/train_shakespeare.py does all three)")
         result = train(cfg, given=cfg.given)
     except UserError as e:
         return distributed.exit_status(e, exit_code(e))

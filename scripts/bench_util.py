@@ -9,6 +9,9 @@ import shlex
 import subprocess
 import sys
 
+if __name__ == "__main__":                 # a module the bench scripts import, not a command: say so
+    sys.exit(print(__doc__.strip()))
+
 SIMD = ("avx512f", "avx2", "fma", "avx512_bf16", "amx_bf16")
 
 

@@ -47,7 +47,7 @@ def main(argv):
         if not splits or set(splits) - {"train", "val"}:
             raise UserError(f"--splits {a.splits!r}: name train, val or both, comma-separated (e.g. --splits val)")
         check_dtype(a.dtype)
-        check_backend(a.backend)
+        check_backend(a.backend, getattr(a, "given", None))
         path = a.ckpt or checkpoint.in_run(a.out_dir)
         loaded = checkpoint.load(path)
         if "train_config" not in loaded[0]:

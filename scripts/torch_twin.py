@@ -9,7 +9,11 @@ nn.Linear stores (out, in), hence the transposes. GELU is the tanh form, as ours
 exact nn.GELU() (train_like_nanogpt's default, so nanoGPT's runs in both its scripts use it).
 """
 import math
+import sys
 import time
+
+if __name__ == "__main__":                 # a module the scripts import, not a command: say so (torch may be absent)
+    sys.exit(print(__doc__.strip()))
 
 import numpy as np
 import torch

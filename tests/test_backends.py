@@ -202,6 +202,9 @@ def test_label_names_the_native_isa_path(monkeypatch):
         if backends.why_unavailable("native") is None:
             backends.select("native", verbose=False)
             from minigpt.backends import native
-            assert backends.label() == f"native ({native.isa()})" and native.isa() in native.ISAS
+            isa = native.isa()
+            assert backends.label() == backends.label(True) == f"native ({isa})" and isa in native.ISAS
+            fp32 = f"native (avx512; {isa} for bf16)" if isa in ("avx512bf16", "amx") else f"native ({isa})"
+            assert backends.label(False) == fp32                  # float32 products run on AVX-512 FMAs there
     finally:
         backends.select(before, verbose=False)

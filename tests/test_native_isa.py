@@ -162,8 +162,8 @@ def test_fused_attention_dropout_keeps_subnormal_probabilities_every_path(path, 
     kept = path.dropout(mask, *drop, out=mask)[:, :, 2, 2] > 0
     assert kept.any() and not kept.all()                          # the seed keeps some items' and drops others'
     res = []
-    for fwd, bwd in ((path.attention, path.attention_backward),
-                     (lambda *a: backends.Ops.attention(path, *a), lambda *a: backends.Ops.attention_backward(path, *a))):
+    composed = (lambda *a: backends.Ops.attention(path, *a), lambda *a: backends.Ops.attention_backward(path, *a))
+    for fwd, bwd in ((path.attention, path.attention_backward), composed):
         att, y, dq, dk, dv = np.zeros((B, nh, T, T), np.float32), *np.zeros((4, B, nh, T, hs), np.float32)
         with backends.bf16_products(bf16):
             fwd(q, k, v, att, y, scale, 0, drop)

@@ -97,6 +97,8 @@ def test_data_too_short_for_block(tmp_path):
     (["--n-layr=2"], "unknown setting --n_layr; did you mean --n_layer?"), (["--lr"], "--lr needs a value"),
     (["stray"], "unexpected argument 'stray'"), (["--cooldown=1.5"], "--cooldown must lie in [0, 1]"),
     (["--cooldown=-0.1"], "--cooldown must lie in [0, 1]"),
+    (["--min_lr=0.01"], "--min_lr 0.01 is above --lr 0.001, so the decay would raise the learning rate"),
+    (["--plot=/tmp/curve.png"], "--plot '/tmp/curve.png' lies outside --out_dir"),
 ])
 def test_bad_settings(text, args, needle):
     assert_clear_error(train_cli("--data", str(text), *args), needle)
@@ -233,8 +235,11 @@ def test_backend_from_the_environment_is_not_blamed_on_the_flag(trained):
              "--data", str(trained[0]), "--out_dir", str(trained[1].parent / "bogus")])
     for cmd in cmds:
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
-        assert_one_error(r, "error: --backend must be one of auto, numpy, numba, native; got 'bogus' "
-                            "(from --backend, else MINIGPT_BACKEND)")
+        assert_one_error(r, "error: MINIGPT_BACKEND='bogus' is not a backend; set it to one of auto, numpy, numba, "
+                            "native, or unset it")
+        r = subprocess.run(cmd + ["--backend", "bogus2"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                           env=env)                                              # typed: the flag is named
+        assert_one_error(r, "error: --backend must be one of auto, numpy, numba, native; got 'bogus2'")
 
 
 def test_readers_take_ckpt_best_else_ckpt_last_and_say_which(trained, tmp_path):
@@ -308,10 +313,13 @@ def test_resume_errors(tmp_path, text):
                        "not in the tokenizer's vocabulary", "'X', 'Y', 'Z'")
     with open(os.path.join(out, "log.jsonl"), "a") as f:
         f.write('{"iter": 3, "kind": "tr')                              # a row torn by a kill mid-write
-    assert train_cli("--data", str(text), "--out_dir", out, "--resume", "--max_iters=6").returncode == 0
+    r = train_cli("--data", str(text), "--out_dir", out, "--resume", "--max_iters=6")
+    assert r.returncode == 0 and "no steps are left" not in r.stdout
     with open(os.path.join(out, "log.jsonl")) as f:
         rows = [json.loads(line) for line in f]                          # the torn row is gone, the rest kept
     assert [r["iter"] for r in rows if r["kind"] == "train"] == list(range(6))
+    r = train_cli("--data", str(text), "--out_dir", out, "--resume", "--max_iters=6")   # again: nothing to train
+    assert r.returncode == 0 and "note: iter 6 is --max_iters: no steps are left to train" in r.stdout
 
 
 def test_run_removes_the_temporaries_a_killed_save_left(trained, tmp_path):
@@ -496,3 +504,7 @@ def test_resume_from_a_truncated_ckpt_last_says_how_to_continue(trained, tmp_pat
     r = train_cli("--data", str(text), "--out_dir", str(out), "--resume")
     assert_one_error(r, "it may be truncated", f"copy {out / 'ckpt_best.npz'} over {out / 'ckpt_last.npz'} to resume")
     assert "--ckpt" not in r.stderr
+    (out / "ckpt_best.npz").unlink()                                   # no best one to offer: only a new run
+    r = train_cli("--data", str(text), "--out_dir", str(out), "--resume")
+    assert_one_error(r, "it may be truncated", "start a new --out_dir")
+    assert "ckpt_best" not in r.stderr

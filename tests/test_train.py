@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import pathlib
 import subprocess
 import sys
 from dataclasses import dataclass, fields
@@ -212,6 +213,22 @@ def test_cli_resume_keeps_the_runs_settings(tmp_path):
     assert meta["iter"] == 8 and meta["train_config"]["max_iters"] == 8
 
 
+def test_train_module_says_it_ignores_the_scripts_settings(tmp_path, capsys):
+    """python -m minigpt.train trains only: a typed --plot, --report or --sample_chars gets one note line."""
+    from minigpt.train import main
+    data = tmp_path / "text.txt"
+    write_text(data)
+    flags = [f"--{k}={v}" for k, v in TINY_TRAIN.items() if k not in ("max_iters", "plot", "sample_chars")]
+    flags += ["--data", str(data), "--max_iters=1"]
+    assert main(flags + ["--out_dir", str(tmp_path / "a"), "--plot=", "--sample_chars=0"]) == 0
+    assert "note: python -m minigpt.train" not in capsys.readouterr().out        # none asked for: nothing said
+    assert main(flags + ["--out_dir", str(tmp_path / "b"), "--plot=c.png", "--report", "--sample_chars=9"]) == 0
+    out = capsys.readouterr().out
+    assert "note: python -m minigpt.train does not plot, sample or report: --plot, --report, --sample_chars " \
+           "ignored" in out
+    assert not (tmp_path / "b" / "c.png").exists() and not (tmp_path / "b" / "report.html").exists()
+
+
 def test_backend_comes_from_the_environment_unless_typed(monkeypatch):
     from minigpt.config import check
     from minigpt.sample import SampleConfig
@@ -261,6 +278,17 @@ def shown(v):                                                           # how --
     return str(v).lower() if isinstance(v, bool) else repr(v) if isinstance(v, str) else str(v)
 
 
+@pytest.mark.parametrize("script", sorted(p.name for p in (pathlib.Path(ROOT) / "scripts").glob("*.py")))
+def test_every_script_answers_help(script):
+    """Every file in scripts/ answers --help at once with exit status 0: the commands with their usage, the two
+    sibling modules (imported by the others) with what they are for."""
+    r = subprocess.run([sys.executable, f"scripts/{script}", "--help"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stderr == "", r.stderr[-2000:]
+    module = script in ("bench_util.py", "torch_twin.py")
+    assert r.stdout.startswith("usage:") != module and len(r.stdout.split()) > 20, r.stdout[:500]
+
+
 @pytest.mark.parametrize("cmd", [["scripts/train_shakespeare.py"], ["-m", "minigpt.train"]])
 def test_help_lists_every_setting_and_exits_0(cmd, monkeypatch):
     monkeypatch.delenv("MINIGPT_BACKEND", raising=False)
@@ -292,18 +320,24 @@ def test_parse_args_works_for_any_dataclass_and_help_shows_given_defaults(capsys
 
 
 def test_plot_goes_into_out_dir():
+    """--plot names a file inside --out_dir; a path that leaves it is refused before anything is written."""
     assert TrainConfig().plot_path() == os.path.join("out", "loss_curve.png")
     assert TrainConfig(out_dir="runs/a", plot="curve.png").plot_path() == os.path.join("runs/a", "curve.png")
-    assert TrainConfig(out_dir="runs/a", plot="elsewhere/c.png").plot_path() == "elsewhere/c.png"
+    assert TrainConfig(out_dir="runs/a", plot="plots/c.png").plot_path() == os.path.join("runs/a", "plots/c.png")
     assert TrainConfig(plot="").plot_path() is None
+    for plot in ("/tmp/c.png", "../c.png", "plots/../../c.png"):
+        with pytest.raises(UserError, match="lies outside --out_dir.*plot_losses.py"):
+            check(TrainConfig(plot=plot))
+    check(TrainConfig(plot="plots/../c.png"))                          # stays inside
 
 
 def test_train_shakespeare_script_smoke(tmp_path):
     data = tmp_path / "text.txt"
     write_text(data)
-    out, png = tmp_path / "run", tmp_path / "curve.png"
+    out = tmp_path / "run"
+    png = out / "plots" / "curve.png"
     cmd = [sys.executable, "scripts/train_shakespeare.py", "--data", str(data), "--out_dir", str(out),
-           "--plot", str(png), "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4",
+           "--plot", "plots/curve.png", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4",
            "--max_iters=6", "--eval_interval=3", "--eval_iters=2", "--sample_chars=50", "--backend=numpy"]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -409,6 +409,9 @@ def select(name="auto", threads=None, verbose=None, dtype=None):
     _current, _auto = impl, name == "auto"
     _cap_blas(impl.name != "numpy")
     set_threads(_threads if threads is None else threads)
+    if threads and threads > cpus() and verbose is not False:
+        print(f"minigpt: note: {threads} threads on {cpus()} CPUs take turns, slower than {cpus()} threads "
+              "(--threads 0 uses every CPU)", file=sys.stderr)
     return impl.name
 
 
@@ -471,10 +474,14 @@ def name():
     return current().name
 
 
-def label():
+def label(bf16=None):
     """The current backend as the commands print it: native with the ISA path its library runs, e.g.
-    "native (avx2)" (MINIGPT_ISA may force a lower one); the others by name."""
-    return f"native ({_import('native').isa()})" if name() == "native" else name()
+    "native (avx2)" (MINIGPT_ISA may force a lower one); the others by name. bf16=False (a float32 model): the
+    bf16 paths name the AVX-512 FMAs that run float32 products too, e.g. "native (avx512; amx for bf16)"."""
+    if name() != "native":
+        return name()
+    isa = _import("native").isa()
+    return f"native (avx512; {isa} for bf16)" if bf16 is False and isa in ("avx512bf16", "amx") else f"native ({isa})"
 
 
 def why_unavailable(name):
