@@ -64,7 +64,8 @@ def activation_shapes(cfg, B, T, Tk=None, dropout=False):
         "ln2_mean": (Ln, B * T),
         "ln2_rstd": (Ln, B * T),
         "fc":       (Ln, B, T, 4 * C),    # gelu(ln2 W_fc + b)
-        "fc_dgelu": (Ln, B, T, 4 * C),    # gelu' there (relu2' under --activation relu2): the backward's multiply
+        "fc_dact":  (Ln, B, T, 4 * C),    # the activation's derivative there (gelu' or relu2'): the backward's
+                                          # multiply
         "x_mlp":    (Ln, B, T, C),        # the residual stream after the MLP: x_attn + fc W_proj + b
         "lnf":      (B, T, C),            # ln_f(x) of the last layer's x_mlp
         "lnf_mean": (B * T,),
@@ -114,19 +115,21 @@ def zeros_aligned(shape, dtype, align=64):
 
 
 class Table(SimpleNamespace):
-    """Named arrays allocated once from a {name: shape} table, each on a cache line (zeros_aligned), of dtype
-    (the seeds: TABLE_DTYPES); .h[l] holds layer l's slices of the per-layer ones (those in activation_shapes that
-    lead with n_layer), so a layer reads a.qkv, not a.qkv[l]."""
+    """Named arrays allocated once from a {name: shape} table for a batch of B x T, each on a cache line
+    (zeros_aligned), of dtype (the seeds: TABLE_DTYPES); .h[l] holds layer l's slices of the arrays named in
+    per_layer (PER_LAYER: those of activation_shapes that lead with n_layer), so a layer reads a.qkv, not
+    a.qkv[l]."""
 
-    def __init__(self, shapes, dtype, n_layer=0, per_layer=()):
+    def __init__(self, shapes, dtype, B, T, n_layer=0, per_layer=()):
         super().__init__(**{k: zeros_aligned(s, TABLE_DTYPES.get(k, dtype)) for k, s in shapes.items()})
-        self.shape = next(iter(shapes.values()))[:2] if shapes else ()
+        self.shape = (B, T)                                               # what the table was made for
         self.h = [SimpleNamespace(**{k: getattr(self, k)[l] for k in per_layer if k in shapes})
                   for l in range(n_layer)]
 
 
+# the arrays of activation_shapes that lead with n_layer (tests/test_model.py checks that the two agree)
 PER_LAYER = ("ln1", "ln1_mean", "ln1_rstd", "qkv", "att", "atty", "x_attn", "ln2", "ln2_mean", "ln2_rstd", "fc",
-             "fc_dgelu", "x_mlp", "qk_rstd", "drop_seeds")
+             "fc_dact", "x_mlp", "qk_rstd", "drop_seeds")
 
 
 def _normal(rng, shape, std, dtype):
@@ -193,7 +196,7 @@ class Block:
         p, b = self.p, self.p.get
         L.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, x, p["ln_2.weight"], b("ln_2.bias"))
         act = L.linear_relu2_forward if self.relu2 else L.linear_gelu_forward
-        act(a.fc, a.fc_dgelu, a.ln2, p["mlp.c_fc.weight"], b("mlp.c_fc.bias"))
+        act(a.fc, a.fc_dact, a.ln2, p["mlp.c_fc.weight"], b("mlp.c_fc.bias"))
         L.linear_forward(a.x_mlp, a.fc, p["mlp.c_proj.weight"], b("mlp.c_proj.bias"))        # mlp(ln_2(x))
         if dropped:
             L.dropout(a.x_mlp, a.x_mlp, self.p_drop, a.drop_seeds[MLP_OUT])
@@ -203,8 +206,8 @@ class Block:
         p, g, gb = self.p, self.g, self.g.get
         dy = L.dropout(d.dproj, dx, self.p_drop, a.drop_seeds[MLP_OUT]) if dropped else dx   # fwd: y = dropout(y)
         L.linear_backward(d.dfc, g["mlp.c_proj.weight"], gb("mlp.c_proj.bias"), dy, a.fc, p["mlp.c_proj.weight"])
-        L.linear_gelu_backward(d.dln, g["mlp.c_fc.weight"], gb("mlp.c_fc.bias"), d.dfc, a.fc_dgelu, a.ln2,
-                               p["mlp.c_fc.weight"])                # relu2's too: dz = dout * the kept derivative
+        act_backward = L.linear_relu2_backward if self.relu2 else L.linear_gelu_backward
+        act_backward(d.dln, g["mlp.c_fc.weight"], gb("mlp.c_fc.bias"), d.dfc, a.fc_dact, a.ln2, p["mlp.c_fc.weight"])
         L.layernorm_backward(d.dx, g["ln_2.weight"], gb("ln_2.bias"), d.dln, x, p["ln_2.weight"],
                              a.ln2_mean, a.ln2_rstd)
         dx += d.dx                                                 # fwd: x_mlp = x + mlp(ln_2(x))
@@ -238,8 +241,8 @@ class GPT:
         self.param_memory, self.grad_memory = np.zeros(n, dtype), np.zeros(n, dtype)   # every parameter, gradient
         self._params, self._grads = _carve(self.param_memory, shapes), _carve(self.grad_memory, shapes)
         proj_std = 0.02 / math.sqrt(2 * cfg.n_layer)                      # GPT-2: scaled residual projections
-        for k, p in self._params.items():                                 # in buffer order: the same draws as
-            if p.ndim == 2:                                               # the per-module init of before
+        for k, p in self._params.items():                                 # in parameter_shapes' order, which
+            if p.ndim == 2:                                               # sets the draws: reordering changes init
                 p[...] = _normal(self.rng, p.shape, proj_std if k.endswith("c_proj.weight") else 0.02, dtype)
                 if cfg.zero_init_proj and k.endswith("c_proj.weight"):   # drawn, then zeroed: the other
                     p[...] = 0.0                                          # weights keep their draws
@@ -276,9 +279,9 @@ class GPT:
         """The activation table and its gradients' for (B, T): made once, reused while the shape repeats."""
         if self.acts is None or self.acts.shape != (B, T):
             dtype, dropout = self.param_memory.dtype, self.config.dropout > 0
-            self.acts = Table(activation_shapes(self.config, B, T, dropout=dropout), dtype, self.config.n_layer,
-                              PER_LAYER)
-            self.dacts = Table(gradient_shapes(self.config, B, T), dtype)
+            self.acts = Table(activation_shapes(self.config, B, T, dropout=dropout), dtype, B, T,
+                              self.config.n_layer, PER_LAYER)
+            self.dacts = Table(gradient_shapes(self.config, B, T), dtype, B, T)
         return self.acts, self.dacts
 
     # ------------------------------------------------------------------------
@@ -332,7 +335,7 @@ class GPT:
         L.embedding_backward(g["wte.weight"], g["wpe.weight"], dx, self.idx)   # wte's gradient += the lookup's
 
     def head_forward(self, logits, x, dcap=None):                         # x (B, T, C) -> logits (B, T, V)
-        tied = self.lm_head_weight is self._params["wte.weight"]
+        tied = self.config.tie_weights
         ops.matmul(flat(x), self.lm_head_weight, tb=tied, out=flat(logits))   # x wte^T (tied), or x W (C, V)
         if self.config.logit_cap:                                         # cap tanh(logits / cap); dcap for the
             L.softcap_forward(logits, np.empty_like(logits) if dcap is None else dcap, logits,   # backward
@@ -405,6 +408,6 @@ class KVCache:
         """The activation table for T new positions (the prompt's T once, then 1 per token)."""
         if self.acts is None or self.acts.shape != (B, T):
             cfg = model.config
-            self.acts = Table(activation_shapes(cfg, B, T, Tk=cfg.block_size), model.param_memory.dtype,
+            self.acts = Table(activation_shapes(cfg, B, T, Tk=cfg.block_size), model.param_memory.dtype, B, T,
                               cfg.n_layer, PER_LAYER)
         return self.acts

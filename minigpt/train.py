@@ -205,14 +205,18 @@ def _build(cfg, ckpt, world):
     except backends.BackendUnavailable as e:
         raise UserError(f"--backend {cfg.backend}: {e}") from None
     text = load_text(cfg.data)
-    pretrained = gpt2.load_gpt2(cfg.init_from, cfg.block_size) if cfg.init_from and not ckpt else None
-    tok = pretrained[2] if pretrained else make_tokenizer(cfg, text, ckpt)
+    if cfg.init_from and not ckpt:                         # a new fine-tune: GPT-2's shape, weights and tokenizer
+        gpt2_config, gpt2_params, tok = gpt2.load_gpt2(cfg.init_from, cfg.block_size)
+        vocab = gpt2_config.vocab_size
+    else:
+        tok = make_tokenizer(cfg, text, ckpt)
+        vocab = ckpt[0]["model_config"]["vocab_size"] if ckpt else tok.vocab_size    # ckpt: (meta, params, state)
+        gpt2_params = None
     data = Dataset(text, tok, cfg.block_size, source=cfg.data, fixed_block=bool(ckpt))
-    vocab = pretrained[0].vocab_size if pretrained else ckpt[0]["model_config"]["vocab_size"] if ckpt else tok.vocab_size
     _check_memory(cfg, vocab, world)
     model = GPT(cfg.model_config(vocab), np.random.default_rng([cfg.seed, 0]), bf16=cfg.dtype == "bf16")
-    if pretrained:
-        checkpoint.load_params(model, pretrained[1], cfg.init_from)
+    if gpt2_params is not None:
+        checkpoint.load_params(model, gpt2_params, cfg.init_from)
         say(f"init from {cfg.init_from}: GPT-2 weights and tokenizer")
     opt = make_optimizer(cfg, model)
     run = Run(cfg, tok, data, model, opt, world)

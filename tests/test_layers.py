@@ -249,8 +249,8 @@ def test_block_grad(rng, bias, dropout, options):
     params["h.0.ln_1.weight"] += 1.0
     grads = _carve(np.zeros(sum(math.prod(s) for s in shapes.values())), shapes)
     block = Block(cfg, 0, params, grads)
-    a = Table(activation_shapes(cfg, B, T, dropout=dropout > 0), F64, 1, PER_LAYER).h[0]
-    d = Table(gradient_shapes(cfg, B, T), F64)
+    a = Table(activation_shapes(cfg, B, T, dropout=dropout > 0), F64, B, T, 1, PER_LAYER).h[0]
+    d = Table(gradient_shapes(cfg, B, T), F64, B, T)
     x, drng = x_of(rng, B, T, C), np.random.default_rng(11)
     state = drng.bit_generator.state
 

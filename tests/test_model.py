@@ -6,7 +6,7 @@ import pytest
 
 from minigpt import backends
 from minigpt.config import UserError
-from minigpt.model import GPT, GPTConfig
+from minigpt.model import GPT, PER_LAYER, GPTConfig, Table, activation_shapes
 from gradcheck import num_grad, rel_err
 
 TINY = dict(vocab_size=11, block_size=6, n_layer=2, n_head=2, n_embd=8, bias=True)
@@ -188,6 +188,17 @@ def test_gpt_activation_table_is_made_once_per_shape():
     assert model.acts is acts and model.dacts is dacts and np.shares_memory(model.acts.h[1].qkv, acts.qkv)
     model.forward(x[:, :3], y[:, :3])
     assert model.acts is not acts and model.acts.logits.shape == (2, 3, 11)
+
+
+def test_per_layer_names_every_array_that_leads_with_n_layer():
+    """PER_LAYER (the arrays each layer sees as a.h[l].name) is exactly the activation table's arrays that lead
+    with n_layer, with every option on; a table is keyed by its (B, T), whatever its first array."""
+    cfg = GPTConfig(vocab_size=11, block_size=8, n_layer=7, n_head=2, n_embd=16, qk_norm=True, logit_cap=30.0,
+                    dropout=0.1)
+    shapes = activation_shapes(cfg, 2, 3, dropout=True)
+    assert {k for k, s in shapes.items() if s[0] == 7} == set(PER_LAYER)
+    table = Table(dict(reversed(shapes.items())), np.float64, 2, 3, 7, PER_LAYER)
+    assert table.shape == (2, 3) and table.h[6].qkv.shape == (2, 3, 48) and table.h[6].drop_seeds.shape == (3,)
 
 
 def test_gpt_tables_start_on_cache_lines():

@@ -3,13 +3,15 @@
 Every layer calls `ops.<op>(...)` (ops forwards to the selected backend) and never asks which backend it is:
   numpy  - numpy_ops.py: the executable specification in plain NumPy; float32 and float64 (gradient tests)
   numba  - numba_ops.py: a numba GEMM (numba_gemm.py) and fused numba kernels (numba_kernels.py); float32
-  native - native.py: every op in the C library native/ (AVX-512, AVX2+FMA or portable C), through ctypes; float32
+  native - native.py: every op in the C library native/ (AMX, AVX512_BF16, AVX-512, AVX2+FMA or portable C, chosen
+           at run time), through ctypes; float32
 Ops below declares every op with its shapes. The ops write caller-owned arrays (out=...), accept strided views,
 and allocate nothing of activation size per call (scratch is kept per shape). A float32 model may ask for
 bfloat16 products (bf16_products): every backend rounds the operands to bf16 and sums in float32: numpy by the
 formula (numpy_ops.round_bf16), numba by that formula into scratch before its fp32 GEMM, native in C as it
 packs. An explicitly requested backend that cannot run (or cannot run the model's dtype) raises
-BackendUnavailable; only "auto" chooses, and it says what it chose. This module also owns every thread count (set_threads).
+BackendUnavailable; only "auto" chooses, and it says what it chose. This module also owns every thread count
+(set_threads).
 """
 import contextlib
 import functools
@@ -77,10 +79,13 @@ class Ops:
     """The ops of a training step; numpy_ops.py is the specification of each, but attention's, which Ops composes
     of the others here (a backend may fuse it). Every array argument may be a strided view (but adamw's p, m, v);
     outputs are written (or, where it says +=, added into) in place, and an op with an output array returns it.
-    A backend implements every op below but matmul/bmm, which check their arguments here once for all backends
-    and call the backend's _matmul/_bmm, and attention/attention_backward. Transposes are flags, not copies."""
+    Transposes are flags, not copies. What a backend writes: _matmul and _bmm (matmul and bmm check their
+    arguments here, once for all backends, then call them), and every op under "the other ops" below.
+    What Ops gives every backend: matmul, bmm, and attention/attention_backward, composed of the products and
+    softmaxes (a backend may override them with a fused kernel)."""
     name = "?"
     dtypes = frozenset()         # the dtypes a model runs on this backend (select and ensure check it)
+    own_causal = False           # True: _bmm takes causal= and start= (native skips the zeros, numba zeroes the future)
 
     def __init__(self):
         self._scratch = {}       # (slot, shape, dtype) -> array, see _tmp
@@ -116,12 +121,11 @@ class Ops:
             np.copyto(out, 0, where=future(M, N, start))
         return out
 
-    own_causal = False           # True: _bmm takes causal= and start= (native skips the zeros, numba zeroes the future)
-
     def _matmul(self, a, b, ta, tb, out, acc, bf16):     # checked by matmul; out exists; returns out
         raise NotImplementedError
 
-    def _bmm(self, a, b, ta, tb, out, acc, bf16):        # checked by bmm; out exists; returns out
+    def _bmm(self, a, b, ta, tb, out, acc, bf16, causal=None, start=0):
+        """Checked by bmm; out exists; returns out. bmm passes causal and start only when own_causal."""
         raise NotImplementedError
 
     # ---- the other ops
@@ -498,11 +502,11 @@ def available():
     return [n for n in BACKENDS if why_unavailable(n) is None]
 
 
-class _Forward:
+class _CurrentBackend:
     """`ops.matmul(...)` runs the current backend's matmul: the layers' one handle on the backends."""
 
     def __getattr__(self, attr):
         return getattr(current(), attr)
 
 
-ops = _Forward()
+ops = _CurrentBackend()
