@@ -208,3 +208,18 @@ def test_label_names_the_native_isa_path(monkeypatch):
             assert backends.label(False) == fp32                  # float32 products run on AVX-512 FMAs there
     finally:
         backends.select(before, verbose=False)
+
+
+def test_more_threads_than_cpus_is_said_once(capsys):
+    """select(threads=N) above the CPUs runs, after one note on stderr; at the CPUs, or silenced, nothing is said."""
+    before, saved, n = backends.name(), backends._threads, backends.cpus()
+    try:
+        backends.select("numpy", threads=n + 3)
+        assert capsys.readouterr().err == (f"minigpt: note: {n + 3} threads on {n} CPUs take turns, slower than {n} "
+                                           "threads (--threads 0 uses every CPU)\n")
+        assert backends.threads() == n + 3
+        backends.select("numpy", threads=n + 3, verbose=False)
+        backends.select("numpy", threads=n)
+        assert capsys.readouterr().err == ""
+    finally:
+        backends.select(before, threads=saved, verbose=False)
