@@ -165,7 +165,7 @@ class Block:
 
     # ---- the attention half
     def attn_forward(self, x, a, start, kv, dropped):
-        p, b = self.p, self.p.get
+        p, b = self.p, self.p.get                                  # b(name): that bias, or None (--bias off)
         L.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p["ln_1.weight"], b("ln_1.bias"))
         L.linear_forward(a.qkv, a.ln1, p["attn.c_attn.weight"], b("attn.c_attn.bias"))
         if self.qk_norm:
@@ -177,7 +177,7 @@ class Block:
         return np.add(x, a.x_attn, out=a.x_attn)                   # x_attn = x + attn(ln_1(x))
 
     def attn_backward(self, dx, x, a, d, dropped):                 # dx (B, T, C): d loss / d x_attn
-        p, g, gb = self.p, self.g, self.g.get
+        p, g, gb = self.p, self.g, self.g.get                      # gb(name): that bias's gradient, or None
         dy = L.dropout(d.dproj, dx, self.p_drop, a.drop_seeds[ATTN_OUT]) if dropped else dx  # fwd: y = dropout(y)
         L.linear_backward(d.datty, g["attn.c_proj.weight"], gb("attn.c_proj.bias"), dy, a.atty,
                           p["attn.c_proj.weight"])
@@ -193,7 +193,7 @@ class Block:
 
     # ---- the MLP half
     def mlp_forward(self, x, a, dropped):                          # x = a.x_attn
-        p, b = self.p, self.p.get
+        p, b = self.p, self.p.get                                  # b(name): that bias, or None (--bias off)
         L.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, x, p["ln_2.weight"], b("ln_2.bias"))
         act = L.linear_relu2_forward if self.relu2 else L.linear_gelu_forward
         act(a.fc, a.fc_dact, a.ln2, p["mlp.c_fc.weight"], b("mlp.c_fc.bias"))
@@ -203,7 +203,7 @@ class Block:
         return np.add(x, a.x_mlp, out=a.x_mlp)                     # x_mlp = x + mlp(ln_2(x))
 
     def mlp_backward(self, dx, x, a, d, dropped):                  # dx (B, T, C): d loss / d x_mlp
-        p, g, gb = self.p, self.g, self.g.get
+        p, g, gb = self.p, self.g, self.g.get                      # gb(name): that bias's gradient, or None
         dy = L.dropout(d.dproj, dx, self.p_drop, a.drop_seeds[MLP_OUT]) if dropped else dx   # fwd: y = dropout(y)
         L.linear_backward(d.dfc, g["mlp.c_proj.weight"], gb("mlp.c_proj.bias"), dy, a.fc, p["mlp.c_proj.weight"])
         act_backward = L.linear_relu2_backward if self.relu2 else L.linear_gelu_backward
