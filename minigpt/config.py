@@ -15,7 +15,8 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 
 
 class UserError(Exception):
-    """A problem with the user's input: the scripts print the message (no traceback) and exit with status 2."""
+    """A problem with the user's input: the scripts print the message (no traceback) and exit with status 2
+    (training's subclasses: 3 for a diverged run, 130 for a second signal; train.exit_code)."""
 
 
 def default_backend(unset="auto"):
@@ -340,8 +341,9 @@ def _underscored(arg):
 
 def parse_args(argv, cls=TrainConfig, *, prog=None, description=None, **defaults):
     """Build cls(**defaults) with the overrides in argv applied; works for any dataclass (best with setting()
-    fields). The config's .given is the frozenset of keys typed in argv (not those in defaults). --help prints
-    the settings and raises SystemExit(0); every mistake is a UserError."""
+    fields). The config's .given is the frozenset of keys typed in argv (not those in defaults), and a typed
+    --preset's keys (they count as typed: on --resume they win over the checkpoint's). --help prints the
+    settings and raises SystemExit(0); every mistake is a UserError."""
     argv = [_underscored(a) for a in argv]
     typed, extra = make_parser(cls, prog, description, defaults).parse_known_args(argv)
     if extra:

@@ -92,7 +92,7 @@ class Dataset:
     def __init__(self, text, tokenizer, block_size, source="text", fixed_block=False):
         """fixed_block: block_size is a resumed model's (the error then offers no smaller --block_size)."""
         texts = dict(zip(("train", "val"), split_text(text)))
-        self.splits = {k: tokenizer.encode(t) for k, t in texts.items()}        # (N,) uint16 each
+        self.splits = {k: tokenizer.encode(t) for k, t in texts.items()}   # (N,) each: uint16, int32 past 65,536 ids
         for split, arr in self.splits.items():
             if len(arr) < block_size + 1:
                 whose = " (the resumed model's)" if fixed_block else ""

@@ -32,10 +32,13 @@ class Optimizer:
         (name) or model."""
         if name is not None and name != self.name:
             raise ValueError(f"the optimizer state is {name}'s, not {self.name}'s")
+        if set(slots) != set(self.slots):
+            raise ValueError(f"the optimizer state holds {sorted(slots)}, not {self.name}'s {sorted(self.slots)} "
+                             "(a checkpoint of another optimizer?)")
         for slot, want in self.slots.items():
-            got = slots.get(slot, {})
+            got = slots[slot]
             missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
-            if missing or extra or set(slots) != set(self.slots):
+            if missing or extra:
                 raise ValueError(f"optimizer state {slot} does not match {self.name} on this model: missing "
                                  f"{missing[:3]}, unexpected {extra[:3]} (a checkpoint of another optimizer or model?)")
             for k, a in got.items():
@@ -92,7 +95,7 @@ def newton_schulz(G, steps=5, bf16=False):
     Muon does not need. Each step applies p(X) = a X + b (X X^T) X + c (X X^T)^2 X, which maps every singular value
     s to p(s) and keeps the vectors. The products run through the backend (ops.bmm), a stack in one call each;
     bf16=True rounds their operands to bfloat16 (sums and the rest stay float32), as the reference Muon runs the
-    whole iteration in bfloat16: the band [0.7, 1.2] is wider than bf16's rounding (2^-9)."""
+    whole iteration in bfloat16: the band [0.7, 1.2] is wider than bf16's rounding (2^-8 relative)."""
     a, b, c = NS_COEFFS
     flat = G.ndim == 2
     G = G[None] if flat else G

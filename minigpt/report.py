@@ -204,7 +204,7 @@ def _tokens(ids, data, whence):
     spans = "".join(f'<span class="tok" style="background:{c}" title="id {i}">{P.esc(lab)}'
                     f'<small>{i}</small></span>' for i, lab, c in zip(ids, data["labels"], data["colors"]))
     return P.section("tokens", "2. Tokens", "The prompt as the model sees it: each token with its id, one colour "
-                     "per id. Sections 4-6 look at it too.", f"<div>{spans}</div><p>{len(ids)} tokens of "
+                     "per id. Sections 4-6 and 8 look at it too.", f"<div>{spans}</div><p>{len(ids)} tokens of "
                      f"{P.esc(whence)}.</p>")
 
 

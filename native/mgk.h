@@ -2,8 +2,9 @@
    mgk_attention.c, mgk_pool.c; the other ops: mgk_ops.h), loaded by minigpt/backends/native.py. Row-major
    float32 GEMM: C = op(A) @ op(B) + beta*C, op(X) = X or X^T by flag (ta, tb); beta == 0 never reads C. Every
    function that does work or sets a value returns MGK_OK (0) or a negative MGK_E* code (the queries return their
-   value); nothing here allocates per call (packing buffers are allocated once per thread, on first use; the
-   attention backward's scratch grows to the largest T x T asked for). Not a BLAS: no alpha, no column-major. */
+   value); nothing here allocates per call (packing buffers are allocated once per thread, on first use; the fused
+   attention's per-thread scratch, the backward's T x T d(scores) and under dropout attd, T x Tk, grows to the
+   largest asked for and never shrinks). Not a BLAS: no alpha, no column-major. */
 #ifndef MGK_H
 #define MGK_H
 

@@ -236,7 +236,8 @@ BODY float pick(int c, float a, float b)
    e**r = 1 + r + r^2 q(r), q of degree 4 fitted (least squares, Lawson-reweighted to the minimax relative error
    3.1e-9) on [-ln2/2, ln2/2]. 2**n is two exponent-field factors, so n = 128 works. Below ln(FLT_MIN) the result
    is 0 (-inf -> exactly 0) and above ln(FLT_MAX) inf, both by a select on an in-range dummy: results that would
-   be subnormal cost a microcode assist per vector here (4x the time), and the causal mask's -inf is common.
+   be subnormal cost a microcode assist per vector here (4x the time), and very negative arguments (scores far
+   below a row's max) are common.
    NaN stays NaN. */
 #define EXP_SHIFT 12582912.0f             /* 1.5 * 2**23: adding it rounds x / ln2 to an integer in the low bits */
 BODY float exp_fast(float x)

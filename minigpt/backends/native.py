@@ -4,7 +4,7 @@ the embedding scatter-add, AdamW and dropout (mgk_ops.c), float32 only. It needs
 BLAS. (AdamW and the scatter-add are memory-bound, and ctypes costs ~3 us a call against numba's ~0.5 us: about
 0.1 ms of a config S step, the price of one backend.)
 
-The only file that uses ctypes. Loads the library once and declares every signature. Transposes are flags.
+The only module of the package that uses ctypes. Loads the library once and declares every signature it calls. Transposes are flags.
 The products and the fused attention walk strided views in place (rows of contiguous floats, up to two batch
 strides); the other ops take C-contiguous arrays, so a view goes through per-shape scratch (Ops._contiguous), as
 does a view the products cannot walk. backend() raises BackendUnavailable with the reason and the fix if the
@@ -79,7 +79,7 @@ class _i64(_ndi64):
 
 
 def _find():
-    """Path of the library: $MINIGPT_NATIVE_LIB, else minigpt/_mgk<EXT_SUFFIX> next to this file."""
+    """Path of the library: $MINIGPT_NATIVE_LIB, else minigpt/_mgk<EXT_SUFFIX> in the package (_HERE)."""
     path = os.environ.get("MINIGPT_NATIVE_LIB")
     if path:
         if not os.path.isfile(path):
