@@ -157,6 +157,10 @@ def _prepare(cfg, given, fetch):
     if cfg.init_from and not ckpt:
         _apply_pretrained(cfg, given)
     check(cfg)
+    if cfg.min_lr > cfg.lr:                                   # a default's or preset's --min_lr above a typed --lr
+        say(f"note: --min_lr {cfg.min_lr:g} (not typed) is above --lr {cfg.lr:g}; the lr decays to --lr instead, "
+            "so it never rises (type --min_lr to set where it ends)")
+        cfg.min_lr = cfg.lr
     if given is not None and "vocab_size" in given and cfg.tokenizer != "bpe":
         raise UserError(f"--vocab_size sets the size of a BPE vocabulary, but this run's tokenizer is "
                         f"{cfg.tokenizer}; add --tokenizer bpe (a new run) or drop --vocab_size")

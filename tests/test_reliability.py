@@ -104,6 +104,19 @@ def test_bad_settings(text, args, needle):
     assert_clear_error(train_cli("--data", str(text), *args), needle)
 
 
+def test_min_lr_not_typed_above_a_typed_lr_is_lowered_to_it(tmp_path, text):
+    """A typed --lr below the default --min_lr (1e-4) trains, after one note, with the lr never above --lr;
+    the same --min_lr typed is refused (test_bad_settings)."""
+    r = train_cli("--data", str(text), "--out_dir", str(tmp_path / "run"), "--lr=5e-5", "--warmup_iters=1",
+                  "--lr_decay_iters=4")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "note: --min_lr 0.0001 (not typed) is above --lr 5e-05; the lr decays to --lr instead" in r.stdout
+    with open(tmp_path / "run" / "log.jsonl") as f:
+        lrs = [row["lr"] for row in map(json.loads, f) if "lr" in row]
+    assert lrs[1:] == [5e-5] * 3 and lrs[0] < 5e-5                           # after warmup it stays at --lr
+    assert checkpoint.load(str(tmp_path / "run" / "ckpt_last.npz"))[0]["train_config"]["min_lr"] == 5e-5
+
+
 def test_bpe_vocabulary_smaller_than_asked_is_said(tmp_path, text):
     r = train_cli("--data", str(text), "--out_dir", str(tmp_path / "run"), "--tokenizer=bpe", "--vocab_size=99991")
     assert r.returncode == 0, r.stderr[-2000:]
