@@ -9,8 +9,9 @@ import warnings
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-# No -march/-ffast-math: each ISA path (AVX-512, AVX2+FMA, generic) carries a target pragma and the library picks
-# one by cpuid at run time, so one build runs on any x86-64, and sums stay plain IEEE (fused) multiply-adds.
+# No -march/-ffast-math: each x86 path (AMX, AVX512_BF16, AVX-512, AVX2+FMA) carries a target pragma, generic is
+# compiled for the baseline, and the library picks one by cpuid (and a measured rate) at run time, so one build
+# runs on any x86-64, and sums stay plain IEEE (fused) multiply-adds.
 # -fno-math-errno: sqrtf need not set errno, so loops that call it vectorize (AdamW in mgk_ops.c); no value changes.
 MGK = Extension("minigpt._mgk",
                 sources=["native/mgk.c", "native/mgk_pool.c", "native/mgk_ops.c", "native/mgk_attention.c"],

@@ -90,12 +90,13 @@ class Dataset:
     """Text split 90/10 into train and val (split_text), each encoded; batch() draws (x, y), y shifted by one."""
 
     def __init__(self, text, tokenizer, block_size, source="text", fixed_block=False):
-        """fixed_block: block_size is a resumed model's (the error then offers no smaller --block_size)."""
+        """fixed_block: block_size is a checkpoint's (a resumed or evaluated model's): the error then offers no
+        smaller --block_size."""
         texts = dict(zip(("train", "val"), split_text(text)))
         self.splits = {k: tokenizer.encode(t) for k, t in texts.items()}   # (N,) each: uint16, int32 past 65,536 ids
         for split, arr in self.splits.items():
             if len(arr) < block_size + 1:
-                whose = " (the resumed model's)" if fixed_block else ""
+                whose = " (the checkpoint's)" if fixed_block else ""
                 smaller = "" if fixed_block else " or a smaller --block_size"
                 raise UserError(f"{source}: the {split} split has {len(arr)} tokens but block_size {block_size}"
                                 f"{whose} needs at least {block_size + 1}; use a longer text (about "

@@ -2,7 +2,8 @@
    The plain scalar loops (mgk_sgemm_ref) are the reference. The fast paths pack op(A) into MR-row panels and
    op(B) into NR-column panels (transposes happen while packing, so ta/tb cost no copies of the caller's arrays),
    then run a register-blocked micro-kernel; tails are zero-padded in the packs, so every shape takes them.
-   Five paths are compiled into the one library, each under its own target pragma (no -march flag), and
+   Five paths are compiled into the one library, four under their own target pragma and generic for the
+   baseline (no -march flag), and
    mgk_isa() picks one at run time from cpuid (and a measured rate: best_isa), or mgk_set_isa() a lower one:
      AVX-512  8x32 tile of zmm FMAs with masked tails, hand-written intrinsics (below); avx512bf16 adds a
               vdpbf16ps kernel for bf16 products on the same tile, and amx runs bf16 products on AMX tiles
@@ -173,8 +174,8 @@ static inline long long item(const job_t *g, int l, long long s1, long long s2)
 
 /* ----------------------------------------------------------------------------
    bfloat16 = the top 16 bits of a float32. bf16_bits(x): x rounded to the nearest bf16, ties to even, as
-   float32 bits whose low 16 bits are zero; a NaN stays a NaN (made quiet), a finite value past the largest bf16
-   rounds to inf. Plain C, always inlined: each ISA section below vectorizes it for its own target. */
+   float32 bits whose low 16 bits are zero; a NaN stays a NaN (made quiet), a finite value from halfway past the
+   largest bf16 on (3.3962e38; the largest is 3.3895e38) rounds to inf. Plain C, always inlined: each ISA section below vectorizes it for its own target. */
 static inline __attribute__((always_inline)) uint32_t bf16_bits(float x)
 {
     uint32_t u;
@@ -184,7 +185,7 @@ static inline __attribute__((always_inline)) uint32_t bf16_bits(float x)
 }
 
 /* bf16_bits on every lane of u, a GCC vector of uint32 of type T (any width): the same operations, for the SIMD
-   code (the avx512bf16 packs, the few-rows path). u is read several times: pass a variable */
+   code (the avx512bf16 and amx packs, the few-rows path). u is read several times: pass a variable */
 #define BF16_BITS_VEC(T, u) __extension__({                                                        \
         T nan_ = (T)(((u) & 0x7fffffffu) > 0x7f800000u);            /* all ones in NaN lanes */     \
         ((((u) + 0x7fffu + (((u) >> 16) & 1u)) & ~nan_) | (((u) | 0x00400000u) & nan_)) & 0xffff0000u; })
@@ -1268,7 +1269,8 @@ static int run(job_t *g)
         mgk_pool_set_ftz();                    /* the caller computes too; its FP mode is restored below */
 #endif
         rc = mgk_pool_run(run_job, g, nt);
-        if (g->ksplit)                         /* C += the other threads' partial sums, in thread order */
+        if (rc == MGK_OK && g->ksplit)         /* C += the other threads' partial sums, in thread order (none
+                                                  if the pool could not start: C is left as it was) */
             for (int t = 1; t < nt; t++)
                 for (int i = 0; i < g->M; i++)
                     for (int j = 0; j < g->N; j++)
@@ -1353,10 +1355,11 @@ static double peak_gflops(int bf16, long long iters)
     pthread_mutex_lock(&call_mu);
     int nt = threads_now();
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    mgk_pool_run(own ? isa->bf16_peak : isa->peak, &iters, nt);
+    int rc = mgk_pool_run(own ? isa->bf16_peak : isa->peak, &iters, nt);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     pthread_mutex_unlock(&call_mu);
     double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    if (rc != MGK_OK || s <= 0) return 0.0;                /* nothing ran, or no time to divide by */
     return (double)(own ? isa->bf16_peak_flops : isa->peak_flops) * (double)iters * nt / s * 1e-9;
 }
 

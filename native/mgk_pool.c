@@ -3,8 +3,8 @@
    other processes) unless the caller asks for a bounded wait on the CPU first (mgk_set_spin_us: training and
    generation, whose calls come back to back, would otherwise pay a wake-up per call), and run with
    flush-to-zero/denormals-are-zero set, because subnormal inputs slow the FMA loop down by two orders of
-   magnitude. The caller is thread 0 and does its share of every job. One job at a time:
-   mgk_pool_run serialises its callers. */
+   magnitude. The caller is thread 0 and does its share of every job. One job of more than one thread at a
+   time: mgk_pool_run serialises those callers (run_mu); a one-thread job runs on its caller at once. */
 #include <pthread.h>
 #include <stdint.h>
 #include <time.h>

@@ -64,7 +64,7 @@ def main(argv):
         if a.context > model.config.block_size:
             raise UserError(f"--context {a.context} is longer than the model's block_size {model.config.block_size}, "
                             "the positions it learned: pass at most that, or 0 for all of it")
-        data = Dataset(load_text(text), tok, model.config.block_size, source=text)
+        data = Dataset(load_text(text), tok, model.config.block_size, source=text, fixed_block=True)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

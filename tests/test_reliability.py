@@ -163,6 +163,11 @@ def test_eval_checkpoint_errors_and_help(trained, tmp_path):
     assert_clear_error(eval_cli("--ckpt", str(tmp_path / "none.npz")), "does not exist")
     assert_clear_error(eval_cli("--ckpt", str(out / "ckpt_last.npz"), "--data", str(tmp_path / "none.txt")),
                        "does not exist")
+    short = tmp_path / "short.txt"
+    short.write_text(text.read_text()[:100])                            # a val split under block_size + 1
+    r = eval_cli("--ckpt", str(out / "ckpt_last.npz"), "--data", str(short))
+    assert_clear_error(r, "block_size 16 (the checkpoint's) needs at least 17")
+    assert "--block_size" not in r.stderr                               # no such option here: the block is fixed
     r = eval_cli("--help")
     assert r.returncode == 0
     for option in ("--ckpt", "--data", "--draws", "--backend"):                   # each with its help line

@@ -614,7 +614,7 @@ def test_resuming_on_a_text_too_short_offers_no_block_size_it_would_refuse(tmp_p
     short = tmp_path / "short.txt"
     short.write_text((tmp_path / "text.txt").read_text()[:60])           # a val split of 6 characters
     rc, err = _cli(tmp_path, "--out_dir", out, "--resume", "--max_iters", "20", "--data", str(short))
-    assert rc == 2 and len(err) == 1 and "block_size 16 (the resumed model's) needs at least 17" in err[0], err
+    assert rc == 2 and len(err) == 1 and "block_size 16 (the checkpoint's) needs at least 17" in err[0], err
     assert "--block_size" not in err[0]
     rc, err = _cli(tmp_path, "--out_dir", str(tmp_path / "new"), "--data", str(short))     # a new run may shrink it
     assert rc == 2 and err[0].endswith("or a smaller --block_size"), err
