@@ -175,7 +175,8 @@ static inline long long item(const job_t *g, int l, long long s1, long long s2)
 /* ----------------------------------------------------------------------------
    bfloat16 = the top 16 bits of a float32. bf16_bits(x): x rounded to the nearest bf16, ties to even, as
    float32 bits whose low 16 bits are zero; a NaN stays a NaN (made quiet), a finite value from halfway past the
-   largest bf16 on (3.3962e38; the largest is 3.3895e38) rounds to inf. Plain C, always inlined: each ISA section below vectorizes it for its own target. */
+   largest bf16 on (3.3962e38; the largest is 3.3895e38) rounds to inf. Plain C, always inlined: each ISA section
+   below vectorizes it for its own target. */
 static inline __attribute__((always_inline)) uint32_t bf16_bits(float x)
 {
     uint32_t u;

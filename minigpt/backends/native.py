@@ -4,12 +4,12 @@ the embedding scatter-add, AdamW and dropout (mgk_ops.c), float32 only. It needs
 BLAS. (AdamW and the scatter-add are memory-bound, and ctypes costs ~3 us a call against numba's ~0.5 us: about
 0.1 ms of a config S step, the price of one backend.)
 
-The only module of the package that uses ctypes. Loads the library once and declares every signature it calls. Transposes are flags.
-The products and the fused attention walk strided views in place (rows of contiguous floats, up to two batch
-strides); the other ops take C-contiguous arrays, so a view goes through per-shape scratch (Ops._contiguous), as
-does a view the products cannot walk. backend() raises BackendUnavailable with the reason and the fix if the
-library is missing or fails to load. The library runs on any CPU: it picks its AVX-512 (+ AMX tiles, or
-AVX512_BF16 where vdpbf16ps measures at least 1.2x the fp32 FMAs' rate, for bf16 products), AVX2+FMA or generic
+The only module of the package that uses ctypes. Loads the library once and declares every signature it calls.
+Transposes are flags. The products and the fused attention walk strided views in place (rows of contiguous floats,
+up to two batch strides); the other ops take C-contiguous arrays, so a view goes through per-shape scratch
+(Ops._contiguous), as does a view the products cannot walk. backend() raises BackendUnavailable with the reason and
+the fix if the library is missing or fails to load. The library runs on any CPU: it picks its AVX-512 (+ AMX tiles,
+or AVX512_BF16 where vdpbf16ps measures at least 1.2x the fp32 FMAs' rate, for bf16 products), AVX2+FMA or generic
 path by cpuid, and MINIGPT_ISA (one of ISAS) forces another one this CPU runs.
 bf16 products (matmul(..., bf16=True)) run mgk_bgemm*: the operands are rounded to bf16 as they are packed (as
 they are read, for at most 8 rows).

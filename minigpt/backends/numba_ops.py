@@ -3,8 +3,8 @@
 The kernels walk C-contiguous arrays. A strided view (a head of the qkv array, say) goes through Ops._contiguous:
 copied into a scratch array kept per shape, and an output's result copied back, so this backend takes views
 like every other one and still allocates nothing of activation size per step (only (B*T,) int64 copies of
-the token ids and targets). A model runs float32 here (dtypes): the GEMM is
-float32 only; the other kernels also compile for float64, which the tests use.
+the token ids and targets). A model runs float32 here (dtypes): the GEMM is float32 only; the other kernels
+also compile for float64, which the tests use.
 """
 import math
 
