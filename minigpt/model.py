@@ -91,7 +91,7 @@ TABLE_DTYPES = {"emb_seed": np.uint64, "drop_seeds": np.uint64}   # the tables' 
 
 def gradient_shapes(cfg, B, T):
     """{name: shape} of the backward's arrays: one of each, which every layer's backward uses up in turn."""
-    C, nh, V = cfg.n_embd, cfg.n_head, cfg.vocab_size
+    C, V = cfg.n_embd, cfg.vocab_size
     return {
         "dresid":  (B, T, C),             # d loss / d the residual stream, carried down through the layers
         "dx":      (B, T, C),             # a LayerNorm's input gradient, before it is added into dresid

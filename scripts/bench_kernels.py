@@ -1,4 +1,5 @@
-"""Benchmark every matmul shape of one training step (configs S and M) on each backend; write reports/kernels.md.
+"""Benchmark every matmul shape of one training step (configs S and M) on numpy (OpenBLAS) and native (fp32 and
+bf16); write reports/kernels.md. (numba runs numpy's products: numpy_ops.product.)
 
 The shapes (step_shapes) and the timer (time_product) are here, not in the package: they serve benchmarks only.
 All backends run in one process with the same thread count; rounds alternate the backends so that noise from
@@ -91,7 +92,8 @@ def main():
                    "'attn ': attention's)")
     args = p.parse_args()
 
-    names = sorted(backends.available(), key=lambda b: b == "numpy")  # numpy (OpenBLAS via np.matmul) last in a round
+    # numpy (OpenBLAS via np.matmul) last in a round; numba runs numpy's products (numpy_ops.product): not timed twice
+    names = sorted((b for b in backends.available() if b != "numba"), key=lambda b: b == "numpy")
     peak_before, bf16_peak = peak(names, args.threads), peak(names, args.threads, bf16=True)
     if "native" in names and args.bf16:
         names.insert(names.index("native") + 1, "native bf16")        # bf16 products on the native path in use
@@ -108,7 +110,7 @@ def main():
              "Each entry: median over rounds of the median call time (after warm-up calls; at least 5 calls, 3 for "
              "products over 1 GFLOP); GFLOP/s = 2·L·M·N·K / t. 'best calls': the fastest call of each, less hit by noise. "
              "Attention's products run causal, as a step runs them (bmm causal=: native skips the causal matrix's "
-             "zeros, numpy and numba compute the full product and zero the future), with the full product's flops "
+             "zeros, numpy computes the full product and zeroes the future), with the full product's flops "
              "counted; the ', plain' rows beside them are the plain products, left out of the step's sum. Timed here "
              "one call at a time; a native step runs them fused a head at a time (mgk_attention_fwd/bwd), on the same "
              "blocks.", ""]

@@ -62,7 +62,7 @@ def test_ops_declares_every_op_and_each_backend_implements_it():
 
 def test_backends_name_their_dtypes():
     assert _class("numpy").dtypes == {F32, F64}
-    assert _class("numba").dtypes == {F32}                      # its GEMM is float32 only
+    assert _class("numba").dtypes == {F32}                      # float64 models are the specification's
     assert _class("native").dtypes == {F32}
 
 

@@ -1,7 +1,7 @@
 """The backends around the ops (test_ops.py checks each op's numbers): thread counts that change speed, not
 bits; the native library's own checks (spin wait, scalar reference, the caller's FP mode); argument checks
 shared by every backend; and selection (auto skips what cannot run, an explicit unavailable backend is an
-error, a stale native build is refused, BLAS threads are capped while numba/native threads run; by dtype:
+error, a stale native build is refused, BLAS threads are capped while native threads run; by dtype:
 test_backends.py). A backend that cannot run here is skipped with its reason.
 """
 import itertools
@@ -205,18 +205,42 @@ def test_numba_unavailable_without_numba(monkeypatch):
     assert backends.name() == "numpy"
 
 
+@pytest.mark.parametrize("fault,why", [("raise", "failed to compile or run"), ("wrong", "wrong results")])
+def test_numba_unavailable_when_its_smoke_test_fails(monkeypatch, fault, why):
+    """backend() runs one numba kernel (LayerNorm) before it serves: a kernel that cannot run here, or that
+    computes the wrong thing, makes the backend unavailable with the reason (auto then skips it)."""
+    from minigpt.backends import numba_ops
+    if numba_ops.numba is None:
+        pytest.skip("numba is not installed")
+
+    def broken(x, w, b, eps, out, mean, rstd):
+        if fault == "raise":
+            raise RuntimeError("LLVM ERROR: no such target")
+        out[...] = x
+
+    monkeypatch.setattr(numba_ops.NK, "layernorm_fwd", broken)
+    monkeypatch.setattr(numba_ops, "_backend", None)
+    with pytest.raises(backends.BackendUnavailable, match=why):
+        numba_ops.backend()
+
+
 def _blas_threads():
     from threadpoolctl import threadpool_info
     return [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
 
 
 @pytest.mark.parametrize("name", FAST)
-def test_fast_backend_caps_blas_threads(name):
-    before = _blas_threads()
-    backends.select(name, verbose=False)
+def test_one_pool_at_a_time_blas_threads(name):
+    """native never calls BLAS: BLAS gets 1 thread while native's pool runs. numba's products are BLAS's
+    (numpy_ops.product): BLAS gets the backend's threads, as on numpy."""
+    if not _blas_threads():
+        pytest.skip("numpy here has no BLAS that threadpoolctl can see")
+    backends.select(name, threads=2, verbose=False)
+    assert all(n == (1 if name == "native" else 2) for n in _blas_threads())
+    backends.select(name, threads=1, verbose=False)
     assert all(n == 1 for n in _blas_threads())
-    backends.select("numpy", verbose=False)
-    assert _blas_threads() == before
+    backends.select("numpy", threads=2, verbose=False)
+    assert all(n == 2 for n in _blas_threads())                        # native's cap lifted
 
 
 def test_numpy_threads_set_blas_threads():

@@ -2,7 +2,7 @@
 the float64 NumPy specification (NumpyOps on float64 copies of the same values).
 
 Runs: numpy, numba and native in float32 (tolerance of float32 sums, scaled by the result's magnitude), and
-numba's non-GEMM kernels also in float64 (to 1e-12). Each op runs on odd shapes, on contiguous arrays and on
+numba's kernels (every op but the products, which are the specification's) also in float64 (to 1e-12). Each op runs on odd shapes, on contiguous arrays and on
 strided views: the heads layers.heads makes of a (B, T, 3C) array, padded rows, a third of each row, stepped
 columns, transposes, reversed rows, broadcasts. Output views sit in NaN-filled arrays, and the NaN gaps
 around them must stay unwritten. Then the in-place forms, one walk over every op Ops declares (an op declared
@@ -40,7 +40,7 @@ def _fast(name):
 
 
 FAST = [_fast("numba"), _fast("native")]
-PRODUCTS = [_run("numpy", F32), _run("numba", F32), _run("native", F32)]     # the GEMMs: float32 (numpy: any)
+PRODUCTS = [_run("numpy", F32), _run("numba", F32), _run("native", F32)]     # the products: float32 (numpy: any)
 KERNELS = PRODUCTS + [_run("numba", F64)]                                   # every other op
 
 

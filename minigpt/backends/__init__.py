@@ -2,14 +2,14 @@
 
 Every layer calls `ops.<op>(...)` (ops forwards to the selected backend) and never asks which backend it is:
   numpy  - numpy_ops.py: the executable specification in plain NumPy; float32 and float64 (gradient tests)
-  numba  - numba_ops.py: a numba GEMM (numba_gemm.py) and fused numba kernels (numba_kernels.py); float32
+  numba  - numba_ops.py: fused numba kernels (numba_kernels.py), and the specification's products (BLAS); float32
   native - native.py: every op in the C library native/ (AMX, AVX512_BF16, AVX-512, AVX2+FMA or portable C, chosen
            at run time), through ctypes; float32
 Ops below declares every op with its shapes. The ops write caller-owned arrays (out=...), accept strided views,
 and allocate nothing of activation size per call (scratch is kept per shape). A float32 model may ask for
 bfloat16 products (bf16_products): every backend rounds the operands to bf16 and sums in float32: numpy by the
-formula (numpy_ops.round_bf16), numba by that formula into scratch before its fp32 GEMM, native in C as it
-packs. An explicitly requested backend that cannot run (or cannot run the model's dtype) raises
+formula (numpy_ops.round_bf16) into scratch before the fp32 product (numba too: it runs the specification's
+products), native in C as it packs. An explicitly requested backend that cannot run (or cannot run the model's dtype) raises
 BackendUnavailable; only "auto" chooses, and it says what it chose. This module also owns every thread count
 (set_threads).
 """
@@ -334,7 +334,7 @@ def check_float32(*arrays, backend):
 _current = None
 _auto = False             # _current was chosen by "auto": ensure() may choose again for another dtype
 _threads = 0              # 0: every CPU this process may run on
-_blas_cap = None          # threadpoolctl limiter, active while numba/native threads own the cores
+_blas_cap = None          # threadpoolctl limiter, active while native threads own the cores
 _MODULES = {"numpy": ("numpy_ops", "NumpyOps"), "numba": ("numba_ops", "NumbaOps"), "native": ("native", "NativeOps")}
 
 
@@ -411,7 +411,7 @@ def select(name="auto", threads=None, verbose=None, dtype=None):
         if verbose:
             print(f"minigpt: backend {impl.name}", file=sys.stderr)
     _current, _auto = impl, name == "auto"
-    _cap_blas(impl.name != "numpy")
+    _cap_blas(impl.name == "native")
     set_threads(_threads if threads is None else threads)
     if threads and threads > cpus() and verbose is not False:
         print(f"minigpt: note: {threads} threads on {cpus()} CPUs take turns, slower than {cpus()} threads "
@@ -437,7 +437,8 @@ def ensure(dtype):
 
 
 def set_threads(n=0):
-    """Threads of every pool of the current backend (0: all CPUs). BLAS takes them on numpy and gets 1 otherwise."""
+    """Threads of every pool of the current backend (0: all CPUs). BLAS takes them on numpy and numba (their
+    products) and gets 1 on native."""
     global _threads
     _threads = int(n or 0)
     current().set_threads(threads())
@@ -456,7 +457,8 @@ def cpus():
 
 
 def _cap_blas(on):
-    """One thread pool busy at a time: BLAS gets 1 thread while numba/native threads run."""
+    """One thread pool busy at a time: BLAS gets 1 thread while native threads run. (numba's products are BLAS's:
+    its set_threads gives BLAS the threads, and numba's OpenMP workers sleep between kernels.)"""
     global _blas_cap
     if on and _blas_cap is None:
         from threadpoolctl import threadpool_limits

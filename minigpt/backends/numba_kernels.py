@@ -1,19 +1,43 @@
 """numba kernels for the non-matmul ops of the numba backend (native has its own, in C: native/mgk_ops.c).
 numpy_ops.py holds the NumPy specification of each one (tests/test_ops.py compares them); numba_ops.py calls
-these with contiguous arrays. Imported after numba_gemm.py, which sets numba's environment.
+these with contiguous arrays. The first module of the backend to import numba: it sets numba's environment first.
 
 Every kernel compiles for float32 (training) and float64; tests/test_ops.py holds the float64 ones to the
-float64 specification (to 1e-12), the one the finite-difference tests check. numba here has no SVML: np.exp/np.tanh in @njit are scalar libm calls that also stop vectorisation,
-so float32 exp is inline (_exp32: range reduction + polynomial); float64 keeps math.exp/math.tanh, exact.
+float64 specification (to 1e-12), the one the finite-difference tests check. numba here has no SVML: np.exp/np.tanh
+in @njit are scalar libm calls that also stop vectorisation, so float32 exp is inline (_exp32: range reduction +
+polynomial); float64 keeps math.exp/math.tanh, exact.
 fastmath stays off (sums stay plain IEEE, as everywhere in minigpt), so a loop carrying a running sum never
 vectorises: row sums go through _sum8 (8 interleaved lanes), and wide loops are written as axpys over a
 contiguous last axis.
 """
 import math
+import os
+import sys
 
 import numpy as np
 
-from . import numba_gemm  # noqa: F401  first: it sets numba's environment (passive OpenMP, 512-bit vectors)
+
+def _configure_numba():
+    """Environment numba reads once, at import: only applied if numba is not loaded yet and the user set nothing."""
+    if "numba" in sys.modules:
+        return
+    # GNU OpenMP (numba's default threading layer here) spin-waits by default and steals the cores that the
+    # products' BLAS, the native pool and other processes need; PASSIVE makes idle workers sleep.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # LLVM tunes AVX-512 CPUs to prefer 256-bit vectors; with 512-bit ones config S's GELU and softmax kernels ran
+    # 1.2-1.6x as fast (Intel Xeon family 6 model 207; at config M, memory-bound, within noise). Same host features
+    # numba would use, minus that tuning flag.
+    if "NUMBA_CPU_FEATURES" not in os.environ and "NUMBA_CPU_NAME" not in os.environ:
+        try:
+            import llvmlite.binding as llb
+            features = llb.get_host_cpu_features().flatten()
+        except Exception:                  # noqa: BLE001  (no llvmlite: the import below reports it)
+            return
+        if "+avx512f" in features.split(","):
+            os.environ["NUMBA_CPU_FEATURES"] = features + ",-prefer-256-bit"
+
+
+_configure_numba()
 from llvmlite import ir                                    # noqa: E402
 from numba import njit, prange, types                      # noqa: E402
 from numba.extending import intrinsic, overload            # noqa: E402

@@ -1,21 +1,21 @@
-"""The numba backend: the interface's ops on numba kernels (products: numba_gemm.py; the rest: numba_kernels.py).
+"""The numba backend: the interface's ops on numba kernels (numba_kernels.py), and products on numpy's BLAS.
 
 The kernels walk C-contiguous arrays. A strided view (a head of the qkv array, say) goes through Ops._contiguous:
 copied into a scratch array kept per shape, and an output's result copied back, so this backend takes views
 like every other one and still allocates nothing of activation size per step (only (B*T,) int64 copies of
-the token ids and targets). A model runs float32 here (dtypes): the GEMM is float32 only; the other kernels
-also compile for float64, which the tests use.
+the token ids and targets). The products are the specification's (np.matmul: numpy_ops.product); a numba GEMM
+ran them until 2026-11-27, and a config M step's products took 2.3x OpenBLAS's time on it (reports/benchmarks.md,
+its notes: the numba step is 1.9x as fast without it). A model runs float32
+here (dtypes), as on native; the kernels also compile for float64, which tests/test_ops.py holds to the float64
+specification.
 """
-import math
-
 import numpy as np
 
-from . import BackendUnavailable, Ops, check_dropout, check_float32, dropout_keep_from, gemm_dims
-from .numpy_ops import bf16_operands
+from . import BackendUnavailable, Ops, check_dropout, check_float32, dropout_keep_from
+from .numpy_ops import product
 
 try:
-    from . import numba_gemm as G                  # first: it sets numba's environment before importing numba
-    from . import numba_kernels as NK
+    from . import numba_kernels as NK              # first: it sets numba's environment before importing numba
     import numba
 except ImportError as e:                           # reported by backend(), so "auto" can skip numba
     numba, _IMPORT_ERROR = None, e
@@ -26,7 +26,7 @@ SERIAL_BELOW = 16384     # elements of work: below this a kernel runs on one thr
 
 class NumbaOps(Ops):
     name = "numba"
-    dtypes = frozenset({np.dtype(np.float32)})       # the GEMM is float32 (the other kernels also compile float64)
+    dtypes = frozenset({np.dtype(np.float32)})       # float64 models are the specification's (gradient checks)
 
     def __init__(self):
         super().__init__()
@@ -46,30 +46,27 @@ class NumbaOps(Ops):
         return self._none[key]
 
     def set_threads(self, n):
+        from threadpoolctl import threadpool_limits
         self.nt = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
         numba.set_num_threads(self.nt)
+        threadpool_limits(self.nt, user_api="blas")                # the products' pool (one at a time: above)
 
-    # ---- products
+    # ---- products: the specification's own (numpy_ops.product: np.matmul, on BLAS's threads, which set_threads
+    # sets to this backend's count); numba's threads sleep meanwhile (OMP_WAIT_POLICY, numba_kernels.py)
     def _matmul(self, a, b, ta, tb, out, acc, bf16):
-        self._bmm(a[None], b[None], ta, tb, out[None], acc, bf16)
-        return out                                                 # out itself, not a view of it
+        check_float32(a, b, out, backend=self.name)
+        return product(self, a, b, ta, tb, out, acc, bf16)
 
-    own_causal = True                                              # causal "out": zeroed by a kernel
+    own_causal = True                                              # causal "out": zeroed by a kernel (np.copyto's
+                                                                   # mask cost q k^T 25-30% at config M)
 
     def _bmm(self, a, b, ta, tb, out, acc, bf16, causal=None, start=0):   # a (..., M, K), b (..., K, N) -> (..., M, N)
-        check_float32(a, b, out, backend=self.name)
-        M, N, K = gemm_dims(a, b, ta, tb)
-        L = math.prod(a.shape[:-2])                                 # not -1: an empty stack has no size to infer it
-        nt = self.nt if out.size * K >= SERIAL_BELOW * 16 else 1       # tiny products (decoding): one thread
-        c = self._contiguous("bmm")
-        if bf16:                                                    # bf16 operands by the specification's
-            a, b = bf16_operands(self, a, b)                        # formula; the float32 GEMM sums exact products
-        a3, b3 = c.inp(a).reshape(L, *a.shape[-2:]), c.inp(b).reshape(L, *b.shape[-2:])
-        out3 = (c.inout(out) if acc else c.out(out)).reshape(L, M, N)
-        G.gemm(a3, b3, out3, ta, tb, acc, nt)                       # the full product: no causal skipping here
+        self._matmul(a, b, ta, tb, out, acc, bf16)                  # the full product: no causal skipping here
         if causal == "out":
-            NK.zero_future(out3, start)
-        c.back()
+            self._threads(out.size)
+            c = self._contiguous("bmm")
+            NK.zero_future(c.inout(out).reshape(-1, *out.shape[-2:]), start)
+            c.back()
         return out
 
     # ---- LayerNorm
@@ -170,12 +167,14 @@ def backend():
         if numba is None:
             raise BackendUnavailable(f"numba: cannot import numba ({_IMPORT_ERROR}). Fix: pip install numba")
         be = NumbaOps()
-        try:
-            x = np.arange(15, dtype=np.float32).reshape(3, 5)
-            got = be.matmul(x, x, tb=True)
+        x = np.arange(15, dtype=np.float32).reshape(3, 5) ** 2
+        got, mean, rstd = np.empty_like(x), np.empty(3, np.float32), np.empty(3, np.float32)
+        try:                               # one kernel: LayerNorm (the products are numpy's)
+            be.layernorm(x, np.ones(5, np.float32), None, got, mean, rstd)
         except Exception as e:             # noqa: BLE001  (a numba/LLVM failure on this machine)
             raise BackendUnavailable(f"numba: the kernel failed to compile or run here ({e!r})") from e
-        if not np.allclose(got, x @ x.T):
+        want = (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-5)
+        if not np.allclose(got, want, atol=1e-5):
             raise BackendUnavailable("numba: the kernel gave wrong results on this machine")
         _backend = be
     return _backend

@@ -86,18 +86,24 @@ def bf16_operands(ops, a, b):
     return tuple(rounded)
 
 
+def product(ops, a, b, ta, tb, out, acc, bf16):
+    """out (+)= op(a) @ op(b) by np.matmul (BLAS), stacks too, scratch from ops: the specification's products,
+    which the numba backend runs as well. Returns out."""
+    if bf16:                                                        # a product of two bf16 values is exact in
+        a, b = bf16_operands(ops, a, b)                             # float32, so only the sums round
+    if acc:                                                         # numpy has no beta = 1: a product, then +=
+        out += np.matmul(_t(a, ta), _t(b, tb), out=ops._tmp("acc", out.shape, out.dtype))
+        return out
+    return np.matmul(_t(a, ta), _t(b, tb), out=out)
+
+
 class NumpyOps(Ops):
     name = "numpy"
     dtypes = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
 
     # ---- products
     def _matmul(self, a, b, ta, tb, out, acc, bf16):
-        if bf16:                                                    # a product of two bf16 values is exact in
-            a, b = bf16_operands(self, a, b)                        # float32, so only the sums round
-        if acc:                                                     # numpy has no beta = 1: a product, then +=
-            out += np.matmul(_t(a, ta), _t(b, tb), out=self._tmp("acc", out.shape, out.dtype))
-            return out
-        return np.matmul(_t(a, ta), _t(b, tb), out=out)
+        return product(self, a, b, ta, tb, out, acc, bf16)
 
     _bmm = _matmul
 
