@@ -2,13 +2,13 @@
 the float64 NumPy specification (NumpyOps on float64 copies of the same values).
 
 Runs: numpy, numba and native in float32 (tolerance of float32 sums, scaled by the result's magnitude), and
-numba's kernels (every op but the products, which are the specification's) also in float64 (to 1e-12). Each op runs on odd shapes, on contiguous arrays and on
-strided views: the heads layers.heads makes of a (B, T, 3C) array, padded rows, a third of each row, stepped
-columns, transposes, reversed rows, broadcasts. Output views sit in NaN-filled arrays, and the NaN gaps
-around them must stay unwritten. Then the in-place forms, one walk over every op Ops declares (an op declared
-without a row in WALK fails it), and the float32 approximations over their whole range. A backend that
-cannot run here is skipped with its reason. Threads, the native library's own checks, argument checks and
-selection: test_kernels.py and test_backends.py. Whole-model equivalence: test_model.py.
+numba's kernels (every op but the products, which are the specification's) also in float64 (to 1e-12). Each op
+runs on odd shapes, on contiguous arrays and on strided views: the heads layers.heads makes of a (B, T, 3C) array,
+padded rows, a third of each row, stepped columns, transposes, reversed rows, broadcasts. Output views sit in
+NaN-filled arrays, and the NaN gaps around them must stay unwritten. Then the in-place forms, one walk over every op
+Ops declares (an op declared without a row in WALK fails it), and the float32 approximations over their whole
+range. A backend that cannot run here is skipped with its reason. Threads, the native library's own checks,
+argument checks and selection: test_kernels.py and test_backends.py. Whole-model equivalence: test_model.py.
 """
 import inspect
 import itertools

@@ -9,9 +9,9 @@ Ops below declares every op with its shapes. The ops write caller-owned arrays (
 and allocate nothing of activation size per call (scratch is kept per shape). A float32 model may ask for
 bfloat16 products (bf16_products): every backend rounds the operands to bf16 and sums in float32: numpy by the
 formula (numpy_ops.round_bf16) into scratch before the fp32 product (numba too: it runs the specification's
-products), native in C as it packs. An explicitly requested backend that cannot run (or cannot run the model's dtype) raises
-BackendUnavailable; only "auto" chooses, and it says what it chose. This module also owns every thread count
-(set_threads).
+products), native in C as it packs. An explicitly requested backend that cannot run (or cannot run the model's
+dtype) raises BackendUnavailable; only "auto" chooses, and it says what it chose. This module also owns every
+thread count (set_threads).
 """
 import contextlib
 import functools
