@@ -140,7 +140,7 @@ class TrainConfig(ModelShape):
     # execution
     backend: str = setting(default_backend, "auto | numpy | numba | native; $MINIGPT_BACKEND sets the default")
     threads: int = setting(0, "threads of the backend's pools (0: all CPUs, or CPUs / ranks on this machine under "
-                                  "mpiexec); BLAS gets them on numpy, 1 thread otherwise")
+                                  "mpiexec); BLAS gets them on numpy and numba, 1 thread on native")
     dtype: str = setting("float32", "float32 | bf16: bf16 rounds the operands of every product (the Linears, the "
                                     "LM head, attention's two) to bfloat16 and sums in float32; weights, gradients, "
                                     "optimizer state, LayerNorm, softmax, loss and checkpoints stay float32")

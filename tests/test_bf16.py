@@ -1,6 +1,7 @@
 """bf16 products: the rounding (numpy_ops.round_bf16, the C library's mgk_round_bf16) against a scalar reference
-written from the definition; every bf16 product kernel (numba; native on every ISA path this CPU runs) against
-the numpy emulation; a whole training step in bf16 against float32; --dtype on the commands."""
+written from the definition; every bf16 product (native on every ISA path this CPU runs; numba's, which are the
+specification's np.matmul on rounded operands) against a float64 emulation; a whole training step in bf16
+against float32; --dtype on the commands."""
 import itertools
 import math
 import os
@@ -22,7 +23,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NATIVE = backends.why_unavailable("native")
 NUMBA = backends.why_unavailable("numba")
 PATHS = list(native.ISAS[:native._lib().mgk_cpu_isa() + 1]) if NATIVE is None else []
-# (backend, ISA path or None): every bf16 product kernel this machine has, and the amx path's code on emulated
+# (backend, ISA path or None): every bf16 product this machine has (numba's: the specification's products, reached
+# through numba's own wiring), and the amx path's code on emulated
 # tiles (mgk_emulate_amx: any CPU runs its packs, tiling, k blocks and causal skipping; the tiles themselves only
 # run on a CPU with AMX, as native:amx)
 KERNELS = ([("numba", None)] if NUMBA is None else []) + [("native", p) for p in PATHS] + \
@@ -300,7 +302,8 @@ def test_bf16_step_is_float32_within_bf16_precision():
 
 @pytest.mark.parametrize("backend", [b for b, r in (("numba", NUMBA), ("native", NATIVE)) if r is None])
 def test_bf16_step_of_fast_backends_matches_the_emulation(backend):
-    """Summation order differs from numpy's, and a last-bit difference in an activation can flip its bf16
+    """Summation order differs from numpy's (native's products; numba's and native's LayerNorm, softmax and
+    GELU), and a last-bit difference in an activation can flip its bf16
     rounding in the next product (one bf16 ulp, 2^-8 to 2^-7 relative, on that element): measured 1.5e-4 of the
     gradients' norm; the bound, 1e-3, still sits well under the 3e-3 that separates bf16 from float32."""
     l_ref, g_ref = step("numpy", True)

@@ -19,7 +19,9 @@ from test_ops import F32, F64, FAST, FLAGS, REASONS, close_gemm, operands, randn
 @pytest.mark.parametrize("name", FAST)
 def test_same_bits_for_any_thread_count(name):
     # each C element is summed by one thread in k order, and each row of a row op by one thread, so threads
-    # change speed, not bits (products of <= 8 rows on native split K over threads instead: the few-rows test)
+    # change speed, not bits (products of <= 8 rows on native split K over threads instead: the few-rows test).
+    # numba's products are OpenBLAS's, whose sums may depend on its thread count (numpy 1.24.4's OpenBLAS gave
+    # other bits at 2 threads): there only numba's own kernels are held to the same bits
     rng = np.random.default_rng(2)
     a, b, _ = operands(rng, 129, 65, 300, False, True)
     q, k, _ = operands(rng, 64, 64, 16, False, True, (4, 4))
@@ -32,8 +34,11 @@ def test_same_bits_for_any_thread_count(name):
         y, mean, rstd = np.empty_like(x), np.empty(300, F32), np.empty(300, F32)
         ops.layernorm(x, w, w, y, mean, rstd)
         runs.append([ops.matmul(a, b, tb=True), ops.bmm(q, k, tb=True), y, ops.causal_softmax(s.copy(), 0.25, 0)])
-    for one, two in zip(*runs):
-        np.testing.assert_array_equal(two, one)
+    for i, (one, two) in enumerate(zip(*runs)):
+        if name == "numba" and i < 2:                                 # the products: OpenBLAS's sums, K deep
+            close_gemm(two, one.astype(F64), (300, 16)[i])
+        else:
+            np.testing.assert_array_equal(two, one)
 
 
 def _native():
@@ -205,20 +210,22 @@ def test_numba_unavailable_without_numba(monkeypatch):
     assert backends.name() == "numpy"
 
 
+@pytest.mark.parametrize("kernel", ["layernorm_fwd", "causal_softmax_fwd"])
 @pytest.mark.parametrize("fault,why", [("raise", "failed to compile or run"), ("wrong", "wrong results")])
-def test_numba_unavailable_when_its_smoke_test_fails(monkeypatch, fault, why):
-    """backend() runs one numba kernel (LayerNorm) before it serves: a kernel that cannot run here, or that
-    computes the wrong thing, makes the backend unavailable with the reason (auto then skips it)."""
+def test_numba_unavailable_when_its_smoke_test_fails(monkeypatch, kernel, fault, why):
+    """backend() runs two numba kernels (LayerNorm, and the softmax with its own LLVM exp) before it serves: a
+    kernel that cannot run here, or that computes the wrong thing, makes the backend unavailable with the reason
+    (auto then skips it)."""
     from minigpt.backends import numba_ops
     if numba_ops.numba is None:
         pytest.skip("numba is not installed")
 
-    def broken(x, w, b, eps, out, mean, rstd):
+    def broken(*args):
         if fault == "raise":
             raise RuntimeError("LLVM ERROR: no such target")
-        out[...] = x
+        args[-3 if kernel == "layernorm_fwd" else 0][...] = 0.5          # out (LayerNorm) or att (softmax)
 
-    monkeypatch.setattr(numba_ops.NK, "layernorm_fwd", broken)
+    monkeypatch.setattr(numba_ops.NK, kernel, broken)
     monkeypatch.setattr(numba_ops, "_backend", None)
     with pytest.raises(backends.BackendUnavailable, match=why):
         numba_ops.backend()

@@ -198,7 +198,8 @@ BMM_VIEWS3 = [("pad", "mid", "pad"), ("step", "T", "mid"), ("T", "rev", "step"),
 @pytest.mark.parametrize("ta,tb", FLAGS)
 def test_bmm_on_views_matches_float64(use, name, dt, ta, tb):
     """Attention's products on heads read and written in place (two batch levels, rows in qkv), and
-    stacks whose rows are longer than their matrices, or not contiguous at all (copied by numba and native)."""
+    stacks whose rows are longer than their matrices, or not contiguous at all (native copies those; numba's
+    products are np.matmul's, which reads any view)."""
     ops = use(name)
     rng = np.random.default_rng(7)
     shapes4 = [(17, 17, 7), (17, 7, 17), (1, 9, 5), (33, 20, 64)]
@@ -268,6 +269,8 @@ def test_matmul_empty_and_k0(use, name, dt):
     assert ops.matmul(np.zeros((0, 5), F32), np.zeros((5, 2), F32)).shape == (0, 2)
     assert ops.bmm(np.zeros((0, 3, 5), F32), np.zeros((0, 5, 2), F32)).shape == (0, 3, 2)
     np.testing.assert_array_equal(ops.bmm(np.zeros((2, 3, 0), F32), np.zeros((2, 0, 4), F32)), np.zeros((2, 3, 4)))
+    for M, N in ((0, 4), (4, 0), (0, 0)):                              # empty causal results
+        assert ops.bmm(np.zeros((2, M, 5), F32), np.zeros((2, 5, N), F32), causal="out").shape == (2, M, N)
 
 
 # ----------------------------------------------------------------------------

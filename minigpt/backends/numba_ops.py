@@ -3,12 +3,15 @@
 The kernels walk C-contiguous arrays. A strided view (a head of the qkv array, say) goes through Ops._contiguous:
 copied into a scratch array kept per shape, and an output's result copied back, so this backend takes views
 like every other one and still allocates nothing of activation size per step (only (B*T,) int64 copies of
-the token ids and targets). The products are the specification's (np.matmul: numpy_ops.product); a numba GEMM
-ran them until 2026-11-27, and a config M step's products took 2.3x OpenBLAS's time on it (reports/benchmarks.md,
-its notes: the numba step is 1.9x as fast without it). A model runs float32
-here (dtypes), as on native; the kernels also compile for float64, which tests/test_ops.py holds to the float64
-specification.
+the token ids and targets). The products are the specification's (np.matmul: numpy_ops.product). A model runs
+float32 here (dtypes), as on native; the kernels also compile for float64, which tests/test_ops.py holds to the
+float64 specification.
+
+Until 2026-11-27 a numba GEMM ran the products: a config M step's products took 2.2x OpenBLAS's time on it, and
+the step is 1.9x as fast without it (reports/benchmarks.md, its notes).
 """
+import math
+
 import numpy as np
 
 from . import BackendUnavailable, Ops, check_dropout, check_float32, dropout_keep_from
@@ -26,7 +29,8 @@ SERIAL_BELOW = 16384     # elements of work: below this a kernel runs on one thr
 
 class NumbaOps(Ops):
     name = "numba"
-    dtypes = frozenset({np.dtype(np.float32)})       # float64 models are the specification's (gradient checks)
+    dtypes = frozenset({np.dtype(np.float32)})       # a choice, as on native: a float64 model (the gradient checks)
+                                                     # runs on the specification, and auto sends it there
 
     def __init__(self):
         super().__init__()
@@ -47,9 +51,10 @@ class NumbaOps(Ops):
 
     def set_threads(self, n):
         from threadpoolctl import threadpool_limits
-        self.nt = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
+        self.nt = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))   # numba's pool is no larger than it started
         numba.set_num_threads(self.nt)
-        threadpool_limits(self.nt, user_api="blas")                # the products' pool (one at a time: above)
+        threadpool_limits(max(1, int(n)), user_api="blas")         # the products' pool (backends._cap_blas: one
+                                                                   # pool at a time)
 
     # ---- products: the specification's own (numpy_ops.product: np.matmul, on BLAS's threads, which set_threads
     # sets to this backend's count); numba's threads sleep meanwhile (OMP_WAIT_POLICY, numba_kernels.py)
@@ -57,15 +62,17 @@ class NumbaOps(Ops):
         check_float32(a, b, out, backend=self.name)
         return product(self, a, b, ta, tb, out, acc, bf16)
 
-    own_causal = True                                              # causal "out": zeroed by a kernel (np.copyto's
-                                                                   # mask cost q k^T 25-30% at config M)
+    own_causal = True            # causal "out": the future zeroed by a kernel (numpy's np.copyto with a mask ran
+                                 # config M's causal q k^T at 62 GFLOP/s against 90 plain: reports/kernels.md)
 
     def _bmm(self, a, b, ta, tb, out, acc, bf16, causal=None, start=0):   # a (..., M, K), b (..., K, N) -> (..., M, N)
-        self._matmul(a, b, ta, tb, out, acc, bf16)                  # the full product: no causal skipping here
+        check_float32(a, b, out, backend=self.name)
+        product(self, a, b, ta, tb, out, acc, bf16)                 # the full product (causal "a" is just that)
         if causal == "out":
+            L = math.prod(out.shape[:-2])                           # not -1: an empty stack has no size to infer it
             self._threads(out.size)
             c = self._contiguous("bmm")
-            NK.zero_future(c.inout(out).reshape(-1, *out.shape[-2:]), start)
+            NK.zero_future(c.inout(out).reshape(L, *out.shape[-2:]), start)
             c.back()
         return out
 
@@ -169,12 +176,15 @@ def backend():
         be = NumbaOps()
         x = np.arange(15, dtype=np.float32).reshape(3, 5) ** 2
         got, mean, rstd = np.empty_like(x), np.empty(3, np.float32), np.empty(3, np.float32)
-        try:                               # one kernel: LayerNorm (the products are numpy's)
+        att = (x[None, :, :3] / 10).copy()                        # (1, 3, 3) scores: query i sees keys 0..i
+        try:                               # two kernels: LayerNorm, and the softmax (exp32's own LLVM code)
             be.layernorm(x, np.ones(5, np.float32), None, got, mean, rstd)
+            be.causal_softmax(att, 1.0)
         except Exception as e:             # noqa: BLE001  (a numba/LLVM failure on this machine)
-            raise BackendUnavailable(f"numba: the kernel failed to compile or run here ({e!r})") from e
+            raise BackendUnavailable(f"numba: a kernel failed to compile or run here ({e!r})") from e
         want = (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-5)
-        if not np.allclose(got, want, atol=1e-5):
-            raise BackendUnavailable("numba: the kernel gave wrong results on this machine")
+        e = np.tril(np.exp(x[:, :3] / 10 - (x[:, :3] / 10).max(1, keepdims=True)))
+        if not (np.allclose(got, want, atol=1e-5) and np.allclose(att[0], e / e.sum(1, keepdims=True), atol=1e-6)):
+            raise BackendUnavailable("numba: a kernel gave wrong results on this machine")
         _backend = be
     return _backend
