@@ -3,8 +3,8 @@
    op(B) into NR-column panels (transposes happen while packing, so ta/tb cost no copies of the caller's arrays),
    then run a register-blocked micro-kernel; tails are zero-padded in the packs, so every shape takes them.
    Five paths are compiled into the one library, four under their own target pragma and generic for the
-   baseline (no -march flag), and
-   mgk_isa() picks one at run time from cpuid (and a measured rate: best_isa), or mgk_set_isa() a lower one:
+   baseline (no -march flag), and mgk_isa() picks one at run time from cpuid (and a measured rate: best_isa), or
+   mgk_set_isa() a lower one:
      AVX-512  8x32 tile of zmm FMAs with masked tails, hand-written intrinsics (below); avx512bf16 adds a
               vdpbf16ps kernel for bf16 products on the same tile, and amx runs bf16 products on AMX tiles
               (mgk_amx.inc)

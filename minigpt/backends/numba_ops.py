@@ -176,15 +176,16 @@ def backend():
         be = NumbaOps()
         x = np.arange(15, dtype=np.float32).reshape(3, 5) ** 2
         got, mean, rstd = np.empty_like(x), np.empty(3, np.float32), np.empty(3, np.float32)
-        att = (x[None, :, :3] / 10).copy()                        # (1, 3, 3) scores: query i sees keys 0..i
+        s = x[:, :3] / 10                                         # (3, 3) scores: query i sees keys 0..i
+        att = s[None].copy()
         try:                               # two kernels: LayerNorm, and the softmax (exp32's own LLVM code)
             be.layernorm(x, np.ones(5, np.float32), None, got, mean, rstd)
             be.causal_softmax(att, 1.0)
         except Exception as e:             # noqa: BLE001  (a numba/LLVM failure on this machine)
             raise BackendUnavailable(f"numba: a kernel failed to compile or run here ({e!r})") from e
         want = (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-5)
-        e = np.tril(np.exp(x[:, :3] / 10 - (x[:, :3] / 10).max(1, keepdims=True)))
-        if not (np.allclose(got, want, atol=1e-5) and np.allclose(att[0], e / e.sum(1, keepdims=True), atol=1e-6)):
+        p = np.tril(np.exp(s - s.max(1, keepdims=True)))          # the causal softmax, unnormalised
+        if not (np.allclose(got, want, atol=1e-5) and np.allclose(att[0], p / p.sum(1, keepdims=True), atol=1e-6)):
             raise BackendUnavailable("numba: a kernel gave wrong results on this machine")
         _backend = be
     return _backend
