@@ -24,7 +24,8 @@
    bfloat16 products (mgk_bgemm*, mgk.h): both operands are rounded to bf16 as they are packed (on the few-rows
    path, as they are read), and the exact products are summed in float32. generic, avx2 and avx512 round their
    fp32 packs (bf16 values are floats whose low 16 bits are zero); the avx512bf16 path packs k-pairs of bf16 for
-   vdpbf16ps, mostly straight from the source, and amx packs straight into bf16 halves (mgk_amx.inc). */
+   vdpbf16ps, mostly straight from the source, and amx packs straight into bf16 halves (mgk_amx.inc). Every path
+   rounds a subnormal operand to zero (bf16_bits_daz, below), as its products would treat it anyway. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -185,21 +186,36 @@ static inline __attribute__((always_inline)) uint32_t bf16_bits(float x)
     return (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;   /* + half an ulp of bf16, odd halves up */
 }
 
-/* bf16_bits on every lane of u, a GCC vector of uint32 of type T (any width): the same operations, for the SIMD
-   code (the avx512bf16 and amx packs, the few-rows path). u is read several times: pass a variable */
-#define BF16_BITS_VEC(T, u) __extension__({                                                        \
-        T nan_ = (T)(((u) & 0x7fffffffu) > 0x7f800000u);            /* all ones in NaN lanes */     \
-        ((((u) + 0x7fffu + (((u) >> 16) & 1u)) & ~nan_) | (((u) | 0x00400000u) & nan_)) & 0xffff0000u; })
+/* How every fast path rounds a bf16 product's operands: bf16_bits, but a subnormal x is a zero of its sign, as
+   the instruction vcvtneps2bf16 rounds (the amx path's packs use it). Their products treat subnormal inputs as
+   zero anyway (the fp32 FMAs run with denormals-are-zero set, mgk_pool.c; vdpbf16ps and the tiles always do);
+   rounding them to zero first also zeroes the largest ones, which bf16_bits rounds up to the smallest normal
+   (1.1755e-38), so that every path gives the same bits. The scalar reference (ref_operand) and mgk_round_bf16
+   keep bf16_bits, the specification's rounding. */
+static inline __attribute__((always_inline)) uint32_t bf16_bits_daz(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u & 0x7f800000u ? bf16_bits(x) : u & 0x80000000u;
+}
 
-typedef uint32_t u32x8 __attribute__((vector_size(32)));   /* for BF16_BITS_VEC on 8 floats */
+/* bf16_bits_daz on every lane of u, a GCC vector of uint32 of type T (any width): the same operations, for the
+   SIMD code (the avx512bf16 packs, the few-rows path). u is read several times: pass a variable */
+#define BF16_DAZ_VEC(T, u) __extension__({                                                             \
+        T nan_ = (T)(((u) & 0x7fffffffu) > 0x7f800000u);            /* all ones in NaN lanes */         \
+        T sub_ = (T)(((u) & 0x7f800000u) == 0);                     /* ... in zero and subnormal ones */ \
+        ((((u) + 0x7fffu + (((u) >> 16) & 1u)) & ~(nan_ | sub_)) | (((u) | 0x00400000u) & nan_) |         \
+         ((u) & 0x80000000u & sub_)) & 0xffff0000u; })
+
+typedef uint32_t u32x8 __attribute__((vector_size(32)));   /* for BF16_DAZ_VEC on 8 floats */
 typedef uint32_t u32x16 __attribute__((vector_size(64)));  /* 16 floats' bits, and their top halves */
 typedef uint16_t u16x16 __attribute__((vector_size(32)));  /* (avx512bf16's pair_rows8, amx's pack_b) */
 
-/* p[0:n] = bf16(p[0:n]) in place: a packed panel becomes bf16 values in float32 slots */
+/* p[0:n] = bf16(p[0:n]) in place (bf16_bits_daz): a packed panel becomes bf16 values in float32 slots */
 static inline __attribute__((always_inline)) void round_bf16(float *p, long n)
 {
     for (long i = 0; i < n; i++) {
-        uint32_t r = bf16_bits(p[i]);
+        uint32_t r = bf16_bits_daz(p[i]);
         memcpy(p + i, &r, 4);
     }
 }
@@ -438,12 +454,12 @@ static void kernel_8x16(int kc, const float *ap, const float *bp, float *c, long
 #pragma GCC push_options
 TARGET_AVX512BF16
 
-/* bf16_bits on 8 floats at x */
+/* bf16_bits_daz on 8 floats at x */
 static inline __attribute__((always_inline)) u32x8 bf16_bits8(const float *x)
 {
     u32x8 u;
     memcpy(&u, x, 32);
-    return BF16_BITS_VEC(u32x8, u);
+    return BF16_DAZ_VEC(u32x8, u);
 }
 
 /* the packs of the dp path: panels of k-pairs, each ceil(kc/2) words deep, rounded and paired straight from
@@ -507,7 +523,7 @@ static inline __attribute__((always_inline)) int pair_rows8(const float *src, lo
         for (int i = 0; i < 8; i++) {
             u32x16 u;
             memcpy(&u, src + (long)i * lds + k, 64);
-            u16x16 h = __builtin_convertvector(BF16_BITS_VEC(u32x16, u) >> 16, u16x16);
+            u16x16 h = __builtin_convertvector(BF16_DAZ_VEC(u32x16, u) >> 16, u16x16);
             memcpy(&r[i], &h, 32);                       /* words k/2 .. k/2+7 of row i */
         }
         transpose_quads(r);
@@ -878,6 +894,42 @@ static void amx_config(void)       /* tiles 0-3: C (16 x 16 floats), 4-5: A, 6-7
 #define TILE_DP(c, a, b) _tile_dpbf16ps(c, a, b)
 #define TILE_RELEASE() _tile_release()
 #define TRANSPOSE8(src, lds, dst) tr8x8(src, lds, dst, 8)
+/* the packs' roundings (mgk_amx.inc's BF16_*), on vcvtne2ps2bf16 and vcvtneps2bf16 (bf16_bits_daz on each lane:
+   16 or 32 floats an instruction, where the same operations in C took 2.5x as long on floats in cache and 1.4x
+   out of it, on an Intel Xeon with AMX): d[0:n] = the bf16 of a[0:n]; out[j] = the word bf16(lo[j]) |
+   bf16(hi[j]) << 16 (a k-pair: lo and hi are two rows of it) for 16 or 8 j; out[0:16] = the bf16 of x[0:16] */
+static const uint16_t pair_idx[32] __attribute__((aligned(64))) = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22,
+    7, 23, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};   /* lane 2j: lo[j], 2j + 1: hi[j] */
+static const uint16_t pair_idx8[16] __attribute__((aligned(32))) = {0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14,
+    7, 15};
+static inline void bf16_row_amx(uint16_t *d, const float *a, int n)
+{
+    int k = 0;
+    for (; k + 32 <= n; k += 32)
+        _mm512_storeu_si512(d + k, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(a + k + 16), _mm512_loadu_ps(a + k)));
+    for (; k < n; k += 16) {
+        __mmask16 m = n - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - k)) - 1);
+        _mm256_mask_storeu_epi16(d + k, m, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, a + k)));
+    }
+}
+static inline void bf16_pairs16_amx(const float *lo, const float *hi, void *out)
+{
+    __m512i h = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(hi), _mm512_loadu_ps(lo));   /* lo in lanes 0-15 */
+    _mm512_storeu_si512(out, _mm512_permutexvar_epi16(_mm512_load_si512(pair_idx), h));
+}
+static inline void bf16_pairs8_amx(const float *lo, const float *hi, void *out)
+{
+    __m256i h = (__m256i)_mm256_cvtne2ps_pbh(_mm256_loadu_ps(hi), _mm256_loadu_ps(lo));
+    _mm256_storeu_si256(out, _mm256_permutexvar_epi16(_mm256_load_si256((const __m256i *)pair_idx8), h));
+}
+static inline void bf16_16_amx(const float *x, void *out)
+{
+    _mm256_storeu_si256(out, (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x)));
+}
+#define BF16_ROW(d, a, n) bf16_row_amx(d, a, n)
+#define BF16_PAIRS16(lo, hi, out) bf16_pairs16_amx(lo, hi, out)
+#define BF16_PAIRS8(lo, hi, out) bf16_pairs8_amx(lo, hi, out)
+#define BF16_16(x, out) bf16_16_amx(x, out)
 #include "mgk_amx.inc"
 #undef GA
 #undef TILE_CONFIG
@@ -887,6 +939,10 @@ static void amx_config(void)       /* tiles 0-3: C (16 x 16 floats), 4-5: A, 6-7
 #undef TILE_DP
 #undef TILE_RELEASE
 #undef TRANSPOSE8
+#undef BF16_ROW
+#undef BF16_PAIRS16
+#undef BF16_PAIRS8
+#undef BF16_16
 
 /* peak: 4 accumulator tiles, 2 A and 2 B tiles loaded once, registers (tiles) only: 4 x 16384 flops a pass,
    one pass per 8 iterations (a pass takes ~8x an FMA loop's iteration: the same iters take about as long) */
@@ -978,6 +1034,27 @@ static void emu_tr8x8(const float *src, long lds, float *dst)   /* tr8x8 in plai
 #define TILE_DP(c, a, b) emu_dp(c, a, b)
 #define TILE_RELEASE() (void)0
 #define TRANSPOSE8(src, lds, dst) emu_tr8x8(src, lds, dst)
+static inline void emu_row(uint16_t *d, const float *a, int n)   /* the amx copy's roundings, lane by lane */
+{
+    for (int k = 0; k < n; k++) d[k] = (uint16_t)(bf16_bits_daz(a[k]) >> 16);
+}
+static inline void emu_pairs(const float *lo, const float *hi, int n, float *out)
+{
+    for (int j = 0; j < n; j++) {
+        uint32_t w = bf16_bits_daz(hi[j]) | bf16_bits_daz(lo[j]) >> 16;
+        memcpy(out + j, &w, 4);
+    }
+}
+static inline void emu_16(const float *x, float *out)
+{
+    uint16_t h[16];
+    emu_row(h, x, 16);
+    memcpy(out, h, 32);
+}
+#define BF16_ROW(d, a, n) emu_row(d, a, n)
+#define BF16_PAIRS16(lo, hi, out) emu_pairs(lo, hi, 16, (float *)(void *)(out))
+#define BF16_PAIRS8(lo, hi, out) emu_pairs(lo, hi, 8, out)
+#define BF16_16(x, out) emu_16(x, out)
 #include "mgk_amx.inc"
 #undef GA
 #undef TILE_CONFIG
@@ -987,6 +1064,10 @@ static void emu_tr8x8(const float *src, long lds, float *dst)   /* tr8x8 in plai
 #undef TILE_DP
 #undef TILE_RELEASE
 #undef TRANSPOSE8
+#undef BF16_ROW
+#undef BF16_PAIRS16
+#undef BF16_PAIRS8
+#undef BF16_16
 
 typedef void block_fn(const job_t *g, const float *A, const float *B, float *C, int m0, int m1, int n0, int n1,
                       float *ap, float *bp);

@@ -23,6 +23,7 @@ TB, TE = "tests/test_bf16.py", "tests/test_native_emulated.py"
 EMU = f"{TE}::test_native_tests_pass_on_the_emulated_avx512_paths"
 CAUSAL = f"{TO}::test_causal_products_are_the_plain_products"
 ISA = "tests/test_native_isa.py::test_matmul_every_path_matches_float64"   # every path this CPU runs, forced
+SUBN = f"{TB}::test_bf16_products_round_subnormal_operands_to_zero_on_native"
 
 # (file, exact text (must occur once), replacement, the test that must fail)
 M = [
@@ -149,17 +150,25 @@ M = [
         "", f"{TB}::test_bf16_products_round_both_operands_exactly"),
     ("native/mgk_amx.inc", "TILE_DP(2, 5, 6); TILE_DP(3, 5, 7);", "TILE_DP(2, 5, 6); TILE_DP(3, 5, 6);",
         f"{TB}::test_amx_path_blocking_matches_the_emulation"),
-    ("native/mgk_amx.inc", "u32x16 word = BF16_BITS_VEC(u32x16, hi) | BF16_BITS_VEC(u32x16, lo) >> 16;",
-        "u32x16 word = BF16_BITS_VEC(u32x16, lo) | BF16_BITS_VEC(u32x16, hi) >> 16;",
+    ("native/mgk_amx.inc", "BF16_PAIRS16(b0 + j, b1 + j, row);", "BF16_PAIRS16(b1 + j, b0 + j, row);",
         f"{TB}::test_amx_path_blocking_matches_the_emulation"),
     ("native/mgk_amx.inc", "TILE_LOAD(5, ap + 16 * AMX_LD(kp) + k, AMX_LD(kp) * 2);",
         "TILE_LOAD(5, ap + 16 * AMX_LD(kp), AMX_LD(kp) * 2);",
         f"{TB}::test_amx_path_blocking_matches_the_emulation"),
-    ("native/mgk_amx.inc", "u32x8 word = BF16_BITS_VEC(u32x8, hi) | BF16_BITS_VEC(u32x8, lo) >> 16;",
-        "u32x8 word = BF16_BITS_VEC(u32x8, lo) | BF16_BITS_VEC(u32x8, hi) >> 16;",
+    ("native/mgk_amx.inc", "BF16_PAIRS8(a, a + g->lda, w + p * 8);", "BF16_PAIRS8(a + g->lda, a, w + p * 8);",
         f"{TB}::test_amx_path_blocking_matches_the_emulation"),
-    ("native/mgk_amx.inc", "x1 = k + 2 * p + 1 < kc ? a[g->lda + c] : 0.0f;", "x1 = k + 2 * p + 1 < kc ? a[c] : 0.0f;",
+    ("native/mgk_amx.inc", "hi[c] = k + 2 * p + 1 < kc ? a[g->lda + c] : 0.0f;",
+        "hi[c] = k + 2 * p + 1 < kc ? a[c] : 0.0f;",
         f"{TB}::test_amx_path_blocking_matches_the_emulation"),
+    ("native/mgk.c", "uint32_t w = bf16_bits_daz(hi[j]) | bf16_bits_daz(lo[j]) >> 16;",
+        "uint32_t w = bf16_bits_daz(lo[j]) | bf16_bits_daz(hi[j]) >> 16;",
+        f"{TB}::test_amx_path_blocking_matches_the_emulation"),
+    # every fast path rounds a subnormal operand to zero (vcvtneps2bf16's rule): the emulated amx copy, the packs
+    # of generic/avx2/avx512, the avx512bf16 packs and the few-rows path (BF16_DAZ_VEC)
+    ("native/mgk.c", "for (int k = 0; k < n; k++) d[k] = (uint16_t)(bf16_bits_daz(a[k]) >> 16);",
+        "for (int k = 0; k < n; k++) d[k] = (uint16_t)(bf16_bits(a[k]) >> 16);", SUBN),
+    ("native/mgk.c", "        uint32_t r = bf16_bits_daz(p[i]);", "        uint32_t r = bf16_bits(p[i]);", SUBN),
+    ("native/mgk.c", "T sub_ = (T)(((u) & 0x7f800000u) == 0);", "T sub_ = (T)((u) != (u));", SUBN),
     ("native/mgk_amx.inc", "memcpy(panel + (k / 2 + p) * 16 + j - 16 * q, t + p * 8, 32);",
         "memcpy(panel + (k / 2 + p) * 16 + j - 16 * q, t + (p ^ 1) * 8, 32);",
         f"{TB}::test_amx_path_blocking_matches_the_emulation"),
@@ -218,7 +227,7 @@ M = [
         "if (NV == 2) acc[i][1] = _mm512_fmadd_ps(a, b0, acc[i][1]);", EMU),
     ("native/mgk.c", "kernel_dp_8x16)((k1 - k0 + 1) / 2,", "kernel_dp_8x16)((k1 - k0) / 2,", EMU),
     ("native/mgk.c", "float *panel = bp + (long)jp * d;", "float *panel = bp + (long)jp * (kc / 2);", EMU),
-    ("native/mgk.c", "u16x16 h = __builtin_convertvector(BF16_BITS_VEC(u32x16, u) >> 16, u16x16);",
+    ("native/mgk.c", "u16x16 h = __builtin_convertvector(BF16_DAZ_VEC(u32x16, u) >> 16, u16x16);",
         "u16x16 h = __builtin_convertvector(u >> 16, u16x16);", EMU),
     ("native/mgk.c", "_mm256_storeu_ps(dst + (k / 2 + c + 4) * ldd,", "_mm256_storeu_ps(dst + (k / 2 + c + 3) * ldd,",
         EMU),
@@ -234,7 +243,7 @@ M = [
         "u32x8 word = bf16_bits8(r0) | bf16_bits8(r1) >> 16;", EMU),
     ("native/mgk.c", "memcpy(ap + ir * d + k * mr, a + ir, sizeof(float) * (size_t)mr);",
         "memcpy(ap + ir * d + k * mr, a + ir + 1, sizeof(float) * (size_t)mr);", ISA),
-    ("native/mgk.c", "(((u) + 0x7fffu + (((u) >> 16) & 1u)) & ~nan_)", "(((u) + 0x7fffu) & ~nan_)",
+    ("native/mgk.c", "(((u) + 0x7fffu + (((u) >> 16) & 1u)) & ~(nan_ | sub_))", "(((u) + 0x7fffu) & ~(nan_ | sub_))",
         f"{TB}::test_bf16_products_round_ties_to_even_in_both_operands"),
     ("native/mgk.c", "float beta = pc == 0 ? g->beta : 1.0f;                /* later k blocks",
         "float beta = g->beta;                /* later k blocks", EMU),
