@@ -200,16 +200,14 @@ static inline __attribute__((always_inline)) uint32_t bf16_bits_daz(float x)
 }
 
 /* bf16_bits_daz on every lane of u, a GCC vector of uint32 of type T (any width): the same operations, for the
-   SIMD code (the avx512bf16 packs, the few-rows path). u is read several times: pass a variable */
+   few-rows path (mgk_small.inc; the packs of avx512bf16 and amx round with the instruction itself). u is read
+   several times: pass a variable */
 #define BF16_DAZ_VEC(T, u) __extension__({                                                             \
         T nan_ = (T)(((u) & 0x7fffffffu) > 0x7f800000u);            /* all ones in NaN lanes */         \
         T sub_ = (T)(((u) & 0x7f800000u) == 0);                     /* ... in zero and subnormal ones */ \
         ((((u) + 0x7fffu + (((u) >> 16) & 1u)) & ~(nan_ | sub_)) | (((u) | 0x00400000u) & nan_) |         \
          ((u) & 0x80000000u & sub_)) & 0xffff0000u; })
 
-typedef uint32_t u32x8 __attribute__((vector_size(32)));   /* for BF16_DAZ_VEC on 8 floats */
-typedef uint32_t u32x16 __attribute__((vector_size(64)));  /* 16 floats' bits, and their top halves */
-typedef uint16_t u16x16 __attribute__((vector_size(32)));  /* (avx512bf16's pair_rows8, amx's pack_b) */
 
 /* p[0:n] = bf16(p[0:n]) in place (bf16_bits_daz): a packed panel becomes bf16 values in float32 slots */
 static inline __attribute__((always_inline)) void round_bf16(float *p, long n)
@@ -454,12 +452,21 @@ static void kernel_8x16(int kc, const float *ap, const float *bp, float *c, long
 #pragma GCC push_options
 TARGET_AVX512BF16
 
-/* bf16_bits_daz on 8 floats at x */
-static inline __attribute__((always_inline)) u32x8 bf16_bits8(const float *x)
+/* the packs' roundings, on vcvtne2ps2bf16 and vcvtneps2bf16 (bf16_bits_daz on each lane, 16 floats an
+   instruction: the same operations in C took 2.5x as long on floats in cache and 1.4x out of it, converting a row
+   of floats on an Intel Xeon with AMX). bf16_pairs8: out[0:8] = the words bf16(lo[j]) | bf16(hi[j]) << 16 (a
+   k-pair: lo and hi are two rows of it); bf16_x16: the bf16 of x[0:16] in a ymm (8 words, where a row's k-pairs
+   lie along it). The amx path's packs use them too */
+static const uint16_t pair_idx8[16] __attribute__((aligned(32))) = {0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14,
+    7, 15};                                               /* lane 2j: lo[j], 2j + 1: hi[j] */
+static inline __attribute__((always_inline)) void bf16_pairs8(const float *lo, const float *hi, void *out)
 {
-    u32x8 u;
-    memcpy(&u, x, 32);
-    return BF16_DAZ_VEC(u32x8, u);
+    __m256i h = (__m256i)_mm256_cvtne2ps_pbh(_mm256_loadu_ps(hi), _mm256_loadu_ps(lo));     /* lo in lanes 0-7 */
+    _mm256_storeu_si256(out, _mm256_permutexvar_epi16(_mm256_load_si256((const __m256i *)pair_idx8), h));
+}
+static inline __attribute__((always_inline)) __m256 bf16_x16(const float *x)
+{
+    return (__m256)_mm512_cvtneps_pbh(_mm512_loadu_ps(x));
 }
 
 /* the packs of the dp path: panels of k-pairs, each ceil(kc/2) words deep, rounded and paired straight from
@@ -480,8 +487,7 @@ static void pair_panel(float *panel, int kc, int w)
     for (int p = 0; p < (kc + 1) / 2; p++)
         for (int j = 0; j < w; j += 8) {
             const float *x0 = panel + (long)2 * p * w + j, *x1 = 2 * p + 1 < kc ? x0 + w : zeros;
-            u32x8 word = bf16_bits8(x1) | bf16_bits8(x0) >> 16;
-            memcpy(panel + (long)p * w + j, &word, 32);
+            bf16_pairs8(x0, x1, panel + (long)p * w + j);
         }
 }
 
@@ -506,8 +512,7 @@ static void pack_at_pairs(const job_t *g, const float *A, int i0, int mc, int k0
                 r0 = x0;
                 r1 = x1;
             }
-            u32x8 word = bf16_bits8(r1) | bf16_bits8(r0) >> 16;
-            memcpy(ap + (long)ir * d + p * MR, &word, 32);
+            bf16_pairs8(r0, r1, ap + (long)ir * d + p * MR);
         }
     }
 }
@@ -520,12 +525,8 @@ static inline __attribute__((always_inline)) int pair_rows8(const float *src, lo
     int k = 0;
     for (; k + 16 <= kc; k += 16) {
         __m256 r[8];
-        for (int i = 0; i < 8; i++) {
-            u32x16 u;
-            memcpy(&u, src + (long)i * lds + k, 64);
-            u16x16 h = __builtin_convertvector(BF16_DAZ_VEC(u32x16, u) >> 16, u16x16);
-            memcpy(&r[i], &h, 32);                       /* words k/2 .. k/2+7 of row i */
-        }
+        for (int i = 0; i < 8; i++)
+            r[i] = bf16_x16(src + (long)i * lds + k);     /* words k/2 .. k/2+7 of row i */
         transpose_quads(r);
         for (int c = 0; c < 4; c++) {                     /* word k/2 + c of rows 0-7 from r[c] and r[4+c] */
             _mm256_storeu_ps(dst + (k / 2 + c) * ldd, _mm256_permute2f128_ps(r[c], r[4 + c], 0x20));
@@ -570,8 +571,7 @@ static void pack_b_pairs(const job_t *g, const float *B, int j0, int nc, int k0,
                         s0 = t0;
                         s1 = t1;
                     }
-                    u32x8 word = bf16_bits8(s1) | bf16_bits8(s0) >> 16;
-                    memcpy(row + j, &word, 32);
+                    bf16_pairs8(s0, s1, row + j);
                 }
             }
         }
@@ -894,14 +894,10 @@ static void amx_config(void)       /* tiles 0-3: C (16 x 16 floats), 4-5: A, 6-7
 #define TILE_DP(c, a, b) _tile_dpbf16ps(c, a, b)
 #define TILE_RELEASE() _tile_release()
 #define TRANSPOSE8(src, lds, dst) tr8x8(src, lds, dst, 8)
-/* the packs' roundings (mgk_amx.inc's BF16_*), on vcvtne2ps2bf16 and vcvtneps2bf16 (bf16_bits_daz on each lane:
-   16 or 32 floats an instruction, where the same operations in C took 2.5x as long on floats in cache and 1.4x
-   out of it, on an Intel Xeon with AMX): d[0:n] = the bf16 of a[0:n]; out[j] = the word bf16(lo[j]) |
-   bf16(hi[j]) << 16 (a k-pair: lo and hi are two rows of it) for 16 or 8 j; out[0:16] = the bf16 of x[0:16] */
+/* mgk_amx.inc's roundings (BF16_*): the avx512bf16 section's bf16_pairs8 and bf16_x16, and these two, on the
+   same instructions: d[0:n] = the bf16 of a[0:n] (32 floats an instruction); bf16_pairs8 for 16 words */
 static const uint16_t pair_idx[32] __attribute__((aligned(64))) = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22,
     7, 23, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};   /* lane 2j: lo[j], 2j + 1: hi[j] */
-static const uint16_t pair_idx8[16] __attribute__((aligned(32))) = {0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14,
-    7, 15};
 static inline void bf16_row_amx(uint16_t *d, const float *a, int n)
 {
     int k = 0;
@@ -917,19 +913,10 @@ static inline void bf16_pairs16_amx(const float *lo, const float *hi, void *out)
     __m512i h = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(hi), _mm512_loadu_ps(lo));   /* lo in lanes 0-15 */
     _mm512_storeu_si512(out, _mm512_permutexvar_epi16(_mm512_load_si512(pair_idx), h));
 }
-static inline void bf16_pairs8_amx(const float *lo, const float *hi, void *out)
-{
-    __m256i h = (__m256i)_mm256_cvtne2ps_pbh(_mm256_loadu_ps(hi), _mm256_loadu_ps(lo));
-    _mm256_storeu_si256(out, _mm256_permutexvar_epi16(_mm256_load_si256((const __m256i *)pair_idx8), h));
-}
-static inline void bf16_16_amx(const float *x, void *out)
-{
-    _mm256_storeu_si256(out, (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x)));
-}
 #define BF16_ROW(d, a, n) bf16_row_amx(d, a, n)
 #define BF16_PAIRS16(lo, hi, out) bf16_pairs16_amx(lo, hi, out)
-#define BF16_PAIRS8(lo, hi, out) bf16_pairs8_amx(lo, hi, out)
-#define BF16_16(x, out) bf16_16_amx(x, out)
+#define BF16_PAIRS8(lo, hi, out) bf16_pairs8(lo, hi, out)
+#define BF16_16(x, out) _mm256_storeu_ps(out, bf16_x16(x))
 #include "mgk_amx.inc"
 #undef GA
 #undef TILE_CONFIG

@@ -93,6 +93,46 @@ EMU __m512 emu_dpbf16_ps(__m512 src, __m512bh a, __m512bh b)
     return (__m512)d;
 }
 
+/* vcvtneps2bf16 and vcvtne2ps2bf16: each float to the nearest bf16, ties to even, a NaN made quiet, a denormal
+   input as a zero of its sign, whatever MXCSR says (the SDM's convert_fp32_to_bfloat16) */
+EMU uint16_t emu_bf16_bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) == 0) return (uint16_t)(u >> 16 & 0x8000u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u | 0x00400000u) >> 16);
+    return (uint16_t)((u + 0x7fffu + (u >> 16 & 1u)) >> 16);
+}
+EMU __m256bh emu_cvtneps_pbh(__m512 a)                        /* lane i: a[i] */
+{
+    emu_f16x x = (emu_f16x)a;
+    uint16_t h[16];
+    __m256bh r;
+    for (int i = 0; i < 16; i++) h[i] = emu_bf16_bits(x[i]);
+    memcpy(&r, h, 32);
+    return r;
+}
+EMU __m256bh emu_cvtne2ps_pbh256(__m256 a, __m256 b)          /* lanes 0-7: b, 8-15: a */
+{
+    float x[16];
+    uint16_t h[16];
+    __m256bh r;
+    memcpy(x, &b, 32);
+    memcpy(x + 8, &a, 32);
+    for (int i = 0; i < 16; i++) h[i] = emu_bf16_bits(x[i]);
+    memcpy(&r, h, 32);
+    return r;
+}
+EMU __m256i emu_permutexvar_epi16_256(__m256i idx, __m256i a)  /* lane j: a[idx[j] mod 16] (vpermw) */
+{
+    uint16_t i16[16], x[16], r[16];
+    memcpy(i16, &idx, 32);
+    memcpy(x, &a, 32);
+    for (int j = 0; j < 16; j++) r[j] = x[i16[j] & 15];
+    memcpy(&idx, r, 32);
+    return idx;
+}
+
 #define _mm512_setzero_ps emu_setzero_ps
 #define _mm512_set1_ps emu_set1_ps
 #define _mm512_set1_epi32 emu_set1_epi32
@@ -107,4 +147,7 @@ EMU __m512 emu_dpbf16_ps(__m512 src, __m512bh a, __m512bh b)
 #define _mm512_reduce_add_ps emu_reduce_add_ps
 #define _mm512_castps512_ps256 emu_castps512_ps256
 #define _mm512_dpbf16_ps emu_dpbf16_ps
+#define _mm512_cvtneps_pbh emu_cvtneps_pbh
+#define _mm256_cvtne2ps_pbh emu_cvtne2ps_pbh256
+#define _mm256_permutexvar_epi16 emu_permutexvar_epi16_256
 #endif
