@@ -894,8 +894,9 @@ static void amx_config(void)       /* tiles 0-3: C (16 x 16 floats), 4-5: A, 6-7
 #define TILE_DP(c, a, b) _tile_dpbf16ps(c, a, b)
 #define TILE_RELEASE() _tile_release()
 #define TRANSPOSE8(src, lds, dst) tr8x8(src, lds, dst, 8)
-/* mgk_amx.inc's roundings (BF16_*): the avx512bf16 section's bf16_pairs8 and bf16_x16, and these two, on the
-   same instructions: d[0:n] = the bf16 of a[0:n] (32 floats an instruction); bf16_pairs8 for 16 words */
+/* mgk_amx.inc's roundings (BF16_*): the avx512bf16 section's bf16_pairs8 and bf16_x16, and these two on the same
+   instructions: bf16_row_amx, d[0:n] = the bf16 of a[0:n] (32 floats an instruction); bf16_pairs16_amx, the
+   words of bf16_pairs8 for 16 j */
 static const uint16_t pair_idx[32] __attribute__((aligned(64))) = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22,
     7, 23, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};   /* lane 2j: lo[j], 2j + 1: hi[j] */
 static inline void bf16_row_amx(uint16_t *d, const float *a, int n)
