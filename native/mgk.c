@@ -25,7 +25,7 @@
    path, as they are read), and the exact products are summed in float32. generic, avx2 and avx512 round their
    fp32 packs (bf16 values are floats whose low 16 bits are zero); the avx512bf16 path packs k-pairs of bf16 for
    vdpbf16ps, mostly straight from the source, and amx packs straight into bf16 halves (mgk_amx.inc). Every path
-   rounds a subnormal operand to zero (bf16_bits_daz, below), as its products would treat it anyway. */
+   rounds a subnormal operand to zero (bf16_bits_daz, below), as its products would treat it anyway on x86. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -187,11 +187,11 @@ static inline __attribute__((always_inline)) uint32_t bf16_bits(float x)
 }
 
 /* How every fast path rounds a bf16 product's operands: bf16_bits, but a subnormal x is a zero of its sign, as
-   the instruction vcvtneps2bf16 rounds (the amx path's packs use it). Their products treat subnormal inputs as
-   zero anyway (the fp32 FMAs run with denormals-are-zero set, mgk_pool.c; vdpbf16ps and the tiles always do);
-   rounding them to zero first also zeroes the largest ones, which bf16_bits rounds up to the smallest normal
-   (1.1755e-38), so that every path gives the same bits. The scalar reference (ref_operand) and mgk_round_bf16
-   keep bf16_bits, the specification's rounding. */
+   the instruction vcvtneps2bf16 rounds (the avx512bf16 and amx paths' packs use it). On x86 their products treat
+   subnormal inputs as zero anyway (the fp32 FMAs run with denormals-are-zero set, mgk_pool.c; vdpbf16ps and the
+   tiles always do); rounding them to zero first also zeroes the largest ones, which bf16_bits rounds up to the
+   smallest normal (1.1755e-38), so that every path gives the same bits. The scalar reference (ref_operand) and
+   mgk_round_bf16 keep bf16_bits, the specification's rounding. */
 static inline __attribute__((always_inline)) uint32_t bf16_bits_daz(float x)
 {
     uint32_t u;
@@ -207,7 +207,6 @@ static inline __attribute__((always_inline)) uint32_t bf16_bits_daz(float x)
         T sub_ = (T)(((u) & 0x7f800000u) == 0);                     /* ... in zero and subnormal ones */ \
         ((((u) + 0x7fffu + (((u) >> 16) & 1u)) & ~(nan_ | sub_)) | (((u) | 0x00400000u) & nan_) |         \
          ((u) & 0x80000000u & sub_)) & 0xffff0000u; })
-
 
 /* p[0:n] = bf16(p[0:n]) in place (bf16_bits_daz): a packed panel becomes bf16 values in float32 slots */
 static inline __attribute__((always_inline)) void round_bf16(float *p, long n)

@@ -72,12 +72,14 @@ int mgk_attention_bwd(int bf16, int L1, int L2, int T, int hs, float scale,
                       float *dk, int lddk, long long sdk1, long long sdk2,
                       float *dv, int lddv, long long sdv1, long long sdv2,
                       int drop, unsigned long long seed, unsigned int keep_from, float drop_scale);
-/* plain scalar loops, one thread: the reference the fast path is tested against */
+/* plain scalar loops, one thread: the reference the fast path is tested against (in bf16, the fast paths differ
+   from it on subnormal operands only: mgk_bgemm) */
 int mgk_sgemm_ref(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                   float beta, float *C, int ldc);
 
 /* bfloat16 products: as mgk_sgemm*, with every element of op(A) and op(B) rounded to bf16 (round to nearest,
-   ties to even; mgk_round_bf16) and the exact products summed in float32. Arrays stay float32. */
+   ties to even, as mgk_round_bf16; mgk_bgemm's fast paths round a subnormal operand to 0, as vcvtneps2bf16 does,
+   while mgk_bgemm_ref keeps it) and the exact products summed in float32. Arrays stay float32. */
 int mgk_bgemm(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
               float beta, float *C, int ldc);
 int mgk_bgemm_batched(int L1, int L2, int ta, int tb, int M, int N, int K,

@@ -167,6 +167,8 @@ M = [
     # of generic/avx2/avx512 and the few-rows path (BF16_DAZ_VEC; the avx512bf16 packs: the emulated build's row)
     ("native/mgk.c", "for (int k = 0; k < n; k++) d[k] = (uint16_t)(bf16_bits_daz(a[k]) >> 16);",
         "for (int k = 0; k < n; k++) d[k] = (uint16_t)(bf16_bits(a[k]) >> 16);", SUBN),
+    ("native/mgk.c", "uint32_t w = bf16_bits_daz(hi[j]) | bf16_bits_daz(lo[j]) >> 16;",
+        "uint32_t w = bf16_bits(hi[j]) | bf16_bits(lo[j]) >> 16;", SUBN),
     ("native/mgk.c", "        uint32_t r = bf16_bits_daz(p[i]);", "        uint32_t r = bf16_bits(p[i]);", SUBN),
     ("native/mgk.c", "T sub_ = (T)(((u) & 0x7f800000u) == 0);", "T sub_ = (T)((u) != (u));", SUBN),
     ("native/mgk_amx.inc", "memcpy(panel + (k / 2 + p) * 16 + j - 16 * q, t + p * 8, 32);",
