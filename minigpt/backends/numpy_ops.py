@@ -63,8 +63,8 @@ def round_bf16(x, out, nan=None):
     """float32 x -> out: each value rounded to the nearest bfloat16 (8 significant bits, float32's exponent
     range), ties to even, kept as float32 whose low 16 bits are zero. A NaN stays NaN (made quiet), a finite
     value from halfway past the largest bf16 on (3.3962e38; the largest is 3.3895e38) rounds to inf; subnormals
-    round like any other value. nan: bool scratch of x's shape (a backend's, so that a step allocates nothing),
-    else made here. Returns out."""
+    round like any other value (native's products round them to 0, as vcvtneps2bf16 does: README, bf16). nan:
+    bool scratch of x's shape (a backend's, so that a step allocates nothing), else made here. Returns out."""
     u = x.view(np.uint32)                                           # the float's bits (a view: x may be strided)
     r = out.view(np.uint32)
     np.right_shift(u, 16, out=r)
