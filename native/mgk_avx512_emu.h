@@ -98,8 +98,8 @@ EMU __m512 emu_dpbf16_ps(__m512 src, __m512bh a, __m512bh b)
 EMU uint16_t emu_bf16_bits(float x)
 {
     uint32_t u;
+    x = emu_daz(x);
     memcpy(&u, &x, 4);
-    if ((u & 0x7f800000u) == 0) return (uint16_t)(u >> 16 & 0x8000u);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u | 0x00400000u) >> 16);
     return (uint16_t)((u + 0x7fffu + (u >> 16 & 1u)) >> 16);
 }

@@ -243,7 +243,7 @@ M = [
     ("native/mgk.c", "bf16_pairs8(r0, r1, ap + (long)ir * d + p * MR);",
         "bf16_pairs8(r1, r0, ap + (long)ir * d + p * MR);", EMU),
     ("native/mgk.c", "= {0, 8, 1, 9, 2, 10,", "= {8, 0, 1, 9, 2, 10,", EMU),
-    ("native/mgk_avx512_emu.h", "if ((u & 0x7f800000u) == 0) return (uint16_t)(u >> 16 & 0x8000u);", "", EMU),
+    ("native/mgk_avx512_emu.h", "    x = emu_daz(x);\n    memcpy(&u, &x, 4);", "    memcpy(&u, &x, 4);", EMU),
     ("native/mgk.c", "memcpy(ap + ir * d + k * mr, a + ir, sizeof(float) * (size_t)mr);",
         "memcpy(ap + ir * d + k * mr, a + ir + 1, sizeof(float) * (size_t)mr);", ISA),
     ("native/mgk.c", "(((u) + 0x7fffu + (((u) >> 16) & 1u)) & ~(nan_ | sub_))", "(((u) + 0x7fffu) & ~(nan_ | sub_))",

@@ -136,25 +136,32 @@ def test_bf16_products_round_both_operands_exactly(kernel, ta, tb):
             assert not np.array_equal(ops.matmul(a, b, ta, tb, bf16=False), want)   # float32 keeps the 2^-10s
 
 
+def tie_bits(rng, R=37, K=70):
+    """R x K float32 bits between 2^-31 and 2^32 whose low halves are bf16 ties, just below or above one, or 0."""
+    return (rng.integers(0x3000, 0x5000, (R, K), dtype=np.uint32) << 16) | rng.choice(
+        np.array([0x8000, 0x7FFF, 0x8001, 0x0000], np.uint32), (R, K))               # ties, just below, above
+
+
+def times_identity(kernel, x, M, ta, tb):
+    """x[:M] @ I and I[:M] @ x (x as the right operand, K = 37 deep) in bf16, each operand stored transposed
+    for ta / tb: every output is one product by 1 (the other terms are 0), so both show how the kernel rounds x."""
+    t = np.ascontiguousarray
+    R, K = x.shape
+    eye = np.eye(R, dtype=np.float32)[:M]
+    return (kernel.matmul(t(x[:M].T) if ta else x[:M], np.eye(K, dtype=np.float32), ta, tb, bf16=True),
+            kernel.matmul(t(eye.T) if ta else eye, t(x.T) if tb else x, ta, tb, bf16=True))
+
+
 @pytest.mark.parametrize("M", [37, 3])
 @pytest.mark.parametrize("ta,tb", list(itertools.product((False, True), repeat=2)))
 def test_bf16_products_round_ties_to_even_in_both_operands(kernel, ta, tb, M):
-    """x[:M] @ I and I[:M] @ x are round_bf16(x[:M]) bit for bit: each output is one product by 1 (the other terms
-    are 0), so every kernel's packs (M = 37; odd: the tails of the tiles and of the k-pairs) and the native
-    few-rows path (M = 3, no packs, unless both are transposed) must round both operands as the definition
-    does, ties to even included."""
-    rng = np.random.default_rng(8)
-    R, K = 37, 70
-    bits = (rng.integers(0x3000, 0x5000, (R, K), dtype=np.uint32) << 16) | rng.choice(
-        np.array([0x8000, 0x7FFF, 0x8001, 0x0000], np.uint32), (R, K))               # ties, just below, above
-    x = bits.view(np.float32)
-    want = round_bf16(x[:M], np.empty((M, K), np.float32)).view(np.uint32)
-    t = np.ascontiguousarray                              # the operand stored transposed, for ta / tb
-    got = kernel.matmul(t(x[:M].T) if ta else x[:M], np.eye(K, dtype=np.float32), ta, tb, bf16=True)
-    assert np.array_equal(got.view(np.uint32), want)
-    eye = np.eye(R, dtype=np.float32)[:M]                 # x as the right operand, K = 37 deep
-    got = kernel.matmul(t(eye.T) if ta else eye, t(x.T) if tb else x, ta, tb, bf16=True)
-    assert np.array_equal(got.view(np.uint32), want)
+    """x[:M] @ I and I[:M] @ x are round_bf16(x[:M]) bit for bit, so every kernel's packs (M = 37; odd: the
+    tails of the tiles and of the k-pairs) and the native few-rows path (M = 3, no packs, unless both are
+    transposed) must round both operands as the definition does, ties to even included."""
+    x = tie_bits(np.random.default_rng(8)).view(np.float32)
+    want = round_bf16(x[:M], np.empty(x[:M].shape, np.float32)).view(np.uint32)
+    for got in times_identity(kernel, x, M, ta, tb):
+        assert np.array_equal(got.view(np.uint32), want)
 
 
 @pytest.mark.parametrize("M", [37, 3])
@@ -166,25 +173,19 @@ def test_bf16_products_round_subnormal_operands_to_zero_on_native(kernel, ta, tb
     tail and k block of x); the specification (numba's products) rounds them by the definition and keeps them.
     Compared as values: the sign of a zero sum is the summation's."""
     rng = np.random.default_rng(9)
-    R, K = 37, 70
-    bits = (rng.integers(0x3000, 0x5000, (R, K), dtype=np.uint32) << 16) | rng.choice(
-        np.array([0x8000, 0x7FFF, 0x8001, 0x0000], np.uint32), (R, K))
-    sub = rng.random((R, K)) < 0.25
+    bits = tie_bits(rng)
+    sub = rng.random(bits.shape) < 0.25
     n = int(sub.sum())
     magnitude = np.where(rng.random(n) < 0.5, rng.integers(0x007F8000, 0x00800000, n, dtype=np.uint32),   # round up
                          rng.integers(1, 0x007F8000, n, dtype=np.uint32))
     bits[sub] = magnitude | rng.choice(np.array([0, 0x80000000], np.uint32), n)     # either sign
     x = bits.view(np.float32)
     kept = np.where(sub, np.float32(0), x) if kernel.name == "native" else x
-    want = round_bf16(kept[:M], np.empty((M, K), np.float32))
+    want = round_bf16(kept[:M], np.empty(x[:M].shape, np.float32))
     if kernel.name != "native":
         assert (want[sub[:M]] != 0).any()                 # the specification keeps the ones that round up
-    t = np.ascontiguousarray
-    got = kernel.matmul(t(x[:M].T) if ta else x[:M], np.eye(K, dtype=np.float32), ta, tb, bf16=True)
-    assert np.array_equal(got, want)
-    eye = np.eye(R, dtype=np.float32)[:M]
-    got = kernel.matmul(t(eye.T) if ta else eye, t(x.T) if tb else x, ta, tb, bf16=True)
-    assert np.array_equal(got, want)
+    for got in times_identity(kernel, x, M, ta, tb):
+        assert np.array_equal(got, want)
 
 
 def emulated(a, b, ta=False, tb=False):
