@@ -150,8 +150,8 @@ static inline void causal_k(const job_t *g, int i0, int mr, int pc, int kc, int 
     }
 }
 
-/* MGK_CAUSAL_OUT: the micro-tile of rows i0..i0+mr at column j0 holds only entries past the diagonal (they are
-   zeroed after the product, by zero_future) */
+/* MGK_CAUSAL_OUT: the micro-tile of rows i0..i0+mr at column j0 holds only entries past the diagonal (a batched
+   product zeroes them after the product, by zero_future; the fused attention's softmax writes them) */
 static inline int causal_past(const job_t *g, int i0, int mr, int j0)
 {
     return g->causal == MGK_CAUSAL_OUT && j0 > i0 + mr - 1 + g->start;
@@ -1115,8 +1115,8 @@ static void zero_future(const job_t *g, float *C, int m0, int m1, int n0, int n1
     }
 }
 
-/* block C[m0:m1, n0:n1] of one item, on thread tid: the few-rows path or the ISA's packed block, then a causal
-   product's future zeroed (mgk_job.h) */
+/* block C[m0:m1, n0:n1] of one item, on thread tid: the few-rows path or the ISA's packed block; a causal
+   product's future is left as the tiles wrote it (mgk_job.h) */
 void mgk_item_block(const job_t *g, const float *A, const float *B, float *C, int m0, int m1, int n0, int n1, int tid)
 {
 #ifdef MGK_X86
@@ -1125,8 +1125,6 @@ void mgk_item_block(const job_t *g, const float *A, const float *B, float *C, in
     else
 #endif
     (g->bf16 ? g->isa->bf16_block : g->isa->block)(g, A, B, C, m0, m1, n0, n1, bufs[tid][0], bufs[tid][1]);
-    if (g->causal == MGK_CAUSAL_OUT)
-        zero_future(g, C, m0, m1, n0, n1);
 }
 
 static void run_job(void *arg, int tid, int nt)
@@ -1153,8 +1151,10 @@ static void run_job(void *arg, int tid, int nt)
             split(g->N, tile_n(g), g->pn, tid / g->pm, &n0, &n1);
             if (m0 >= m1 || n0 >= n1) continue;
         }
-        mgk_item_block(g, g->A + item(g, l, g->sA, g->sA2), g->B + item(g, l, g->sB, g->sB2),
-                       g->C + item(g, l, g->sC, g->sC2), m0, m1, n0, n1, tid);
+        float *C = g->C + item(g, l, g->sC, g->sC2);
+        mgk_item_block(g, g->A + item(g, l, g->sA, g->sA2), g->B + item(g, l, g->sB, g->sB2), C, m0, m1, n0, n1, tid);
+        if (g->causal == MGK_CAUSAL_OUT)
+            zero_future(g, C, m0, m1, n0, n1);
     }
 }
 

@@ -4,7 +4,9 @@
    ..., and runs one item's products and softmax back to back, so its probabilities, and the backward's d(scores) in
    the thread's own scratch, stay in L2 between them. Every product is the batched products' own block of the item
    (mgk_item_block, lent by mgk.c through mgk_job.h) and the softmax mgk_ops.c's (mgk_softmax_item): the same bits
-   as the ops called one by one (minigpt/backends/__init__.py's Ops.attention, the composition). Under dropout the
+   as the ops called one by one (minigpt/backends/__init__.py's Ops.attention, the composition). The two products
+   into T x T (scores, d(scores)) leave the entries past the diagonal as their tiles left them, unlike the batched
+   products, which zero them: the softmax after each writes every column, those with 0. Under dropout the
    item's probabilities are multiplied by its mask there too, the mask drawn from the seed as they are (attd, in
    the thread's scratch; mgk_dropout_rows): no mask or attd is stored, and the backward draws them again. */
 #include <stdlib.h>
@@ -53,9 +55,9 @@ static void softmax_item(const attn_t *a, int fwd, const float *att, float *g, l
 }
 
 /* dropout of item l, in the caller's FP mode as the composition's multiplies: out (T x Tk, ldo) = x * the mask of
-   the item's elements, which are 0 past the diagonal (column start + i of row i) in both x's here: att (forward:
-   the composition's dropout(att), attd) and d(scores) (backward, start 0: its dropout(datt) after dy v^T, which
-   wrote 0 there) */
+   the item's elements up to the diagonal (column start + i of row i), 0 past it, where the composition's x is 0:
+   att (forward: the composition's dropout(att), attd) and d(scores) (backward, start 0: its dropout(datt) after
+   dy v^T, which the composition zeroes there; here x past the diagonal is what the tiles left, never read) */
 static void drop_item(const attn_t *a, int l, const float *x, long long ldx, float *out, long long ldo)
 {
 #ifdef ATTN_X86
@@ -76,8 +78,8 @@ static void attn_fwd_job(void *arg, int tid, int nt)
     for (int l = tid; l < a->L; l += nt) {
         const float *q = at(a, &a->q, l), *k = at(a, &a->k, l), *v = at(a, &a->v, l);
         float *att = (float *)at(a, &a->att, l), *y = (float *)at(a, &a->y, l);
-        mgk_item_block(&a->s, q, k, att, 0, T, 0, a->Tk, tid);       /* s = q k^T, 0 past the diagonal */
-        softmax_item(a, 1, att, att, a->att.ld);                     /* att = softmax(scale s) */
+        mgk_item_block(&a->s, q, k, att, 0, T, 0, a->Tk, tid);       /* s = q k^T (past the diagonal: below) */
+        softmax_item(a, 1, att, att, a->att.ld);                     /* att = softmax(scale s), 0 in the future */
         const float *p = att;
         if (a->drop) {                                               /* attd = dropout(att) */
             drop_item(a, l, att, a->att.ld, item_scratch[1][tid], a->Tk);
@@ -105,7 +107,8 @@ static void attn_bwd_job(void *arg, int tid, int nt)
         mgk_item_block(&a->dsj, dy, v, ds, 0, T, 0, T, tid);         /*                   datt = dy v^T */
         if (a->drop)                                                 /* fwd: attd = dropout(att) */
             drop_item(a, l, ds, T, ds, T);
-        softmax_item(a, 0, att, ds, T);                              /* fwd: att = softmax(scale s) -> ds */
+        softmax_item(a, 0, att, ds, T);                              /* fwd: att = softmax(scale s) -> ds (0 in
+                                                                        the future) */
         mgk_item_block(&a->dqj, ds, k, dq, 0, T, 0, hs, tid);        /* fwd: s = q k^T -> dq = ds k */
         mgk_item_block(&a->dkj, ds, q, dk, 0, T, 0, hs, tid);        /*                   dk = ds^T q */
     }

@@ -217,6 +217,13 @@ M = [
         "tests/test_native_isa.py::test_fused_attention_is_the_composed_ops_every_path"),
     ("native/mgk_ops.c", "const float *p = a->att + i * a->lda;", "const float *p = a->att + i * a->ldg;",
         "tests/test_native_isa.py::test_fused_attention_is_the_composed_ops_every_path"),
+    # the fused products leave the future to the softmaxes (mgk_attention.c): each must write every column
+    ("native/mgk_ops.c", "for (; j < Tk; j++) r[j] = 0.0f;", ";",
+        "tests/test_native_isa.py::test_fused_attention_is_the_composed_ops_every_path"),
+    ("native/mgk_ops.c", "for (; j < Tk; j++) g[j] = 0.0f;", ";",
+        "tests/test_native_isa.py::test_fused_attention_is_the_composed_ops_every_path"),
+    ("native/mgk.c", "            zero_future(g, C, m0, m1, n0, n1);", "            ;",
+        "tests/test_native_isa.py::test_causal_products_every_path"),
     ("minigpt/backends/native.py", "for x in (q, k, v, att, y)] if _fused(self, q, k, start) else None",
         "for x in (q, k, v, att, y)] if _fused(self, q, k, start) and drop is None else None",
         "tests/test_native_isa.py::test_fused_attention_is_the_composed_ops_every_path"),
