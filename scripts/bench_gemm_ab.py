@@ -6,12 +6,14 @@ few per cent.
 
     python setup.py build_ext --inplace   (in a checkout of the old commit: its minigpt/_mgk*.so is BEFORE)
     python scripts/bench_gemm_ab.py BEFORE.so AFTER.so [--config M] [--threads 2] [--calls 9] [--rows 0] [--ops]
-                                    [--bf16] [--isa avx2] [--spin 100]
+                                    [--attention] [--bf16] [--isa avx2] [--spin 100]
 
 --rows N (1-8) times N-row products against the step's weights (decoding) instead of the step's own products.
 --bf16 times the bf16 products (mgk_bgemm: operands rounded to bfloat16) instead of the float32 ones.
 --ops times the step's ops instead, in ns per element: those built on exp (GELU forward, causal softmax forward, and
 exp itself), LayerNorm forward and backward, and GELU backward with a bias's column sums.
+--attention times one layer's fused attention instead (mgk_attention_fwd and _bwd on the heads of a (B, T, 3C) qkv,
+as a step calls them), in ms a call; with --bf16, its bf16 products.
 --isa NAME runs both builds on that path (mgk_set_isa; one this CPU runs) instead of their fastest.
 """
 import argparse
@@ -21,10 +23,12 @@ import time
 import numpy as np
 
 from bench_util import cpu_line
-from minigpt.backends.native import ISAS, NativeOps                # the paths, in mgk_set_isa's numbering
+from minigpt.backends.native import ISAS, NativeOps, _matrices     # the paths, in mgk_set_isa's numbering
+from minigpt.layers import heads
 
 CONFIGS = {"S": (12 * 64, 128), "M": (64 * 256, 384)}             # (rows of a step's activations, n_embd)
 ATTENTION = {"S": (12 * 4, 64), "M": (64 * 6, 256)}                # (batch * heads, block) of attention's matrices
+HEADS = {"S": (12, 4), "M": (64, 6)}                               # (batch, heads)
 
 
 def load(path, threads, isa=None, spin_us=0):
@@ -42,6 +46,9 @@ def load(path, threads, isa=None, spin_us=0):
     lib.mgk_layernorm_fwd.argtypes = [LL, I, P, P, P, ctypes.c_double, P, P, P]
     lib.mgk_layernorm_bwd.argtypes = [LL, I] + [P] * 8
     lib.mgk_gelu_bwd.argtypes = [LL, I, P, P, P, P]
+    view, drop = [P, I, LL, LL], [I, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_float]   # as minigpt/backends/native.py
+    lib.mgk_attention_fwd.argtypes = [I] * 7 + [ctypes.c_float] + view * 5 + drop
+    lib.mgk_attention_bwd.argtypes = [I] * 5 + [ctypes.c_float] + view * 8 + drop
     lib.mgk_set_num_threads(threads)
     return lib
 
@@ -82,6 +89,28 @@ def ops(config, rng):
              lambda lib: lib.mgk_gelu_bwd(R, 4 * C, p(x), p(d), p(y), p(db)))]
 
 
+def attention(config, bf16, rng):
+    """(name, call(lib)) of one layer's fused attention forward and backward, no dropout, on the heads of a qkv
+    (B, T, 3C) as the model's attention_forward/backward pass them (strided views: native.py's _matrices)"""
+    (B, nh), (_, T), C = HEADS[config], ATTENTION[config], CONFIGS[config][1]
+    hs = C // nh
+    qkv, dqkv = rng.standard_normal((2, B, T, 3 * C)).astype(np.float32)
+    y, dy = rng.standard_normal((2, B, T, C)).astype(np.float32)
+    att = np.empty((B, nh, T, T), np.float32)
+    scale, off = 1.0 / np.sqrt(hs), (0, 0, 0, 1.0)                  # off: no dropout
+
+    def views(*arrays):            # at each call, from the arrays this closure holds (a pointer alone would not)
+        return [f for x in arrays for h in (heads(x, nh, 3) if x.shape[-1] == 3 * C else heads(x, nh) if
+                                            x.ndim == 3 else (x,)) for f in _matrices(h)]
+
+    def fwd(lib):
+        return lib.mgk_attention_fwd(bf16, B, nh, T, T, hs, 0, scale, *views(qkv, att, y), *off)
+
+    def bwd(lib):
+        return lib.mgk_attention_bwd(bf16, B, nh, T, hs, scale, *views(qkv, att, dy, dqkv), *off)
+    return [(f"attention forward {B}x{nh}x{T}x{hs}", fwd), (f"attention backward {B}x{nh}x{T}x{hs}", bwd)]
+
+
 def side_by_side(libs, call, calls, reps):
     """median seconds of one call(lib) for each lib, the libs' turns alternating"""
     for lib in libs:                                                 # warm-up: threads started, pages touched
@@ -107,6 +136,8 @@ def main():
                     help="1-8: decoding's few-row products instead")
     ap.add_argument("--ops", action="store_true", help="the step's ops (GELU, causal softmax, LayerNorm) "
                     "instead (--rows does not apply)")
+    ap.add_argument("--attention", action="store_true", help="one layer's fused attention, forward and backward, "
+                    "instead (with --bf16: bf16 products)")
     ap.add_argument("--bf16", action="store_true", help="bf16 products (mgk_bgemm) instead of float32 (mgk_sgemm)")
     ap.add_argument("--isa", choices=ISAS, help="run both builds on this path (default: each one's fastest)")
     ap.add_argument("--spin", type=int, default=0, metavar="US",
@@ -118,6 +149,14 @@ def main():
     rng = np.random.default_rng(0)
     print(f"{cpu_line()}; {a.threads} threads; {a.isa or 'fastest'} path; {'bf16' if a.bf16 else 'float32'} "
           f"products; before {a.before}, after {a.after}; median of {a.calls} calls each")
+    if a.attention:
+        print("| call | before ms | after ms | before / after |\n|---|---:|---:|---:|")
+        for name, call in attention(a.config, a.bf16, rng):
+            if call(libs[0]) or call(libs[1]):
+                raise SystemExit(f"bench_gemm_ab: {name} returned an error code")
+            t = side_by_side(libs, call, a.calls, 1)
+            print(f"| {name} | {t[0] * 1e3:.2f} | {t[1] * 1e3:.2f} | {t[0] / t[1]:.3f} |", flush=True)
+        return
     if a.ops:
         print("| op | before ns/element | after ns/element | before / after |\n|---|---:|---:|---:|")
         for name, n, call in ops(a.config, rng):
