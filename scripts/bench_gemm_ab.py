@@ -5,6 +5,7 @@ after, the same speed-up); for kernel work, where step-level timings of a shared
 few per cent.
 
     python setup.py build_ext --inplace   (in a checkout of the old commit: its minigpt/_mgk*.so is BEFORE)
+    (BEFORE and AFTER must be two files, built with the same flags: one path given twice loads one library)
     python scripts/bench_gemm_ab.py BEFORE.so AFTER.so [--config M] [--threads 2] [--calls 9] [--rows 0] [--ops]
                                     [--attention] [--bf16] [--isa avx2] [--spin 100]
 
