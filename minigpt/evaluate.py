@@ -2,8 +2,8 @@
 
 estimate_loss draws eval_iters batches of each split from a generator seeded afresh at every call, so curves are
 comparable between evaluations and runs; whole_split_loss scores every target of a split once, the figure to
-compare tokenizers and runs by (bits per character: train.evaluate). Both leave the model in the mode it was in,
-and under mpiexec share the work between the ranks (minigpt/distributed.py).
+compare tokenizers and runs by (bits per character: train.evaluate_and_checkpoint). Both leave the model in the
+mode it was in, and under mpiexec share the work between the ranks (minigpt/distributed.py).
 """
 import numpy as np
 

@@ -59,7 +59,7 @@ def layernorm_backward(dx, dw, db, dout, x, w, mean, rstd):      # dout (B, T, C
 
 
 # ----------------------------------------------------------------------------
-# Linear (w stored (in, out), as GPT-2's Conv1D), and Linear with GELU fused (the MLP's first layer)
+# Linear (w stored (in, out), as GPT-2's Conv1D), and the MLP's first layer: Linear with GELU fused, or relu^2
 
 def linear_forward(out, x, w, b):                                 # x (B, T, in) -> out (B, T, out)
     ops.matmul(flat(x), w, out=flat(out))                         # out = x w
@@ -76,20 +76,21 @@ def linear_backward(dx, dw, db, dout, x, w):                      # dout (B, T, 
     return dx
 
 
-def linear_gelu_forward(out, dgelu, x, w, b):                     # x (B, T, in) -> out (B, T, out)
+def linear_gelu_forward(out, dact, x, w, b):                      # x (B, T, in) -> out (B, T, out)
     z = ops.matmul(flat(x), w, out=flat(out))                     # z = x w, in out's memory
-    ops.gelu(z, b, out=z, dgelu=flat(dgelu))                      # out = gelu(z + b); keeps gelu'(z + b)
+    ops.gelu(z, b, out=z, dgelu=flat(dact))                       # out = gelu(z + b); keeps gelu'(z + b)
     return out
 
 
-def linear_gelu_backward(dx, dw, db, dout, dgelu, x, w):          # dout (B, T, out), overwritten with dz
-    ops.gelu_backward(dout, dgelu, dout, db)                      # fwd: out = gelu(z + b) -> dz = dout gelu';
-    return linear_backward(dx, dw, None, dout, x, w)              #      db += sum of dz's rows
+def linear_gelu_backward(dx, dw, db, dout, dact, x, w):           # dout (B, T, out), overwritten with dz
+    ops.gelu_backward(dout, dact, dout, db)                       # fwd: out = gelu(z + b) -> dz = dout gelu',
+                                                                  #      db += sum of dz's rows
+    return linear_backward(dx, dw, None, dout, x, w)              # fwd: z = x w -> dw += x^T dz, dx = dz w^T
 
 
-def linear_relu2_forward(out, drelu2, x, w, b):                  # x (B, T, in) -> out (B, T, out)
+def linear_relu2_forward(out, dact, x, w, b):                     # x (B, T, in) -> out (B, T, out)
     z = linear_forward(out, x, w, b)                              # z = x w + b, in out's memory
-    r = np.maximum(z, 0.0, out=drelu2)                            # r = relu(z)
+    r = np.maximum(z, 0.0, out=dact)                              # r = relu(z)
     np.multiply(z, r, out=z)                                      # out = relu(z)^2 = z relu(z)
     r *= 2.0                                                      # keeps relu2'(z) = 2 relu(z)
     return out
@@ -142,14 +143,14 @@ def attention_forward(y, att, qkv, n_head, start=0, kv=None, drop=None):
     dropout: dropout(att) is what multiplies v. Generation passes kv = (k, v) (B, nh, block_size, hs)
     holding the start positions before this call's: the call appends its own and its query i sees keys
     0..start+i. The products and softmax: Ops.attention (backends/__init__.py)."""
-    B, T, C3 = qkv.shape
+    T = qkv.shape[1]
     q, k, v = heads(qkv, n_head, 3)                               # each (B, nh, T, hs), views of qkv
     if kv is not None:
         kc, vc = kv
         kc[:, :, start:start + T], vc[:, :, start:start + T] = k, v
         k, v = kc[:, :, :start + T], vc[:, :, :start + T]          # (B, nh, Tk, hs), Tk = start + T
     (yh,) = heads(y, n_head)                                      # heads side by side in y (B, T, C)
-    scale = 1.0 / math.sqrt(C3 // (3 * n_head))
+    scale = 1.0 / math.sqrt(q.shape[-1])                          # 1 / sqrt(hs)
     # att = softmax(scale q k^T), causal; y = att v (attd v under dropout)
     ops.attention(q, k, v, att[..., :start + T], yh, scale, start, drop)
     return y
@@ -160,7 +161,7 @@ def attention_backward(dqkv, dy, qkv, att, n_head, drop=None):
     q, k, v = heads(qkv, n_head, 3)                               # (B, nh, T, hs)
     dq, dk, dv = heads(dqkv, n_head, 3)                           # views of dqkv
     (dyh,) = heads(dy, n_head)
-    scale = 1.0 / math.sqrt(q.shape[-1])
+    scale = 1.0 / math.sqrt(q.shape[-1])                          # 1 / sqrt(hs), as the forward's
     # dv = att^T dy (attd^T dy under dropout); ds = the softmax's backward of dy v^T; dq = ds k, dk = ds^T q
     ops.attention_backward(q, k, v, att, dyh, dq, dk, dv, scale, drop)
     return dqkv
@@ -205,5 +206,6 @@ def crossentropy_forward(lse, logits, targets):                  # logits (B, T,
 
 def crossentropy_backward(dlogits, logits, targets, lse, scale=1.0):   # -> dlogits (B, T, V)
     # fwd: loss = mean over N = B*T of (lse - logits[target]) -> dlogits = (softmax - onehot) * scale / N
+    # (scale: d total loss / d this loss, 1 / grad_accum in training; the op's own scale is the whole factor)
     ops.cross_entropy_backward(flat(logits), targets.reshape(-1), lse, scale / targets.size, flat(dlogits))
     return dlogits

@@ -59,14 +59,14 @@ def activation_shapes(cfg, B, T, Tk=None, dropout=False):
         "qkv":      (Ln, B, T, 3 * C),    # ln1 W_attn + b: q, k, v side by side
         "att":      (Ln, B, nh, T, Tk),   # softmax(q k^T / sqrt(hs)), causal
         "atty":     (Ln, B, T, C),        # att v, the heads side by side
-        "x_attn":   (Ln, B, T, C),        # the residual stream after attention: x + atty W_proj + b
+        "x_attn":   (Ln, B, T, C),        # the residual stream after attention: x + dropout(atty W_proj + b)
         "ln2":      (Ln, B, T, C),        # ln_2(x_attn)
         "ln2_mean": (Ln, B * T),
         "ln2_rstd": (Ln, B * T),
-        "fc":       (Ln, B, T, 4 * C),    # gelu(ln2 W_fc + b)
+        "fc":       (Ln, B, T, 4 * C),    # act(ln2 W_fc + b), act = gelu | relu^2 (--activation)
         "fc_dact":  (Ln, B, T, 4 * C),    # the activation's derivative there (gelu' or relu2'): the backward's
                                           # multiply
-        "x_mlp":    (Ln, B, T, C),        # the residual stream after the MLP: x_attn + fc W_proj + b
+        "x_mlp":    (Ln, B, T, C),        # the residual stream after the MLP: x_attn + dropout(fc W_proj + b)
         "lnf":      (B, T, C),            # ln_f(x) of the last layer's x_mlp
         "lnf_mean": (B * T,),
         "lnf_rstd": (B * T,),
@@ -77,8 +77,8 @@ def activation_shapes(cfg, B, T, Tk=None, dropout=False):
         shapes["qk_rstd"] = (Ln, B, T, 2, nh)    # 1 / rms of each head's q and k (q, k in qkv are normalised)
     if cfg.logit_cap:
         shapes["logits_dcap"] = (B, T, V)        # 1 - tanh^2 of the capped logits: d logits / d the uncapped
-    if dropout:                           # inverted dropout (layers.dropout): a mask is a seed, drawn every
-        shapes.update({                   # forward (TABLE_DTYPES); the backward draws the same masks again
+    if dropout:                           # inverted dropout (layers.dropout): a mask is kept as its uint64 seed
+        shapes.update({                   # (TABLE_DTYPES), drawn every forward; the backward draws it again
             "emb_seed":   (1,),           # on the embeddings
             "drop_seeds": (Ln, 3),        # [ATT] on att (what multiplies v), [ATTN_OUT] on the attention's output,
         })                                # [MLP_OUT] on the MLP's output

@@ -49,12 +49,22 @@ class Optimizer:
             for k, a in want.items():
                 a[...] = slots[slot][k]
 
-    def adamw(self, params, grads, names, lr):
-        """The AdamW update (backends/numpy_ops.py: the math) of params[k] for k in names, with the step's
-        bias corrections; weight decay for those in self.decay."""
+    def adamw_state(self, params, names, betas, eps, weight_decay):
+        """AdamW's part of the state, for params[k] with k in names (adamw_names, in the params' order): zero
+        moments m and v, the betas, eps, and decay, the names whose weights decay (the 2-D ones)."""
+        self.adamw_names = [k for k in params if k in names]
+        self.m = {k: np.zeros_like(params[k]) for k in self.adamw_names}       # first moments
+        self.v = {k: np.zeros_like(params[k]) for k in self.adamw_names}       # second moments
+        self.beta1, self.beta2 = betas
+        self.eps, self.weight_decay = eps, weight_decay
+        self.decay = {k for k in self.adamw_names if params[k].ndim >= 2}
+
+    def adamw(self, params, grads, lr):
+        """The AdamW update (backends/numpy_ops.py: the math) of params[k] for k in self.adamw_names, with the
+        step's bias corrections; weight decay for those in self.decay."""
         b1, b2 = self.beta1, self.beta2
         bc1, bc2 = 1.0 - b1 ** self.t, 1.0 - b2 ** self.t
-        for k in names:
+        for k in self.adamw_names:
             wd = self.weight_decay if k in self.decay else 0.0
             lr_k = lr * self.lr_ratio_of.get(k, 1.0)
             ops.adamw(params[k], grads[k], self.m[k], self.v[k], lr_k, b1, b2, self.eps, wd, bc1, bc2)
@@ -69,17 +79,13 @@ class AdamW(Optimizer):
     name = "adamw"
 
     def __init__(self, params, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1):
-        self.m = {k: np.zeros_like(p) for k, p in params.items()}      # first moments
-        self.v = {k: np.zeros_like(p) for k, p in params.items()}      # second moments
+        self.adamw_state(params, set(params), betas, eps, weight_decay)   # every parameter
         super().__init__(m=self.m, v=self.v)
-        self.beta1, self.beta2 = betas
-        self.eps, self.weight_decay = eps, weight_decay
-        self.decay = {k for k, p in params.items() if p.ndim >= 2}
 
     def step(self, params, grads, lr):
         """One in-place update of every array in params from the matching array in grads."""
         self.t += 1
-        self.adamw(params, grads, params, lr)
+        self.adamw(params, grads, lr)
 
 
 # ----------------------------------------------------------------------------
@@ -152,17 +158,15 @@ class Muon(Optimizer):
 
     def __init__(self, params, lr_ratio=20.0, momentum=0.95, nesterov=True, ns_steps=5, betas=(0.9, 0.99),
                  eps=1e-8, weight_decay=0.1, muon_weight_decay=0.1, momentum_warmup=0, bf16=False):
-        self.lr_ratio, self.momentum, self.nesterov, self.ns_steps = lr_ratio, momentum, nesterov, ns_steps
+        self.lr_ratio, self.nesterov, self.ns_steps = lr_ratio, nesterov, ns_steps
+        self.momentum = momentum                                       # the coefficient mu (buffers: momentum_buf)
         self.bf16 = bf16                                               # Newton-Schulz's products in bfloat16
         self.momentum_warmup = momentum_warmup
-        self.beta1, self.beta2 = betas
-        self.eps, self.weight_decay, self.muon_weight_decay = eps, weight_decay, muon_weight_decay
+        self.muon_weight_decay = muon_weight_decay
         self.muon = muon_params(params)
         self.momentum_buf = {k: np.zeros_like(params[k]) for k in params if k in self.muon}   # Muon's buffers
-        self.m = {k: np.zeros_like(p) for k, p in params.items() if k not in self.muon}      # AdamW's moments
-        self.v = {k: np.zeros_like(p) for k, p in params.items() if k not in self.muon}
+        self.adamw_state(params, set(params) - self.muon, betas, eps, weight_decay)          # the rest: AdamW
         super().__init__(momentum=self.momentum_buf, m=self.m, v=self.v)
-        self.decay = {k for k, p in params.items() if p.ndim >= 2 and k not in self.muon}   # AdamW's rule
         self.groups = {}                                               # shape -> the Muon names of that shape
         for k in sorted(self.muon, key=list(params).index):
             self.groups.setdefault(params[k].shape, []).append(k)
@@ -180,7 +184,7 @@ class Muon(Optimizer):
     def step(self, params, grads, lr):
         """One in-place update of every array in params from the matching array in grads."""
         self.t += 1
-        self.adamw(params, grads, self.m, lr)                          # everything but the Muon matrices
+        self.adamw(params, grads, lr)                                  # everything but the Muon matrices
         lr_muon, mu = self.lr_ratio * lr, self.momentum_at(self.t)
         for shape, names in self.groups.items():                       # every layer's c_fc (say) in one stack
             U = self.stacks[shape]                                     # (L, rows, cols)

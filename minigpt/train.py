@@ -82,8 +82,7 @@ class Run:
         self.cfg, self.tok, self.data, self.model, self.opt, self.world = cfg, tok, data, model, opt, world
         self.batch_rng = np.random.default_rng([cfg.seed, 1])             # the same on every rank
         self.start, self.best_val = 0, math.inf
-        self.last_path, self.best_path = _last_path(cfg), os.path.join(cfg.out_dir, "ckpt_best.npz")
-        self.log_path = os.path.join(cfg.out_dir, "log.jsonl")
+        self.last_path, self.best_path, self.log_path = _last_path(cfg), _best_path(cfg), _log_path(cfg)
         self.stop = None                                                   # the loop's _StopFlag
         self.elapsed = 0.0                                                 # seconds of training (--max_time)
         self.stop_agreed = False
@@ -129,6 +128,14 @@ class Run:
 
 def _last_path(cfg):
     return os.path.join(cfg.out_dir, "ckpt_last.npz")
+
+
+def _best_path(cfg):
+    return os.path.join(cfg.out_dir, "ckpt_best.npz")
+
+
+def _log_path(cfg):
+    return os.path.join(cfg.out_dir, "log.jsonl")
 
 
 def setup(cfg, given=None, fetch=None):
@@ -350,7 +357,7 @@ def loop(run):
             last = it == cfg.max_iters or 0 < cfg.max_time <= run.elapsed
             lr = get_lr(run.schedule(it), cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters, cfg.cooldown)
             if it % cfg.eval_interval == 0 or last:
-                losses = evaluate(run, it, log, final=last)
+                losses = evaluate_and_checkpoint(run, it, log, final=last)
             if last:
                 if cfg.max_time and run.elapsed < cfg.max_time:
                     say(f"note: --max_iters {cfg.max_iters} ended the run {cfg.max_time - run.elapsed:.0f} s before "
@@ -370,7 +377,7 @@ def loop(run):
             "tokenizer": run.tok, "log": run.log_path}
 
 
-def evaluate(run, it, log, final=False):
+def evaluate_and_checkpoint(run, it, log, final=False):
     """Both splits' loss into the log; checkpoint ckpt_last (and ckpt_best when val improved). The final one
     also measures the whole validation split, in nats per token and bits per character."""
     losses = estimate_loss(run.model, run.data, run.cfg, run.world)
@@ -413,8 +420,8 @@ def _snapshot_due(run, it, final):
 
 def step(run, it, lr, last_loss):
     """One optimisation step: grad_accum micro-batches on each of the N ranks, each backward seeded with
-    1/(grad_accum N), the ranks' gradients summed, then clip and the optimizer's step. A non-finite loss or gradient norm raises
-    Diverged before the weights change. -> (loss, gnorm, seconds)"""
+    1/(grad_accum N), the ranks' gradients summed (run.sync), then clip and the optimizer's step. A non-finite loss
+    or gradient norm raises Diverged before the weights change. -> (loss, gnorm, seconds)"""
     cfg, model, world = run.cfg, run.model, run.world
     t0 = time.perf_counter()
     model.zero_grad()
@@ -438,7 +445,8 @@ def _log_step(log, run, it, loss, lr, gnorm, dt, eta):
     cfg = run.cfg
     tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.grad_accum * run.world.size
     log.write(json.dumps({"iter": it, "kind": "train", "loss": loss, "lr": lr, "grad_norm": gnorm,
-                          "elapsed": run.elapsed, "ms": 1000 * dt, "tokens_per_s": tokens_per_iter / dt, "rss_mb": _rss_mb()}) + "\n")
+                          "elapsed": run.elapsed, "ms": 1000 * dt, "tokens_per_s": tokens_per_iter / dt,
+                          "rss_mb": _rss_mb()}) + "\n")
     if it % cfg.log_interval == 0 or it == cfg.max_iters - 1:
         where = f"{it:5d} | {run.elapsed:.0f}/{cfg.max_time:g} s" if cfg.max_time else f"{it:5d}/{cfg.max_iters}"
         say(f"iter {where} | loss {loss:.4f} | lr {lr:.2e} | {1000 * dt:6.1f} ms | "       # --max_time: the budget,
@@ -490,7 +498,7 @@ def _load_resume(cfg, path, given):
     if not os.path.exists(path):
         raise UserError(f"--resume: no checkpoint at {path}; train without --resume first, or point --out_dir "
                         "at the directory of an earlier run")
-    best = os.path.join(cfg.out_dir, "ckpt_best.npz")
+    best = _best_path(cfg)
     fix = "start a new --out_dir"
     if os.path.exists(best) and os.path.abspath(best) != os.path.abspath(path):
         fix = f"copy {best} over {path} to resume from the best one, or {fix}"
@@ -524,7 +532,7 @@ def _start_over(cfg):
     as its checkpoints are replaced, so that what the directory shows is this run's alone (also when this run
     makes no report or plot, or stops before it does)."""
     out_dir = cfg.out_dir
-    log = os.path.join(out_dir, "log.jsonl")
+    log = _log_path(cfg)
     logged = os.path.exists(log) and os.path.getsize(log) > 0
     gone = checkpoint.remove_snapshots(out_dir)
     if logged or gone:

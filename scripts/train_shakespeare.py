@@ -17,14 +17,14 @@ import urllib.request
 import numpy as np
 
 from minigpt import backends, distributed
-from minigpt.config import UserError, parse_args
+from minigpt.config import TrainConfig, UserError, parse_args
 from minigpt.loss_curves import plot
 from minigpt.report import ReportConfig, write_report
 from minigpt.sample import generate, start_text
 from minigpt.train import exit_code, interrupted_status, train
 
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-DEFAULT_DATA = "data/tinyshakespeare.txt"
+DEFAULT_DATA = TrainConfig().data                # data/tinyshakespeare.txt: downloaded when missing
 
 
 def download(path):

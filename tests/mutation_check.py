@@ -299,6 +299,10 @@ M = [
     # Muon's momentum warm-up and the embeddings' lr (issue 24)
     (OPT, "return (1.0 - frac) * 0.85 + frac * self.momentum", "return self.momentum",
         f"{TMU}::test_muon_momentum_warmup_matches_float64_reference"),
+    (OPT, "self.decay = {k for k in self.adamw_names if params[k].ndim >= 2}", "self.decay = set(self.adamw_names)",
+        f"{TT}::test_weight_decay_only_on_matrices_and_embeddings"),
+    (OPT, "self.adamw_state(params, set(params) - self.muon,", "self.adamw_state(params, set(params),",
+        f"{TMU}::test_muon_step_matches_float64_reference_and_adamw"),
     (OPT, "lr_k = lr * self.lr_ratio_of.get(k, 1.0)", "lr_k = lr",
         f"{TMU}::test_embed_lr_ratio_scales_only_the_embeddings_adamw_lr"),
     (TRAIN, 'saved = {**ModelShape().model_dict(), **ckpt[0]["model_config"]}', 'saved = ckpt[0]["model_config"]',

@@ -82,7 +82,9 @@ class Ops:
     Transposes are flags, not copies. What a backend writes: _matmul and _bmm (matmul and bmm check their
     arguments here, once for all backends, then call them), and every op under "the other ops" below.
     What Ops gives every backend: matmul, bmm, and attention/attention_backward, composed of the products and
-    softmaxes (a backend may override them with a fused kernel)."""
+    softmaxes (a backend may override them with a fused kernel).
+    Argument order: as numpy's, inputs first and outputs last (out=); layers.py's functions take their outputs
+    first. embedding_backward(dW, idx, dout) keeps np.add.at(dW, idx, dout)'s order."""
     name = "?"
     dtypes = frozenset()         # the dtypes a model runs on this backend (select and ensure check it)
     own_causal = False           # True: _bmm takes causal= and start= (native skips the zeros, numba zeroes the future)

@@ -154,11 +154,11 @@ class NumpyOps(Ops):
         s = np.add(e, 1.0, out=self._tmp("gelu s", x.shape, x.dtype))
         np.divide(1.0, s, out=s)                                    # s = 0.5 (1 + tanh u)
         e *= s                                                      # 1 - s
-        xb *= s                                                     # y = x s
+        xb *= s                                                     # y = x s: xb holds y from here
         # gelu' = s + 0.5 x (1 - t^2) du/dx = s + x s (1 - s) * 2c (1 + 3a x^2), kept: backward is one multiply
         x2 *= 6 * GELU_C * GELU_A
         x2 += 2 * GELU_C                                            # 2 du/dx
-        e *= xb
+        e *= xb                                                     # (1 - s) x s
         e *= x2
         e += s
         return out
@@ -182,7 +182,8 @@ class NumpyOps(Ops):
         return att
 
     def causal_softmax_backward(self, att, datt, scale, start=0):
-        # fwd: att = softmax(scale * s) -> ds = scale * att * (datt - sum_j datt_j att_j); masked att are 0
+        # fwd: att = softmax(scale * s) -> ds = scale * att * (datt - sum_j datt_j att_j); masked att are 0, so
+        # start (which the forward's mask needed) is not needed here
         tmp = self._tmp("softmax", att.shape, att.dtype)
         datt -= np.multiply(datt, att, out=tmp).sum(-1, keepdims=True)
         datt *= np.multiply(att, float(scale), out=tmp)
