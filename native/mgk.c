@@ -78,7 +78,8 @@
                         (AVX-512 paths: 64 bytes more per 8-row panel of op(A), 256 per 32-column panel of op(B);
                         AVX2 and generic: op(A)'s panels): at 2^n bytes apart (8 KB, 32 KB), the packs that write
                         a row of every panel in turn (pack_at, pack_at_pairs, pack_b_pairs) stored into one set
-                        of L1 and missed on each store (AMD Zen 5: pack_at_pairs 0.27 -> 0.10 ns an element) */
+                        of L1 and missed on each store (AMD Zen 5: pack_at_pairs 0.27 -> 0.10 ns an element, with
+                        its rounding then written in C) */
 #define BUF_K (KC_MAX + 2 * PANEL_PAD)   /* the depth of the per-thread pack buffers (A_BUF for op(A), BUF_K
                                            x NC for op(B)): the deepest block, and the pads of two (a K of two fp32
                                            k blocks, as config M's 384, keeps its whole op(B) of 1536 columns) */
@@ -475,7 +476,8 @@ static inline __attribute__((always_inline)) __m256 bf16_x16(const float *x)
    In pair_rows8's cases, part panels and the k past the last multiple of 16 are packed as fp32 (the fp32 paths'
    pack_a, pack_b) where they will lie, over the space of the panels after them, which are packed later, then
    paired in place (pair_panel). (An earlier pairing of every pack straight from the source, a k-pair of a panel
-   at a time, measured 0.75-0.9x on config M's products: fewer of its loads were in flight.) */
+   at a time, measured 0.75-0.9x on config M's products: fewer of its loads were in flight.) These ratios were
+   measured with the roundings written in C, before bf16_pairs8 and bf16_x16 (vcvtne2ps2bf16, vcvtneps2bf16). */
 
 /* a packed fp32 panel [kc][w] (w a multiple of 8) -> [ceil(kc/2)][w] 32-bit words, in place (row p is written
    after rows 2p, 2p+1 are read): word (p, j) holds bf16(x[2p][j]) in its low half and bf16(x[2p+1][j]) (0 past
@@ -954,7 +956,7 @@ static void peak_job_amx(void *arg, int tid, int nt)
 #pragma GCC pop_options
 #endif
 
-/* the few-rows path of the ISA that runs (AVX-512 or AVX2; generic has none: run() keeps packing there) */
+/* the few-rows path of the ISA that runs (AVX-512 or AVX2; generic has none: choose_path() keeps packing there) */
 static void small_any(const job_t *g, const float *A, const float *B, float *C, int n0, int n1)
 {
     if (mgk_isa() >= MGK_ISA_AVX512)
@@ -1085,7 +1087,7 @@ static const struct isa_gemm ISA_GEMM[] = {
 };
 
 /* mgk_emulate_amx(1): bf16 products on the amx path's code with the tiles emulated (its thread grid, no few-rows
-   path; run() keeps fp32 products on the path in use, so the entry's fp32 fields are never used) */
+   path; choose_path() keeps fp32 products on the path in use, so the entry's fp32 fields are never used) */
 static const struct isa_gemm AMX_EMULATED = {"amx (emulated tiles)", 4, 16, 32, 32, gemm_block_generic,
                                              gemm_block_amx_amxemu, peak_job_generic, NULL, 2 * 12 * 4, 0};
 static int amx_emulation;

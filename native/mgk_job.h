@@ -33,7 +33,8 @@ MGK_INTERNAL job_t mgk_item_job(int bf16, int start, int ta, int tb, int M, int 
 /* block C[m0:m1, n0:n1] of one item of g into C (rows g->ldc apart), on pool thread tid: under mgk_call_lock, after
    mgk_alloc_bufs(nt > tid), with the GEMM's FP mode (mgk_pool_set_ftz). MGK_CAUSAL_OUT leaves the entries past the
    diagonal as they are, or as the tiles that straddle it wrote them: the caller writes them (the batched products
-   zero them; the fused attention's softmaxes write every column) */
+   zero them; the fused attention's softmaxes write every column). The few-rows path (g->small) writes all M rows
+   and the whole product past the diagonal */
 MGK_INTERNAL void mgk_item_block(const job_t *g, const float *A, const float *B, float *C, int m0, int m1, int n0,
                                  int n1, int tid);
 /* one product or fused attention at a time: the pack buffers (and the attention's scratch) are per thread id */

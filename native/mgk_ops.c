@@ -11,7 +11,6 @@
    Not here: the GEMM (mgk.c). minigpt/backends/native.py calls every op of this file, AdamW and the scatter-add
    included (memory-bound: ctypes' ~3 us per call costs about 0.1 ms of a config S step, the price of one backend). */
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 #include "mgk.h"
@@ -720,8 +719,9 @@ int mgk_dropout(long long n, unsigned long long seed, unsigned int keep_from, fl
 }
 
 /* the fused attention's dropout of one item (mgk_ops.h), on the calling thread: rows of x times their elements'
-   mask values, element (i, j) numbered n0 + i*ldn + j; past column `upto + i` of row i the output is 0 (x is 0 there:
-   att past the diagonal, so the same bits as the product) */
+   mask values, element (i, j) numbered n0 + i*ldn + j; past column `upto + i` of row i the output is 0 and x is not
+   read (the composition's x is 0 there, so the same bits as its product; the fused backward's d(scores) holds what
+   its tiles left) */
 typedef struct { int rows, cols, upto; uint32_t n0, ldn, k1, k2, keep_from; float scale; const float *x;
                  long long ldx; float *y; long long ldy; } drop_rows_t;
 

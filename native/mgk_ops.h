@@ -1,6 +1,7 @@
 /* mgk_ops.h: the C API of the non-matmul ops of a training step (native/mgk_ops.c), loaded by
    minigpt/backends/native.py next to the GEMM of mgk.h. float32, row-major, C-contiguous arrays; every function
-   returns MGK_OK (0) or MGK_EBADARG (-1: negative size, NULL array, an index out of range) and allocates nothing.
+   returns MGK_OK (0) or MGK_EBADARG (-1: negative size, NULL array, an index out of range, V < 1, a dropout over
+   2**32 elements or more) and allocates nothing.
    The exact semantics of each op are those of minigpt/backends/numpy_ops.py (the specification).
    Two implementations of each: mgk_<op>, the fast path (run-time ISA dispatch on mgk_isa(), rows split over
    mgk_get_num_threads() threads when the work is large; the same bits for any thread count and any ISA), and
@@ -11,7 +12,8 @@
 /* LayerNorm over rows: x (N, C) -> y (N, C), mean and rstd (N,) kept for backward; b may be NULL (no bias) */
 int mgk_layernorm_fwd(long long N, int C, const float *x, const float *w, const float *b, double eps,
                       float *y, float *mean, float *rstd);
-/* dy, x (N, C) -> dx (N, C) written; dw, db (C,) += over the rows (db NULL: no bias); xhat recomputed */
+/* dy, x (N, C) -> dx (N, C) written (dx may be dy or x); dw, db (C,) += over the rows (db NULL: no bias); xhat
+   recomputed */
 int mgk_layernorm_bwd(long long N, int C, const float *dy, const float *x, const float *w, const float *mean,
                       const float *rstd, float *dx, float *dw, float *db);
 /* y = gelu(x + b), dgelu = gelu'(x + b), tanh form, x (N, H), b (H,) or NULL; y or dgelu may be x itself */
@@ -66,7 +68,8 @@ void mgk_softmax_item(int fwd, int T, int Tk, int start, float scale, const floa
                       long long ldg);
 /* internal, for the fused attention too: a seed's two keys (mgk_dropout's k1, k2), and one item's dropout on the
    calling thread: y[i, j] = x[i, j] times the mask value of element n0 + i*ldn + j (mgk_dropout's), for j <= upto + i,
-   and 0 past it (where x is 0: att past the diagonal), over rows 0..rows and columns 0..cols, rows ldx and ldy apart */
+   and 0 past it, where x is not read (the composition's x is 0 there; the fused backward's d(scores) holds what
+   its tiles left), over rows 0..rows and columns 0..cols, rows ldx and ldy apart */
 #ifdef __GNUC__
 __attribute__((visibility("hidden")))
 #endif

@@ -1,10 +1,10 @@
-/* mgk_pool.c: the persistent worker pool behind the GEMM (mgk.c) and the other ops (mgk_ops.c). Workers SLEEP
-   on a condition variable between calls (no spin-waiting: the machine's cores are shared with numpy/numba and
-   other processes) unless the caller asks for a bounded wait on the CPU first (mgk_set_spin_us: training and
-   generation, whose calls come back to back, would otherwise pay a wake-up per call), and run with
-   flush-to-zero/denormals-are-zero set, because subnormal inputs slow the FMA loop down by two orders of
-   magnitude. The caller is thread 0 and does its share of every job. One job of more than one thread at a
-   time: mgk_pool_run serialises those callers (run_mu); a one-thread job runs on its caller at once. */
+/* mgk_pool.c: the persistent worker pool behind the GEMM (mgk.c), the fused attention (mgk_attention.c) and the other
+   ops (mgk_ops.c). Workers SLEEP on a condition variable between calls (no spin-waiting: the machine's cores are
+   shared with numpy/numba and other processes) unless the caller asks for a bounded wait on the CPU first
+   (mgk_set_spin_us: training and generation, whose calls come back to back, would otherwise pay a wake-up per call),
+   and run with flush-to-zero/denormals-are-zero set, because subnormal inputs slow the FMA loop down by two orders of
+   magnitude. The caller is thread 0 and does its share of every job. One job of more than one thread at a time:
+   mgk_pool_run serialises those callers (run_mu); a one-thread job runs on its caller at once. */
 #include <pthread.h>
 #include <stdint.h>
 #include <time.h>

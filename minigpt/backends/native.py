@@ -102,6 +102,8 @@ def _lib():
         lib = ctypes.CDLL(path)
     except OSError as e:
         raise BackendUnavailable(f"native: cannot load {path}: {e}. Fix: rebuild with `pip install -e .`") from e
+    if hasattr(lib, "mgk_abi"):
+        lib.mgk_abi.argtypes, lib.mgk_abi.restype = [], _i
     abi = lib.mgk_abi() if hasattr(lib, "mgk_abi") else 1
     if abi != _ABI:
         raise BackendUnavailable(f"native: {path} is a build of another version of native/mgk.c (ABI {abi}, this "
@@ -123,7 +125,7 @@ def _lib():
     lib.mgk_attention_fwd.restype = lib.mgk_attention_bwd.restype = _i
     lib.mgk_round_bf16.argtypes, lib.mgk_round_bf16.restype = [_ll, _f32, _f32], _i
     lib.mgk_isa_name.argtypes, lib.mgk_isa_name.restype = [_i], ctypes.c_char_p
-    for f in ("mgk_cpu_isa", "mgk_isa"):
+    for f in ("mgk_cpu_isa", "mgk_isa", "mgk_get_num_threads"):
         getattr(lib, f).argtypes, getattr(lib, f).restype = [], _i
     lib.mgk_set_isa.argtypes, lib.mgk_set_isa.restype = [_i], _i
     lib.mgk_emulate_amx.argtypes, lib.mgk_emulate_amx.restype = [_i], _i
