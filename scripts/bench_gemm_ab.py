@@ -99,16 +99,15 @@ def attention(config, bf16, rng):
     y, dy = rng.standard_normal((2, B, T, C)).astype(np.float32)
     att = np.empty((B, nh, T, T), np.float32)
     scale, off = 1.0 / np.sqrt(hs), (0, 0, 0, 1.0)                  # off: no dropout
-
-    def views(*arrays):            # at each call, from the arrays this closure holds (a pointer alone would not)
-        return [f for x in arrays for h in (heads(x, nh, 3) if x.shape[-1] == 3 * C else heads(x, nh) if
-                                            x.ndim == 3 else (x,)) for f in _matrices(h)]
+    fwd_views = [*heads(qkv, nh, 3), att, *heads(y, nh)]           # q, k, v, att, y: numpy views, which keep
+    bwd_views = [*heads(qkv, nh, 3), att, *heads(dy, nh), *heads(dqkv, nh, 3)]   # their arrays alive
+    strides = lambda views: [f for x in views for f in _matrices(x)]  # noqa: E731  (pointer, ld, s1, s2) each
 
     def fwd(lib):
-        return lib.mgk_attention_fwd(bf16, B, nh, T, T, hs, 0, scale, *views(qkv, att, y), *off)
+        return lib.mgk_attention_fwd(bf16, B, nh, T, T, hs, 0, scale, *strides(fwd_views), *off)
 
     def bwd(lib):
-        return lib.mgk_attention_bwd(bf16, B, nh, T, hs, scale, *views(qkv, att, dy, dqkv), *off)
+        return lib.mgk_attention_bwd(bf16, B, nh, T, hs, scale, *strides(bwd_views), *off)
     return [(f"attention forward {B}x{nh}x{T}x{hs}", fwd), (f"attention backward {B}x{nh}x{T}x{hs}", bwd)]
 
 

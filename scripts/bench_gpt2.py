@@ -121,7 +121,8 @@ def main():
             runs[n, d].append(json.loads(p.stdout.strip().splitlines()[-1]))
             print(n, d, f"{runs[n, d][-1]['median']:.3f} s/step", flush=True)
     med = {k: float(np.median([x["median"] for x in v])) for k, v in runs.items()}
-    mini = runs["minigpt", "float32" if "float32" in dtypes else dtypes[0]][-1]    # memory: the float32 model's
+    mem_dtype = "float32" if "float32" in dtypes else dtypes[0]       # memory: the float32 model's, if it ran
+    mini = runs["minigpt", mem_dtype][-1]
     parts = mini["parts"]
     total = sum(parts.values()) / 2 ** 20
     refs = [(k, label) for k, label in ((("pytorch", "float32"), "vs PyTorch"),
@@ -142,8 +143,7 @@ def main():
         rounds = ", ".join(f"{x['median']:.3f}" for x in runs[n, d])
         lines.append(f"| {label} | {med[n, d]:.3f} | {rounds} |"
                      + "".join(f" {med[k] / med[n, d]:.2f}x |" for k, _ in refs))
-    lines += ["", "## What a 124M fine-tune holds in memory (minigpt, float32)" if "float32" in dtypes else
-              f"## What a 124M fine-tune holds in memory (minigpt, {dtypes[0]})", "", "| part | MiB |", "|---|---|"]
+    lines += ["", f"## What a 124M fine-tune holds in memory (minigpt, {mem_dtype})", "", "| part | MiB |", "|---|---|"]
     lines += [f"| {k} | {v / 2 ** 20:,.0f} |" for k, v in parts.items()]
     lines += [f"| **sum** | **{total:,.0f}** |", "",
               f"The minigpt process: resident {mini['rss']:,.0f} MiB after its steps ({mini['rss'] / total - 1:+.0%} "

@@ -102,9 +102,10 @@ def _lib():
         lib = ctypes.CDLL(path)
     except OSError as e:
         raise BackendUnavailable(f"native: cannot load {path}: {e}. Fix: rebuild with `pip install -e .`") from e
+    abi = 1                                                           # a build from before mgk_abi
     if hasattr(lib, "mgk_abi"):
         lib.mgk_abi.argtypes, lib.mgk_abi.restype = [], _i
-    abi = lib.mgk_abi() if hasattr(lib, "mgk_abi") else 1
+        abi = lib.mgk_abi()
     if abi != _ABI:
         raise BackendUnavailable(f"native: {path} is a build of another version of native/mgk.c (ABI {abi}, this "
                                  f"code needs {_ABI}). Fix: rebuild with `pip install -e .`")
