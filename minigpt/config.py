@@ -3,7 +3,8 @@
 The defaults are config S, nanoGPT's documented CPU Shakespeare-char run (config/train_shakespeare_char.py
 with the README's CPU overrides). Each field carries its one-line help (setting(...)), and parse_args makes
 the argparse parser, --help included, from the fields, so the command line and the dataclass cannot drift.
-Unknown keys and wrong types are UserErrors that name the fix. Nothing here trains or imports numpy.
+Unknown keys and wrong types are UserErrors that name the fix; run_command is how every command ends when it is
+stopped early (Ctrl-C, a closed pipe). Nothing here trains or imports numpy.
 """
 import argparse
 import difflib
@@ -11,12 +12,35 @@ import math
 import numbers
 import os
 import re
+import sys
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
 
 class UserError(Exception):
     """A problem with the user's input: the scripts print the message (no traceback) and exit with status 2
     (training's subclasses: 3 for a diverged run, 130 for a second signal; train.exit_code)."""
+
+
+def run_command(main, argv=None):
+    """main(argv) -> its exit status, as a shell expects of a command stopped early: Ctrl-C (outside the training
+    loop, which saves and stops on its own) is one line and status 130; a reader that closed stdout early
+    (`| head`) ends it quietly with 141 (128 + SIGPIPE, as for a C program that signal stops)."""
+    try:
+        return main(argv)
+    except KeyboardInterrupt:
+        print("\nstopped by Ctrl-C", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        quiet_stdout()
+        return 141
+
+
+def quiet_stdout():
+    """Point stdout at /dev/null after its reader went away, so that later prints, and Python's own flush at
+    exit, find a writable file instead of raising BrokenPipeError again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def default_backend(unset="auto"):

@@ -56,10 +56,14 @@ def token_losses(model, ids, block_size):
 
 
 def pca_2d(E):
-    """E (V, C) -> (coordinates (V, 2), share of the variance each of the 2 axes explains), centred SVD."""
+    """E (V, C) -> (coordinates (V, 2), share of the variance each of the 2 axes explains), centred SVD. With
+    one token (or one channel) there is one axis: the second is all 0 and explains nothing."""
     X = E.astype(np.float64) - E.mean(0)
     U, S, _ = np.linalg.svd(X, full_matrices=False)
-    return U[:, :2] * S[:2], (S[:2] ** 2) / max((S ** 2).sum(), 1e-30)
+    k = min(2, S.size)
+    xy, share = np.zeros((E.shape[0], 2)), np.zeros(2)
+    xy[:, :k], share[:k] = U[:, :k] * S[:k], (S[:k] ** 2) / max((S ** 2).sum(), 1e-30)
+    return xy, share
 
 
 def cosine_similarity(W):

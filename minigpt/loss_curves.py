@@ -51,14 +51,25 @@ def read_log(path):
     return rows
 
 
-def plot(logs, out_png, labels=None, title="minigpt training"):
-    """logs: paths of JSONL logs; -> the path written. Eval rows give the train/val curves; per-iteration losses
-    are drawn faintly. A log that is not one, or an out_png that cannot be written, is a UserError."""
+def image_path(out_png):
+    """-> (the path plot writes for out_png, its format): a bare name gets .png, as savefig gives it. A directory,
+    or a format matplotlib does not write (a --plot that names the training text, say), is a UserError, found
+    before a run starts rather than after it ends."""
+    if os.path.isdir(out_png):
+        raise UserError(f"cannot write {out_png!r}: it is a directory; name a PNG file in it, e.g. "
+                        f"{os.path.join(out_png, 'loss_curve.png')}")
     fmt = os.path.splitext(out_png)[1][1:].lower()               # told to savefig: the temporary name hides it
-    if not fmt:                                                  # a bare name gets .png, as savefig gives it
+    if not fmt:
         out_png, fmt = out_png + ".png", "png"
     if fmt not in FigureCanvasBase.get_supported_filetypes():
         raise UserError(f"cannot write {out_png!r}: matplotlib does not write .{fmt} files; name a .png")
+    return out_png, fmt
+
+
+def plot(logs, out_png, labels=None, title="minigpt training"):
+    """logs: paths of JSONL logs; -> the path written. Eval rows give the train/val curves; per-iteration losses
+    are drawn faintly. A log that is not one, or an out_png that cannot be written (image_path), is a UserError."""
+    out_png, fmt = image_path(out_png)
     runs = [read_log(path) for path in logs]                     # every log checked before anything is drawn
     fig = Figure(figsize=(8, 5))
     ax = fig.subplots()

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import backends, checkpoint, lens
 from . import report_page as P
-from .config import UserError, check_backend, check_ranges, default_backend, parse_args, setting
+from .config import UserError, check_backend, check_ranges, default_backend, parse_args, run_command, setting
 from .data import load_text, split_text
 from .loss_curves import NEEDS
 from .model import GPT, GPTConfig
@@ -328,4 +328,4 @@ def _described(text):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(main))

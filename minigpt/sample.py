@@ -16,7 +16,8 @@ import numpy as np
 
 from . import backends, checkpoint
 from .tokenizer import tokenizer_from_json
-from .config import UserError, check_backend, check_dtype, check_ranges, default_backend, parse_args, setting
+from .config import (UserError, check_backend, check_dtype, check_ranges, default_backend, parse_args,
+                     run_command, setting)
 from .model import GPT, GPTConfig, KVCache
 
 
@@ -208,4 +209,4 @@ def select_backend(cfg, verbose=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(main))

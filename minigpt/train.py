@@ -22,7 +22,8 @@ import time
 import numpy as np
 
 from . import backends, checkpoint, distributed, gpt2
-from .config import PRESETS, ModelShape, UserError, check, default_backend, parse_args, plot_inside_out_dir
+from .config import (PRESETS, ModelShape, UserError, check, default_backend, parse_args, plot_inside_out_dir,
+                     quiet_stdout, run_command)
 from .bpe import BPETokenizer
 from .tokenizer import tokenizer_from_json
 from .data import CharTokenizer, Dataset, load_text, split_text
@@ -142,14 +143,14 @@ def setup(cfg, given=None, fetch=None):
     """Check cfg, select the backend, make out_dir and build the Run (see train() for given and fetch); only
     then, with every setting checked, does a new run clear an old one's files from out_dir (_tidy). Under
     mpiexec rank 0 alone reads the checkpoint, makes out_dir, downloads and tidies; every rank builds the rest.
-    An out_dir this call made is removed again, if still empty, when a setting turns out wrong."""
+    An out_dir this call made is removed again, if still empty, when a setting turns out wrong (or on Ctrl-C)."""
     world = distributed.world()
     made = world.root and not os.path.exists(cfg.out_dir)
     try:
         ckpt, settings = world.agree(_prepare, cfg, given, fetch)
         vars(cfg).update(settings)                            # rank 0's settings (the checkpoint's) everywhere
         run = world.check(_build, cfg, ckpt, world)
-    except UserError:
+    except (UserError, KeyboardInterrupt):                   # a wrong setting, or Ctrl-C (during a BPE's training)
         if made and os.path.isdir(cfg.out_dir) and not os.listdir(cfg.out_dir):
             os.rmdir(cfg.out_dir)
         raise
@@ -358,6 +359,10 @@ def loop(run):
             lr = get_lr(run.schedule(it), cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters, cfg.cooldown)
             if it % cfg.eval_interval == 0 or last:
                 losses = evaluate_and_checkpoint(run, it, log, final=last)
+            if last and run.stopping():                      # a signal during the final evaluation: saved
+                name = stop.signal or "a signal to another rank"
+                say(f"\n{name} during the final evaluation: saved {run.last_path} at iter {it}, the run's end")
+                return {"iter": it, "interrupted": name, "best_val": run.best_val}
             if last:
                 if cfg.max_time and run.elapsed < cfg.max_time:
                     say(f"note: --max_iters {cfg.max_iters} ended the run {cfg.max_time - run.elapsed:.0f} s before "
@@ -457,17 +462,27 @@ def _log_step(log, run, it, loss, lr, gnorm, dt, eta):
 # helpers
 
 def say(msg):
-    """Print on rank 0 only: every rank of a data-parallel run has the same thing to say."""
+    """Print on rank 0 only: every rank of a data-parallel run has the same thing to say. If stdout's reader
+    went away (`| head`), the loop stops as on a signal, saving (SIGPIPE); outside the loop the command ends."""
     if distributed.world().root:
-        print(msg, flush=True)
+        try:
+            print(msg, flush=True)
+        except BrokenPipeError:
+            quiet_stdout()
+            if _StopFlag.active is None:
+                raise                                        # run_command: exit status 141
+            _StopFlag.active.signal = _StopFlag.active.signal or "SIGPIPE"
 
 
 class _StopFlag:
     """Turns SIGINT/SIGTERM into a flag the loop checks between steps; a second one stops at once."""
 
+    active = None                                            # the running loop's flag (say() sets SIGPIPE)
+
     def __init__(self):
         self.signal = None
         self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        _StopFlag.active = self
 
     def _handle(self, signum, frame):
         if self.signal is not None:                          # the second one: the user means now
@@ -479,6 +494,7 @@ class _StopFlag:
     def restore(self):
         for s, h in self._old.items():
             signal.signal(s, h)
+        _StopFlag.active = None
 
 
 def _ensure_writable(out_dir):
@@ -528,21 +544,30 @@ def _load_resume(cfg, path, given):
 
 
 def _start_over(cfg):
-    """A new run (no --resume) in an out_dir that holds another: the old log, snapshots, report and loss curve go,
-    as its checkpoints are replaced, so that what the directory shows is this run's alone (also when this run
-    makes no report or plot, or stops before it does)."""
+    """A new run (no --resume) in an out_dir that holds another (its log, last checkpoint or snapshots): the old
+    log, snapshots, report and loss curve go, as its checkpoints are replaced, so that what the directory shows
+    is this run's alone (also when this run makes no report or plot, or stops before it does). An out_dir that
+    holds no run keeps every file: a report.html or a PNG there is someone else's."""
     out_dir = cfg.out_dir
     log = _log_path(cfg)
     logged = os.path.exists(log) and os.path.getsize(log) > 0
+    if not (logged or os.path.exists(_last_path(cfg)) or checkpoint.snapshot_iters(out_dir)):
+        return
     gone = checkpoint.remove_snapshots(out_dir)
-    if logged or gone:
-        say(f"note: {out_dir} held a run (a log.jsonl, {gone} snapshot(s)): this new run replaces its log, "
-            "snapshots, report, loss curve and checkpoints; --resume would have continued it")
+    say(f"note: {out_dir} held a run (a log.jsonl, {gone} snapshot(s)): this new run replaces its log, "
+        "snapshots, report, loss curve and checkpoints; --resume would have continued it")
     made = [os.path.join(out_dir, "report.html"), os.path.join(out_dir, "loss_curve.png"),   # the report, the
             cfg.plot_path() or ""]                                  # default --plot, this run's
     for path in [log] + made:
-        if os.path.isfile(path):
+        if os.path.isfile(path) and not _same_file(path, cfg.data):    # never the text it trains on
             os.remove(path)
+
+
+def _same_file(a, b):
+    try:
+        return os.path.samefile(a, b)
+    except OSError:                                                  # b is gone (or a): not the same
+        return False
 
 
 def _truncate_log(log_path, start):
@@ -597,4 +622,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(main))

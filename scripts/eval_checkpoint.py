@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from minigpt import checkpoint
-from minigpt.config import UserError, check_backend, check_dtype, check_ranges, default_backend, parse_args, setting
+from minigpt.config import (UserError, check_backend, check_dtype, check_ranges, default_backend, parse_args,
+                            run_command, setting)
 from minigpt.data import Dataset, load_text
 from minigpt.sample import load_model, select_backend
 from minigpt.evaluate import whole_split_loss
@@ -86,4 +87,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_command(main, sys.argv[1:]))

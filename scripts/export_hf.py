@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 
 from minigpt import checkpoint
-from minigpt.config import UserError, parse_args, setting
+from minigpt.config import UserError, parse_args, run_command, setting
 from minigpt.hf import check_out, export
 
 
@@ -49,4 +49,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_command(main, sys.argv[1:]))

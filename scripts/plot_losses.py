@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from minigpt.config import UserError
+from minigpt.config import UserError, run_command
 from minigpt.loss_curves import plot
 
 
@@ -40,4 +40,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_command(main, sys.argv[1:]))

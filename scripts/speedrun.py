@@ -34,6 +34,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_util import command, cpu_line, flag, revision, write_keeping_notes  # noqa: E402
+from minigpt.config import UserError, run_command  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOAL = 1.50                                                      # issue 24's target (round 1's was 1.80)
@@ -126,7 +127,7 @@ def pick_candidates(words):
     words = [w.strip().lower() for w in words.split(",") if w.strip()]
     names = [n for n in CANDIDATES if not words or any(w in n.lower() for w in words)]
     if not names:
-        sys.exit(f"error: --candidates {','.join(words)} names none of: {'; '.join(CANDIDATES)}")
+        raise UserError(f"--candidates {','.join(words)} names none of: {'; '.join(CANDIDATES)}")
     return names
 
 
@@ -213,8 +214,17 @@ def minigpt(args, seed, seconds, threads, data, tmp):
     return res
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """--help keeps the docstring's lines and shows each option's default."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):                                    # one line from main(), not usage + message
+        raise UserError(f"{message}; see --help")
+
+
+def main(argv):
+    ap = _Parser(prog="speedrun.py", description=__doc__, formatter_class=_Formatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[1337, 1338, 1339],
                     help="one run of everything per seed, in turn; the recipes were chosen on "
                          f"{', '.join(map(str, SELECTION_SEEDS))} (rounds 1-3 on {SELECTION_SEEDS[0]} alone), other "
@@ -241,23 +251,28 @@ def main():
     ap.add_argument("--out", default="reports/speedrun.md", help="the report; the plot goes beside it (.png) (a "
                     "relative path from where you run this; the default in the repository)")
     ap.add_argument("--nanogpt_child", type=int, default=None, help=argparse.SUPPRESS)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     for k in ("data", "out"):                              # the runs start in the repository (which downloads the
         if getattr(a, k) != ap.get_default(k):             # default text there); a path you type is from your
             setattr(a, k, os.path.abspath(getattr(a, k)))  # directory (the defaults' strings stay the repository's)
     if a.nanogpt_child is not None:
         return nanogpt_child(a.nanogpt_child, a.threads, a.data)
     if a.budget < 0:
-        sys.exit(f"error: --budget must be positive seconds (0: nanoGPT's time), got {a.budget}")
+        raise UserError(f"--budget must be positive seconds (0: nanoGPT's time), got {a.budget}")
+    if a.threads < 1:
+        raise UserError(f"--threads must be at least 1, got {a.threads}")
+    if a.data != ap.get_default("data") and not os.path.isfile(a.data):   # the default: downloaded by the runs
+        raise UserError(f"--data {a.data!r} is not a file; pass a UTF-8 text file (or leave --data out for tiny "
+                        "Shakespeare)")
     if not a.budget:
         try:
             import torch  # noqa: F401
         except ImportError:
-            sys.exit("error: nanoGPT's side needs PyTorch, which minigpt does not depend on: pip install torch "
+            raise UserError("nanoGPT's side needs PyTorch, which minigpt does not depend on: pip install torch "
                      "(or pass --budget SECONDS to run minigpt alone)")
 
     if a.bf16 and a.dtype == "bf16":
-        sys.exit("error: --bf16 true runs the recipes in float32 and again in bf16, --dtype bf16 runs everything in "
+        raise UserError("--bf16 true runs the recipes in float32 and again in bf16, --dtype bf16 runs everything in "
                  "bf16: pass one of the two")
     a.candidates = pick_candidates(a.candidates)
     a.revision = revision(ROOT)                        # the code the runs use (write_report's plot makes it dirty)
@@ -516,5 +531,14 @@ SELECTION = "\n\n".join([SELECTION_ROUND6, SELECTION_ROUND5, SELECTION_ROUND4, S
     "played no part.")
 
 
+def _main(argv):
+    try:
+        main(argv)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(_main, sys.argv[1:]))

@@ -17,8 +17,8 @@ import urllib.request
 import numpy as np
 
 from minigpt import backends, distributed
-from minigpt.config import TrainConfig, UserError, parse_args
-from minigpt.loss_curves import plot
+from minigpt.config import TrainConfig, UserError, parse_args, run_command
+from minigpt.loss_curves import image_path, plot
 from minigpt.report import ReportConfig, write_report
 from minigpt.sample import generate, start_text
 from minigpt.train import exit_code, interrupted_status, train
@@ -44,6 +44,8 @@ def download(path):
 def main(argv):
     try:
         cfg = parse_args(argv, description=__doc__)                    # --help: prints, SystemExit(0)
+        if cfg.plot_path():
+            image_path(cfg.plot_path())                                # a --plot matplotlib cannot write: now
         result = train(cfg, given=cfg.given, fetch=lambda path: path == DEFAULT_DATA and download(path))
     except UserError as e:
         return distributed.exit_status(e, exit_code(e))
@@ -74,4 +76,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_command(main, sys.argv[1:]))

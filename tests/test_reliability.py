@@ -460,6 +460,69 @@ def test_signal_saves_and_resume_is_exact(tmp_path, text, sig):
     assert _train_losses(out) == _train_losses(straight)               # bit-identical to the uninterrupted run
 
 
+def test_a_closed_stdout_saves_and_stops_the_run(tmp_path, text):
+    """`train | head -3`: when stdout's reader goes away, the loop saves and stops as on a signal (status 141, 128 +
+    SIGPIPE), with no traceback, and --resume continues the run to the same losses as an uninterrupted one."""
+    args = ["--data", str(text), *TINY[:-5], "--max_iters=400", "--eval_interval=1000", "--eval_iters=1",
+            "--sample_chars=0", "--plot=", "--backend=numpy", "--log_interval=1"]
+    straight = tmp_path / "straight"
+    assert subprocess.run([sys.executable, "scripts/train_shakespeare.py", *args, "--out_dir", str(straight)],
+                          cwd=ROOT, capture_output=True, timeout=300).returncode == 0
+    out = tmp_path / "run"
+    proc = _start([*args, "--out_dir", str(out)])
+    for _ in range(3):
+        proc.stdout.readline()
+    proc.stdout.close()                                                # as head does after its lines
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141 and "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
+    stopped_at = checkpoint.load(str(out / "ckpt_last.npz"))[0]["iter"]
+    assert 0 < stopped_at < 400
+    r = subprocess.run([sys.executable, "scripts/train_shakespeare.py", *args, "--out_dir", str(out), "--resume"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert _train_losses(out) == _train_losses(straight)
+
+
+def test_a_closed_stdout_ends_sampling_quietly(trained):
+    proc = subprocess.Popen([sys.executable, "-m", "minigpt.sample", "--backend=numpy", "--out_dir", str(trained[1]),
+                             "--max_new_tokens=100000"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.read(20)
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
+
+
+def test_a_signal_during_the_final_evaluation_stops_after_it(tmp_path, monkeypatch):
+    """The final evaluation saves the run's end; a signal that arrives during it stops the command there (no
+    plot, sample or report), with the signal's status, instead of being ignored."""
+    import minigpt.train as T
+    from helpers import tiny_cfg
+    whole = T.whole_split_loss
+
+    def interrupted(*a, **k):
+        os.kill(os.getpid(), signal.SIGINT)                           # Ctrl-C during the whole-split pass
+        return whole(*a, **k)
+    monkeypatch.setattr(T, "whole_split_loss", interrupted)
+    result = T.train(tiny_cfg(tmp_path, max_iters=4, eval_interval=2))
+    assert result["interrupted"] == "SIGINT" and T.interrupted_status(result) == 130
+    assert checkpoint.load(str(tmp_path / "out" / "ckpt_last.npz"))[0]["iter"] == 4
+
+
+@pytest.mark.parametrize("raised,status,err", [(KeyboardInterrupt, 130, "\nstopped by Ctrl-C\n"),
+                                               (BrokenPipeError, 141, "")])
+def test_commands_stopped_early_end_in_one_line(raised, status, err, capsys, monkeypatch):
+    """Ctrl-C outside the training loop (a sample, the report, a BPE's training) is one line and 130; a closed
+    stdout is silent and 141, stdout pointed at /dev/null (here recorded instead: the two tests above run it)."""
+    import minigpt.config as C
+    quieted = []
+    monkeypatch.setattr(C, "quiet_stdout", lambda: quieted.append(True))
+
+    def main(argv):
+        raise raised()
+    assert C.run_command(main, []) == status
+    assert capsys.readouterr().err == err and quieted == [True] * (raised is BrokenPipeError)
+
+
 def test_second_signal_stops_at_once():
     from minigpt.train import StoppedTwice, _StopFlag, exit_code
     before = signal.getsignal(signal.SIGINT)

@@ -93,6 +93,10 @@ def test_pca_and_position_similarity():
     S = lens.cosine_similarity(E)
     np.testing.assert_allclose(np.diag(S), 1.0)
     np.testing.assert_allclose(S, S.T)
+    for one in (E[:1], E[:, :1]):                    # one token (a text of one character), or one channel
+        xy, share = lens.pca_2d(one)
+        assert xy.shape == (len(one), 2) and not xy[:, 1].any() and share[1] == 0
+        np.testing.assert_allclose(np.abs(xy[:, 0]), np.abs(one[:, 0] - one[:, 0].mean()))
 
 
 # ----------------------------------------------------------------------------
@@ -350,13 +354,15 @@ def test_plot_losses_wants_one_label_per_log(run_dir, tmp_path, capsys):
     assert not (tmp_path / "c.png").exists()
 
 
-@pytest.mark.parametrize("name,needle", [("curve.xyz", "does not write .xyz"), ("dir.png", "Is a directory")])
+@pytest.mark.parametrize("name,needle", [("curve.xyz", "does not write .xyz"), ("dir.png", "is a directory"),
+                                         ("dir", "is a directory; name a PNG file in it")])   # not dir + .png
 def test_plot_losses_says_when_it_cannot_write_the_png(name, needle, run_dir, tmp_path, capsys):
     out, _ = run_dir
     (tmp_path / "dir.png").mkdir()
+    (tmp_path / "dir").mkdir()
     assert plot_main(out / "log.jsonl", "-o", tmp_path / name) == 2
     assert_one_error_line(capsys.readouterr().err, needle, name)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.png"]            # no PNG, no temporary left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "dir.png"]     # no PNG, no temporary left
 
 
 def test_plot_losses_writes_where_it_says(run_dir, tmp_path, capsys):

@@ -562,6 +562,24 @@ def test_a_new_run_in_a_used_out_dir_replaces_the_old_runs_log_and_snapshots(tmp
     assert sorted(os.listdir(tmp_path / "out")) == ["ckpt_best.npz", "ckpt_last.npz", "log.jsonl", "snapshots"]
 
 
+def test_a_new_run_in_a_directory_without_a_run_deletes_nothing(tmp_path, capsys):
+    """A report.html or PNG in an out_dir that holds no run is someone else's: a new run leaves it (it replaces
+    them only after another run). Nor does starting over ever remove the text it trains on, whatever --plot names."""
+    out = tmp_path / "out"
+    out.mkdir()
+    mine = {"report.html": "mine", "loss_curve.png": "mine too", "curve.png": "and this"}
+    for name, text in mine.items():
+        (out / name).write_text(text)
+    train(tiny_cfg(tmp_path, max_iters=2, eval_interval=2, plot="curve.png"))
+    assert "held a run" not in capsys.readouterr().out
+    assert {n: (out / n).read_text() for n in mine} == mine
+    data = out / "text.txt"                                          # the data inside out_dir, named by --plot
+    write_text(data)
+    train(tiny_cfg(tmp_path, max_iters=2, eval_interval=2, data=str(data), plot="text.txt"))
+    assert "held a run" in capsys.readouterr().out and data.exists()
+    assert not (out / "report.html").exists()                        # the old run's (as the test above)
+
+
 def _cli(tmp_path, *args):
     """python -m minigpt.train's main on the tiny settings: (exit status, the `error:` lines of stderr)."""
     import contextlib
