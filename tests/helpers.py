@@ -1,4 +1,6 @@
 """Small texts and configs the training tests write themselves; attention's causal products for the product tests."""
+import os
+
 import numpy as np
 
 from minigpt import backends
@@ -8,6 +10,17 @@ from minigpt.layers import heads
 TINY_TRAIN = dict(n_layer=2, n_head=2, n_embd=16, block_size=16, batch_size=4, max_iters=12, eval_interval=4,
                   eval_iters=2, warmup_iters=2, lr_decay_iters=12, lr=3e-3, min_lr=3e-4, log_interval=4,
                   sample_chars=0, plot="", backend="numpy")
+
+
+def shakespeare_path():
+    """tiny Shakespeare where a checkout may have it: data/ (the training script's download, .ci/run's copy), else
+    ../shared/data/ beside the checkout; None if neither. Tests that need the real text skip without it."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for path in (os.path.join(root, "data", "tinyshakespeare.txt"),
+                 os.path.join(root, "..", "shared", "data", "tinyshakespeare.txt")):
+        if os.path.exists(path):
+            return path
+    return None
 
 
 def write_text(path, n_chars=6000, seed=0):

@@ -2,7 +2,6 @@
 round-trips, the JSON forms load back, bad input is a UserError, and Hugging Face
 `tokenizers` reading to_hf_json() gives the same ids on the corpus and on random Unicode."""
 import json
-import os
 import random
 import re
 from collections import Counter
@@ -10,20 +9,21 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from helpers import write_text
+from helpers import shakespeare_path, write_text
 from minigpt.bpe import PATTERN, BPETokenizer
 from minigpt.tokenizer import tokenizer_from_json
 from minigpt.config import UserError
 from minigpt.data import CharTokenizer
 
-CORPUS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "tinyshakespeare.txt")
 NO_TOKENIZERS = "Hugging Face tokenizers is not a minigpt dependency; pip install tokenizers to run this"
 
 
 def corpus(n=None):
-    if not os.path.exists(CORPUS):
-        pytest.skip(f"{CORPUS} is absent (scripts/train_shakespeare.py downloads it)")
-    with open(CORPUS, encoding="utf-8") as f:
+    path = shakespeare_path()
+    if path is None:
+        pytest.skip("tiny Shakespeare is neither in data/ nor in ../shared/data/ (scripts/train_shakespeare.py "
+                    "downloads it)")
+    with open(path, encoding="utf-8") as f:
         return f.read(n)
 
 

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from helpers import write_text
+from helpers import shakespeare_path, write_text
 from minigpt.bpe import bytes_to_unicode
 from minigpt.config import UserError
 from minigpt.gpt2_tokenizer import GPT2Tokenizer, gpt2_pattern
@@ -25,8 +25,8 @@ TORTURE = ("I'm sure you've seen it; they'll say we'd 'quote' it's JOHN'S. Don't
 
 
 def shakespeare():
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "tinyshakespeare.txt")
-    if os.path.exists(path):
+    path = shakespeare_path()
+    if path is not None:
         with open(path, encoding="utf-8") as f:
             return f.read()[:200_000]
     return None
@@ -60,7 +60,7 @@ def test_ids_equal_hugging_face_on_the_torture_text(hf_dir):
         assert ours.decode(got) == text                                          # bytes round-trip exactly
 
 
-@pytest.mark.skipif(shakespeare() is None, reason="../shared/data/tinyshakespeare.txt is not beside the checkout")
+@pytest.mark.skipif(shakespeare() is None, reason="tiny Shakespeare is neither in data/ nor in ../shared/data/")
 def test_ids_equal_hugging_face_on_shakespeare(hf_dir):
     d, hf = hf_dir
     text = shakespeare()

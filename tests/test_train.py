@@ -67,6 +67,27 @@ def test_adamw_matches_hand_computed_step():
     np.testing.assert_allclose(p["w"][0, 1], want, rtol=1e-12)
 
 
+def test_adamw_matches_the_textbook_over_steps_with_changing_gradients():
+    """Three steps, each with its own gradient and lr (one gradient repeated, as above, hides the moments: m_hat
+    is then g at every step), against AdamW's formulas written out in float64, every element."""
+    rng = np.random.default_rng(3)
+    p = {"w": rng.standard_normal((3, 5)), "b": rng.standard_normal(5)}
+    want = {k: v.copy() for k, v in p.items()}
+    m = {k: np.zeros_like(v) for k, v in p.items()}
+    v2 = {k: np.zeros_like(v) for k, v in p.items()}
+    opt = AdamW(p, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.3)
+    for t, lr in enumerate((0.01, 0.03, 0.002), start=1):
+        g = {k: rng.standard_normal(x.shape) * 10.0 ** rng.integers(-3, 2, x.shape) for k, x in p.items()}
+        opt.step(p, g, lr=lr)
+        for k in p:
+            m[k] = 0.8 * m[k] + 0.2 * g[k]
+            v2[k] = 0.95 * v2[k] + 0.05 * g[k] ** 2
+            decay = 0.3 if k == "w" else 0.0                                # matrices only
+            want[k] = want[k] * (1 - lr * decay) - lr * (m[k] / (1 - 0.8 ** t)) / (
+                np.sqrt(v2[k] / (1 - 0.95 ** t)) + 1e-6)
+            np.testing.assert_allclose(p[k], want[k], rtol=1e-12, atol=1e-15, err_msg=f"{k} at step {t}")
+
+
 def test_weight_decay_only_on_matrices_and_embeddings():
     model = GPT(GPTConfig(vocab_size=11, block_size=4, n_layer=1, n_head=1, n_embd=4), np.random.default_rng(0))
     decay = AdamW(model.params()).decay
@@ -155,6 +176,49 @@ def test_training_loss_falls_and_logs(tmp_path):
     assert evals[-1]["val_bpc"] == pytest.approx(evals[-1]["val_loss_full"] / math.log(2))   # chars: 1 per token
     assert abs(evals[-1]["val_loss_full"] - evals[-1]["val_loss"]) < 0.2
     assert os.path.exists(tmp_path / "out" / "ckpt_best.npz") and os.path.exists(tmp_path / "out" / "ckpt_last.npz")
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_train_steps_equal_a_hand_replay(tmp_path, optimizer):
+    """train()'s steps, replayed by hand from the same seeds with the library's parts: grad_accum micro-batches,
+    each backward seeded with 1/grad_accum, clipping (which binds here), the optimizer built from the settings
+    (betas, weight decay, the embeddings' lr ratio; Muon's ratio and warmup) and stepped at the schedule's lr.
+    The log's loss, gradient norm and lr, and the last checkpoint's weights, match to the bit: a loop that
+    ignored --grad_accum, --grad_clip, a setting of the optimizer or the schedule would not."""
+    from minigpt.data import load_text
+    from minigpt.optim import Muon
+    settings = dict(max_iters=3, eval_interval=3, grad_accum=3, grad_clip=0.05, beta1=0.8, beta2=0.95,
+                    weight_decay=0.3, warmup_iters=2, lr_decay_iters=3, embed_lr_ratio=2.0, optimizer=optimizer,
+                    muon_lr_ratio=7.0, muon_momentum_warmup=2)
+    cfg = tiny_cfg(tmp_path, **settings)
+    rows = [r for r in read_log(train(cfg)["log"]) if r["kind"] == "train"]
+    text = load_text(cfg.data)
+    tok = CharTokenizer.from_text(text)
+    data = Dataset(text, tok, cfg.block_size)
+    model = GPT(cfg.model_config(tok.vocab_size), np.random.default_rng([cfg.seed, 0]))
+    if optimizer == "muon":
+        opt = Muon(model.params(), lr_ratio=7.0, betas=(0.8, 0.95), weight_decay=0.3, muon_weight_decay=0.3,
+                   momentum_warmup=2)
+    else:
+        opt = AdamW(model.params(), (0.8, 0.95), weight_decay=0.3)
+    opt.scale_lr(("wte.weight", "wpe.weight"), 2.0)
+    batches = np.random.default_rng([cfg.seed, 1])
+    for it, row in enumerate(rows):
+        lr = get_lr(it, cfg.lr, cfg.min_lr, 2, 3)
+        model.zero_grad()
+        loss = 0.0
+        for _ in range(3):
+            x, y = data.batch("train", cfg.batch_size, cfg.block_size, batches)
+            loss += model.forward(x, y)[1] / 3
+            model.backward(scale=1.0 / 3)
+        gnorm = clip_grad_norm(model.grad_memory, 0.05)
+        assert gnorm > 0.05 * 2                                         # the clip binds
+        opt.step(model.params(), model.grads(), lr)
+        assert (row["loss"], row["grad_norm"], row["lr"]) == (loss, gnorm, lr), it
+    assert len(rows) == 3
+    _, params, _ = checkpoint.load(str(tmp_path / "out" / "ckpt_last.npz"))
+    for k, v in model.params().items():
+        np.testing.assert_array_equal(params[k], v, err_msg=k)
 
 
 def test_checkpoint_round_trip_restores_every_array(tmp_path):
