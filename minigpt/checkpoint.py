@@ -25,6 +25,21 @@ TMP_PREFIX, TMP_SUFFIX = ".tmp-", ".npz"                       # save()'s tempor
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")                   # an .npz is a zip archive (the second: empty)
 
 
+def ensure_writable(out_dir):
+    """Make out_dir if missing and check that a file can be written there: a UserError naming the fix before a
+    command does its work, not a traceback after it."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise UserError(f"--out_dir {out_dir!r} is a file, not a directory; pass a directory (made if missing)")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        probe = os.path.join(out_dir, ".write-test")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.unlink(probe)
+    except OSError as e:
+        raise UserError(f"cannot write to --out_dir {out_dir!r} ({e.strerror}); pass a writable directory") from None
+
+
 def save(path, model, opt, meta):
     """meta: a JSON-able dict (iter, configs, rng states, tokenizer, ...)."""
     arrays = {f"param/{k}": v for k, v in model.params().items()}
@@ -238,9 +253,14 @@ def save_snapshot(out_dir, model, it, elapsed):
     arrays = {f"param/{k}": v.astype(np.float16) for k, v in model.params().items()}
     meta = {"iter": it, "elapsed": elapsed, "model_config": model.config.to_dict()}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
-    with open(path + ".part", "wb") as f:
-        np.savez(f, **arrays)
-    os.replace(path + ".part", path)
+    try:
+        with open(path + ".part", "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(path + ".part", path)
+    except BaseException:
+        if os.path.exists(path + ".part"):
+            os.unlink(path + ".part")
+        raise
     return path
 
 

@@ -68,9 +68,17 @@ def read_config(directory, block_size=None):
     except (OSError, ValueError) as e:
         raise UserError(f"--init_from {directory}: no readable config.json ({e}); point at a transformers GPT-2 "
                         "directory") from None
+    if not isinstance(hf, dict):
+        raise UserError(f"--init_from {directory}: config.json holds a JSON {type(hf).__name__}, not an object; point "
+                        "at a transformers GPT-2 directory")
     if hf.get("model_type") != "gpt2":
         raise UserError(f"--init_from {directory}: model_type {hf.get('model_type')!r}, not 'gpt2'; only GPT-2 "
                         "checkpoints load (minigpt's architecture is GPT-2's)")
+    needed = [k for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
+              if not (isinstance(hf.get(k), int) and not isinstance(hf.get(k), bool) and hf[k] > 0)]
+    if needed:
+        raise UserError(f"--init_from {directory}: config.json lacks a positive integer {', '.join(needed)}; a "
+                        "transformers GPT-2 config.json has them all")
     if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh") or \
             abs(hf.get("layer_norm_epsilon", LN_EPS) - LN_EPS) > 1e-12 or hf.get("n_inner") not in (None, 4 * hf["n_embd"]):
         raise UserError(f"--init_from {directory}: activation {hf.get('activation_function')}, layer_norm_epsilon "

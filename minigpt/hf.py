@@ -55,10 +55,11 @@ def write_safetensors(path, tensors):
         offset += a.nbytes
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)
-    with open(path, "wb") as f:
+    with open(path + ".part", "wb") as f:                                 # renamed into place once whole
         f.write(struct.pack("<Q", len(head)) + head)
         for a in tensors.values():
             f.write(a.tobytes())
+    os.replace(path + ".part", path)
 
 
 def gpt2_config(mc):
@@ -108,13 +109,25 @@ def _prepare(out, force):
         raise UserError(f"cannot create --out {out!r} ({e.strerror}); pass a writable directory") from None
 
 
+def _write_text(path, text):
+    """path's new text, written to a temporary name and renamed into place (an old export stays whole until)."""
+    with open(path + ".part", "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(path + ".part", path)
+
+
 def _write_json(path, obj):
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, ensure_ascii=False)
+    _write_text(path, json.dumps(obj, indent=1, ensure_ascii=False))
+
+
+# every file export() writes: the model's two, and one tokenizer's (a BPE's two, or minigpt's characters)
+EXPORTED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "minigpt_chars.json")
 
 
 def export(ckpt, out, force=False):
-    """Write the Hugging Face directory `out` for checkpoint file `ckpt`; -> the names of the files written."""
+    """Write the Hugging Face directory `out` for checkpoint file `ckpt`; -> the names of the files written. Each
+    file is renamed into place once whole; then, with --force, an earlier export's files of the other kind of
+    tokenizer go, so that transformers cannot load a tokenizer that does not belong to the model."""
     check_out(out, force)                                          # before a 124M checkpoint is read
     meta, params, _ = checkpoint.load(ckpt)
     if "model_config" not in meta or "tokenizer" not in meta:
@@ -129,13 +142,18 @@ def export(ckpt, out, force=False):
         write_safetensors(os.path.join(out, "model.safetensors"), tensors)
         _write_json(os.path.join(out, "config.json"), gpt2_config(mc))
         if isinstance(tok, (BPETokenizer, GPT2Tokenizer)):
-            tok.save_hf(os.path.join(out, "tokenizer.json"))
+            _write_text(os.path.join(out, "tokenizer.json"), tok.to_hf_json())
             _write_json(os.path.join(out, "tokenizer_config.json"), {
                 "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": mc["block_size"],
                 "model_input_names": ["input_ids", "attention_mask"],     # token_type_ids would add wte rows
                 "clean_up_tokenization_spaces": False})
-            return ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
-        _write_json(os.path.join(out, "minigpt_chars.json"), tok.chars)
+            written = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+        else:
+            _write_json(os.path.join(out, "minigpt_chars.json"), tok.chars)
+            written = ["config.json", "model.safetensors", "minigpt_chars.json"]
+        for name in set(EXPORTED) - set(written):                 # an earlier export's other tokenizer
+            if os.path.isfile(os.path.join(out, name)):
+                os.remove(os.path.join(out, name))
     except OSError as e:
         raise UserError(f"cannot write into --out {out!r} ({e.strerror}); pass a writable directory") from None
-    return ["config.json", "model.safetensors", "minigpt_chars.json"]
+    return written

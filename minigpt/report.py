@@ -69,6 +69,7 @@ def write_report(cfg, verbose=False):
     select_backend(cfg, verbose=verbose)
     ckpt = cfg.ckpt or checkpoint.in_run(cfg.out_dir)
     loaded = checkpoint.load(ckpt)
+    checkpoint.ensure_writable(cfg.out_dir)              # where report.html goes: checked before the work
     model, tok = load_model(ckpt, loaded)
     meta = loaded[0]
     notes, sections, data = [], [], {}
@@ -118,9 +119,12 @@ def write_report(cfg, verbose=False):
         subtitle += "<br>" + "<br>".join(f'<span class="note">note: {P.esc(n)}</span>' for n in notes)
     text = P.page("What this model learned", subtitle, sections, data)
     out = os.path.join(cfg.out_dir, "report.html")
-    with open(out + ".part", "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(out + ".part", out)
+    try:
+        with open(out + ".part", "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(out + ".part", out)
+    except OSError as e:                                  # a disk that filled meanwhile, say
+        raise UserError(f"cannot write {out!r} ({e.strerror}); free space or pass another --out_dir") from None
     return out
 
 

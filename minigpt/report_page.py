@@ -7,6 +7,7 @@ import base64
 import html
 import io
 import json
+import warnings
 
 import matplotlib
 
@@ -15,9 +16,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def png(fig):
-    """A matplotlib figure -> a data: URI of its PNG (the figure is closed)."""
+    """A matplotlib figure -> a data: URI of its PNG (the figure is closed). Labels the font has no glyph for (a
+    text in CJK, say) are drawn as boxes, without one warning per character on the terminal."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from", category=UserWarning)
+        fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     plt.close(fig)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 

@@ -12,6 +12,7 @@ report.html) or `python -m minigpt.train --data PATH ...` (training only); --hel
 `mpiexec -n N` it trains data-parallel (minigpt/distributed.py): each rank takes its slice of every batch, one
 Allreduce sums the gradients, and rank 0 alone prints and writes.
 """
+import contextlib
 import json
 import math
 import os
@@ -44,6 +45,21 @@ class StoppedTwice(UserError):
 class OutOfMemory(UserError):
     """numpy could not allocate an array of the model, its optimizer state or a step's activations."""
     everywhere = False                          # under mpiexec a rank may meet it alone
+
+
+class CannotSave(UserError):
+    """A checkpoint or snapshot could not be written (a full disk, a directory made read-only)."""
+    everywhere = False                          # rank 0 alone writes
+
+
+@contextlib.contextmanager
+def _saving(path):
+    """An OSError while writing path (a checkpoint, a snapshot) becomes CannotSave: one line that names the fix."""
+    try:
+        yield
+    except OSError as e:
+        raise CannotSave(f"cannot write {path} ({e.strerror or e}); free space or make its directory writable, "
+                         "then continue with --resume (the checkpoints written before it are whole)") from None
 
 
 def exit_code(e):
@@ -95,12 +111,14 @@ class Run:
         states = self.world.allgather(self.model.rng.bit_generator.state)
         if not self.world.root:
             return
-        meta = {"iter": it, "best_val": self.best_val, "tokenizer": self.tok.to_json(),
-                "model_config": self.model.config.to_dict(), "train_config": self.cfg.to_dict(),
+        settings = {**self.cfg.to_dict(), "data": os.path.abspath(self.cfg.data)}   # found from any directory
+        meta = {"iter": it, "best_val": self.best_val, "tokenizer": self.tok.to_json(),  # (resume, eval, report)
+                "model_config": self.model.config.to_dict(), "train_config": settings,
                 "rng": {"model": states[0], "batch": self.batch_rng.bit_generator.state}, "elapsed": self.elapsed}
         if self.world.size > 1:
             meta["rng"]["model_ranks"], meta["world_size"] = states, self.world.size
-        checkpoint.save(path, self.model, self.opt, meta)
+        with _saving(path):
+            checkpoint.save(path, self.model, self.opt, meta)
 
     def sync(self, loss):
         """Sum the gradients over the ranks (the model's flat buffer, in place), then the loss and whether a
@@ -175,7 +193,7 @@ def _prepare(cfg, given, fetch):
     if fetch is not None and not os.path.exists(cfg.data):
         fetch(cfg.data)
     load_text(cfg.data)                                        # a missing or unusable text fails before out_dir
-    _ensure_writable(cfg.out_dir)                              # is made (read again by _build, on every rank)
+    checkpoint.ensure_writable(cfg.out_dir)                    # is made (read again by _build, on every rank)
     return ckpt, dict(vars(cfg))
 
 
@@ -403,7 +421,8 @@ def evaluate_and_checkpoint(run, it, log, final=False):
         run.save(run.best_path, it)
     run.save(run.last_path, it)
     if run.world.root and _snapshot_due(run, it, final):
-        checkpoint.save_snapshot(run.cfg.out_dir, run.model, it, run.elapsed)
+        with _saving(os.path.join(run.cfg.out_dir, checkpoint.SNAPSHOT_DIR)):
+            checkpoint.save_snapshot(run.cfg.out_dir, run.model, it, run.elapsed)
     return losses
 
 
@@ -495,19 +514,6 @@ class _StopFlag:
         for s, h in self._old.items():
             signal.signal(s, h)
         _StopFlag.active = None
-
-
-def _ensure_writable(out_dir):
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise UserError(f"--out_dir {out_dir!r} is a file, not a directory; pass a directory (made if missing)")
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        probe = os.path.join(out_dir, ".write-test")
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.unlink(probe)
-    except OSError as e:
-        raise UserError(f"cannot write to --out_dir {out_dir!r} ({e.strerror}); pass a writable directory") from None
 
 
 def _load_resume(cfg, path, given):

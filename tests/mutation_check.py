@@ -72,6 +72,8 @@ M = [
         f"{TM}::test_gpt_zero_init_proj_zeroes_only_the_output_projections"),
     ("minigpt/hf.py", "    check_expressible(mc, ckpt)", "    pass",
         "tests/test_export_hf.py::test_export_refuses_options_gpt2_cannot_express"),
+    ("minigpt/hf.py", "for name in set(EXPORTED) - set(written):", "for name in ():",
+        "tests/test_export_hf.py::test_export_force_leaves_only_this_models_files"),
     # numpy_ops.py: the specification the layers run on in the finite-difference tests
     (SPEC, "x2 *= 6 * GELU_C * GELU_A", "x2 *= 2 * GELU_C * GELU_A", f"{TL}::test_gelu_grad"),
     (SPEC, "db += dx.reshape(-1, dx.shape[-1]).sum(0)", "db += 0.5 * dx.reshape(-1, dx.shape[-1]).sum(0)",

@@ -178,6 +178,23 @@ def test_export_command_and_its_errors(tmp_path):
     assert "pickle" not in r.stderr
 
 
+def test_export_force_leaves_only_this_models_files(tmp_path):
+    """--force over an export of another tokenizer: a BPE's tokenizer.json would load beside a character model
+    (and a character list beside a BPE's), so the other kind's files go; no temporary is left."""
+    bpe = BPETokenizer.train(write_text(tmp_path / "text.txt", n_chars=3000), 260)
+    make_checkpoint(tmp_path / "bpe.npz", bpe)
+    make_checkpoint(tmp_path / "char.npz", CharTokenizer(list("abc")))
+    out = str(tmp_path / "hf")
+    assert export(str(tmp_path / "bpe.npz"), out) == ["config.json", "model.safetensors", "tokenizer.json",
+                                                      "tokenizer_config.json"]
+    assert export(str(tmp_path / "char.npz"), out, force=True) == ["config.json", "model.safetensors",
+                                                                   "minigpt_chars.json"]
+    assert sorted(os.listdir(out)) == ["config.json", "minigpt_chars.json", "model.safetensors"]
+    assert json.loads(pathlib.Path(out, "config.json").read_text())["vocab_size"] == 3
+    export(str(tmp_path / "bpe.npz"), out, force=True)
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+
+
 def test_export_imports_neither_torch_nor_transformers(tmp_path):
     make_checkpoint(tmp_path / "ckpt.npz", CharTokenizer(list("abc")))
     code = (f"import sys; sys.path.insert(0, {SCRIPTS!r}); import export_hf; "

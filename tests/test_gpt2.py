@@ -163,6 +163,11 @@ def test_bad_directories_and_settings_are_clear_errors(gpt2_dir, tmp_path):
     (other / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(UserError, match="not 'gpt2'"):
         gpt2.load_gpt2(str(other))
+    for config, msg in (([1, 2], "a JSON list, not an object"), ({"model_type": "gpt2"}, "lacks a positive integer"
+                                                                  " vocab_size, n_positions, n_embd, n_layer, n_head")):
+        (other / "config.json").write_text(json.dumps(config))
+        with pytest.raises(UserError, match=msg):
+            gpt2.load_gpt2(str(other))
     for name, msg in (("model.safetensors.index.json", "sharded"), ("pytorch_model.bin", "pickle weights only")):
         d = tmp_path / name.split(".")[0]
         d.mkdir()

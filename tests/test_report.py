@@ -320,6 +320,17 @@ def test_report_typed_data_must_exist(run_dir, tmp_path):
     assert not (here / "report.html").exists()
 
 
+def test_report_out_dir_is_checked_before_the_work(run_dir, tmp_path):
+    """--ckpt with an --out_dir that is a file: one line, before the report is built; a missing one is made."""
+    out, _ = run_dir
+    (tmp_path / "afile").write_text("x")
+    r = report_cli("--ckpt", str(out / "ckpt_best.npz"), "--out_dir", str(tmp_path / "afile"), "--samples", "0")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.splitlines()[-1].startswith("error: --out_dir") and "is a file" in r.stderr
+    r = report_cli("--ckpt", str(out / "ckpt_best.npz"), "--out_dir", str(tmp_path / "new"), "--samples", "0")
+    assert r.returncode == 0 and (tmp_path / "new" / "report.html").exists(), r.stderr
+
+
 # ----------------------------------------------------------------------------
 # scripts/plot_losses.py: the curves from log.jsonl
 

@@ -644,6 +644,41 @@ def test_a_new_run_in_a_directory_without_a_run_deletes_nothing(tmp_path, capsys
     assert not (out / "report.html").exists()                        # the old run's (as the test above)
 
 
+def test_a_run_on_a_relative_data_path_resumes_from_another_directory(tmp_path, monkeypatch):
+    """The checkpoint keeps the text's absolute path: --resume (and eval, the report) from another working
+    directory find it, where the path as typed would name nothing there."""
+    (tmp_path / "a").mkdir()
+    write_text(tmp_path / "a" / "text.txt")
+    monkeypatch.chdir(tmp_path / "a")
+    out = str(tmp_path / "out")
+    flags = [f"--{k}={v}" for k, v in TINY_TRAIN.items()] + ["--out_dir", out, "--max_iters=4", "--eval_interval=2"]
+    cfg = parse_args(flags + ["--data", "text.txt"])
+    train(cfg, given=cfg.given)
+    monkeypatch.chdir(tmp_path)
+    cfg = parse_args(["--out_dir", out, "--resume", "--max_iters", "6"])
+    assert train(cfg, given=cfg.given)["iter"] == 6
+    assert checkpoint.load(os.path.join(out, "ckpt_last.npz"))[0]["train_config"]["data"] == \
+        str(tmp_path / "a" / "text.txt")
+
+
+@pytest.mark.parametrize("what", ["snapshot", "checkpoint"])
+def test_a_checkpoint_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, what):
+    """A full disk or a read-only snapshots/ mid-run: CannotSave (one line, the path and the fix), not a
+    traceback; the checkpoints written before stay whole."""
+    import minigpt.train as T
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+    train(tiny_cfg(tmp_path, max_iters=2, eval_interval=2))
+    monkeypatch.setattr(checkpoint, "save_snapshot" if what == "snapshot" else "save", full)
+    cfg = parse_args([f"--{k}={v}" for k, v in TINY_TRAIN.items()] + [
+        "--data", str(tmp_path / "text.txt"), "--out_dir", str(tmp_path / "out"), "--resume", "--max_iters=4"])
+    with pytest.raises(T.CannotSave, match="cannot write .*No space left on device.*continue with --resume"):
+        train(cfg, given=cfg.given)
+    monkeypatch.undo()
+    assert checkpoint.load(str(tmp_path / "out" / "ckpt_last.npz"))[0]["iter"] in (2, 4)
+
+
 def _cli(tmp_path, *args):
     """python -m minigpt.train's main on the tiny settings: (exit status, the `error:` lines of stderr)."""
     import contextlib
