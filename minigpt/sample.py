@@ -200,12 +200,14 @@ def _settings(argv):
     return cfg, prompt
 
 
-def select_backend(cfg, verbose=None):
-    """backends.select for cfg.backend and cfg.threads; a UserError if it cannot run here."""
+def select_backend(cfg, verbose=None, threads=None):
+    """backends.select for cfg.backend and threads (default: cfg.threads, 0 for every CPU); a UserError if it
+    cannot run here, worded "--backend NAME: why" (the reason names the backend once)."""
     try:
-        backends.select(cfg.backend, threads=cfg.threads or None, verbose=verbose)
+        backends.select(cfg.backend, threads=threads or cfg.threads or None, verbose=verbose)
     except backends.BackendUnavailable as e:
-        raise UserError(f"--backend {cfg.backend}: {e}") from None
+        why = str(e).removeprefix(f"{cfg.backend}: ")
+        raise UserError(f"--backend {cfg.backend}: {why}") from None
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from .tokenizer import tokenizer_from_json
 from .data import CharTokenizer, Dataset, load_text, split_text
 from .evaluate import estimate_loss, whole_split_loss
 from .model import GPT, activation_shapes, gradient_shapes, parameter_shapes
+from .sample import select_backend
 from .optim import AdamW, Muon, clip_grad_norm, get_lr
 
 
@@ -230,10 +231,7 @@ def _apply_pretrained(cfg, given):
 
 def _build(cfg, ckpt, world):
     threads = cfg.threads or (None if world.size == 1 else max(1, backends.cpus() // world.local_size))
-    try:
-        backends.select(cfg.backend, threads=threads, verbose=world.root)
-    except backends.BackendUnavailable as e:
-        raise UserError(f"--backend {cfg.backend}: {e}") from None
+    select_backend(cfg, verbose=world.root, threads=threads)
     text = load_text(cfg.data)
     if cfg.init_from and not ckpt:                         # a new fine-tune: GPT-2's shape, weights and tokenizer
         gpt2_config, gpt2_params, tok = gpt2.load_gpt2(cfg.init_from, cfg.block_size)

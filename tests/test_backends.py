@@ -3,7 +3,7 @@
 Ops declares every op, and every backend implements each one; Ops._contiguous hands kernels C-contiguous
 arrays without allocating per call; each backend names the dtypes a model runs on it, "auto" picks the first
 that loads and runs the model's dtype, an explicit backend that cannot run it is an error with the fix, and
-ensure(dtype) (each forward) re-chooses only what "auto" chose. The ops' numbers: test_ops.py.
+ensure(dtype) (each forward) re-chooses only what "auto" chose, and does for each dtype in turn. The ops' numbers: test_ops.py.
 """
 import importlib
 import inspect
@@ -35,6 +35,8 @@ COMPOSED = {"attention", "attention_backward"}   # Ops composes them of the othe
 
 
 def test_ops_declares_every_op_and_each_backend_implements_it():
+    """Ops holds every op's checks (once for all backends); each backend writes the op's _<op> (with the op's
+    signature) and never the public op, which would skip the checks: only the composed ones may be fused."""
     assert {"matmul", "bmm", "layernorm", "layernorm_backward", "gelu", "gelu_backward", "causal_softmax",
             "causal_softmax_backward", "cross_entropy", "cross_entropy_backward", "embedding_backward",
             "adamw"} <= set(DECLARED)
@@ -45,18 +47,14 @@ def test_ops_declares_every_op_and_each_backend_implements_it():
         base.matmul(np.ones((3, 4)), np.ones((4, 5)))
     with pytest.raises(NotImplementedError):
         base.bmm(np.ones((2, 3, 4)), np.ones((2, 4, 5)))
-    for op in set(DECLARED) - {"matmul", "bmm"} - COMPOSED:
-        f = getattr(Ops, op)
-        with pytest.raises(NotImplementedError):
-            f(base, *[None] * (len(inspect.signature(f).parameters) - 1))
     for name in backends.BACKENDS:
         cls = _class(name)
-        for op in DECLARED:
-            impl = "_" + op if op in ("matmul", "bmm") else op
-            if op not in COMPOSED:
-                assert getattr(cls, impl) is not getattr(Ops, impl), f"{cls.__name__} does not implement {impl}"
+        for op in set(DECLARED) - COMPOSED:
+            impl = "_" + op
+            assert getattr(cls, impl, None) is not getattr(Ops, impl, None), f"{cls.__name__} lacks {impl}"
+            assert getattr(cls, op) is getattr(Ops, op), f"{cls.__name__} overrides {op}: its checks would be skipped"
             if op not in ("matmul", "bmm"):                      # the layers call them with Ops' signatures
-                assert inspect.signature(getattr(cls, op)) == inspect.signature(getattr(Ops, op)), (name, op)
+                assert inspect.signature(getattr(cls, impl)) == inspect.signature(getattr(Ops, op)), (name, op)
     assert {op for op in COMPOSED if getattr(_class("native"), op) is not getattr(Ops, op)} == COMPOSED   # fused
 
 
@@ -177,8 +175,11 @@ def test_ensure_chooses_again_what_auto_chose(capsys):
     backends.ensure(F64)                                        # a float64 model: auto again, for float64
     assert backends.name() == "numpy" and backends.threads() == 1
     assert "auto -> numpy for float64" in capsys.readouterr().err
-    backends.ensure(F32)                                        # numpy runs float32 too: it stays
-    assert backends.name() == "numpy"
+    backends.ensure(F32)                                        # a float32 model again: auto's first choice,
+    assert backends.name() == first and backends.threads() == 1 # not numpy (which runs float32 too, slower)
+    assert f"auto -> {first} for float32" in capsys.readouterr().err
+    backends.ensure(F32)                                        # then nothing more: one lookup a forward
+    assert capsys.readouterr().err == ""
 
 
 def test_ensure_before_any_selection_takes_the_default_for_the_dtype(monkeypatch, capsys):

@@ -349,9 +349,10 @@ def test_gelu_matches_spec(use, rng, name, dt, bias, layout):
 
 @pytest.mark.parametrize("name,dt", KERNELS)
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("T,start,Tk", [(7, 0, 7), (1, 0, 1), (5, 3, 8), (4, 2, 9), (17, 0, 17)])
+@pytest.mark.parametrize("T,start,Tk", [(7, 0, 7), (1, 0, 1), (5, 3, 8), (4, 2, 9), (17, 0, 17), (6, 5, 8)])
 def test_causal_softmax_matches_spec(use, rng, name, dt, layout, T, start, Tk):
-    """Query i sees keys 0..start+i of Tk (Tk > T: a prefix before the queries, and keys past the last query's)."""
+    """Query i sees keys 0..start+i of Tk (Tk > T: a prefix before the queries, and keys past the last query's;
+    start + T > Tk: the last queries see every key, and nothing past a row is written)."""
     ops = use(name)
     shape, scale = (2, 3, T, Tk), 0.3
     future = np.triu(np.ones((T, Tk), bool), k=start + 1)
@@ -476,6 +477,37 @@ def test_dropout_is_a_fair_fresh_draw():
     assert set(np.unique(a)) == {0.0, 2.0}
     np.testing.assert_array_equal(a, dropout_mask(SPEC, 100, 0.5, 42))
     assert not np.array_equal(a, dropout_mask(SPEC, 100, 0.5, 43))
+
+
+@pytest.mark.parametrize("name", [p.values[0] for p in PRODUCTS], ids=lambda n: n)
+def test_every_backend_refuses_bad_arguments_alike(use, name):
+    """Ops checks each op's arguments once for every backend, before a kernel that trusts them runs: ids and
+    targets outside [0, V) (numba's scatter-add wrote outside dW, its loss read outside the row), arrays of
+    the wrong shape (a short w or g), a 1-D x, a negative start. The same error, whichever backend."""
+    if REASONS[name] is not None:
+        pytest.skip(str(REASONS[name]))
+    ops = use(name)
+    x, logits, dW = np.zeros((3, 4), F32), np.zeros((3, 5), F32), np.zeros((5, 4), F32)
+    cases = [
+        (lambda: ops.embedding_backward(dW, np.array([0, 5, 1]), x), r"token ids out of range: .*\[0, 5\), got 0 to 5"),
+        (lambda: ops.embedding_backward(dW, np.array([0, -1, 1]), x), r"token ids out of range"),
+        (lambda: ops.embedding_backward(dW, np.array([0.0, 1, 1]), x), r"token ids must be integers"),
+        (lambda: ops.cross_entropy(logits, np.array([0, 5, 1]), np.empty(3, F32)), r"targets out of range"),
+        (lambda: ops.cross_entropy_backward(logits, np.array([0, -1, 1]), np.zeros(3, F32), 1.0,
+                                            np.empty_like(logits)), r"targets out of range"),
+        (lambda: ops.layernorm(x, np.ones(3, F32), None, np.empty_like(x), np.empty(3, F32), np.empty(3, F32)),
+         r"layernorm: an array has shape \(3,\), expected \(4,\)"),
+        (lambda: ops.layernorm(x[0], np.ones(4, F32), None, np.empty(4, F32), np.empty(1, F32), np.empty(1, F32)),
+         r"layernorm: expected a 2-D array"),
+        (lambda: ops.adamw(np.zeros(6, F32), np.zeros(5, F32), np.zeros(6, F32), np.zeros(6, F32), 0.1, 0.9, 0.99,
+                           1e-8, 0.0, 1.0, 1.0), r"adamw: an array has shape \(5,\)"),
+        (lambda: ops.gelu(x, np.zeros(3, F32), np.empty_like(x), np.empty_like(x)), r"gelu: an array has shape"),
+        (lambda: ops.causal_softmax(np.zeros((2, 3, 3), F32), 1.0, start=-1), r"start must be >= 0"),
+    ]
+    for call, words in cases:
+        with pytest.raises((ValueError, TypeError), match=words):
+            call()
+    assert not dW.any()                                                  # nothing written before the error
 
 
 def test_dropout_refuses_bad_arguments():

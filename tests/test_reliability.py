@@ -309,11 +309,17 @@ def test_unwritable_out_dir(tmp_path, text):
     assert_clear_error(train_cli("--data", str(text), "--out_dir", str(blocker / "sub")), "cannot write to --out_dir")
 
 
-def test_unavailable_backend_is_an_error_not_a_fallback(text):
-    env = {**os.environ, "MINIGPT_NATIVE_LIB": "/nonexistent/libmgk.so"}
+@pytest.mark.parametrize("lib,why,fix", [("/nonexistent/libmgk.so", "does not exist", "unset MINIGPT_NATIVE_LIB"),
+                                         ("/tmp", "is a directory", "unset MINIGPT_NATIVE_LIB"),
+                                         (__file__, "cannot load", "unset MINIGPT_NATIVE_LIB")])   # not a library
+def test_unavailable_backend_is_an_error_not_a_fallback(text, lib, why, fix):
+    """The reason names the backend once, and the fix is the variable's (not a rebuild) when it named the file."""
+    env = {**os.environ, "MINIGPT_NATIVE_LIB": lib}
     r = subprocess.run([sys.executable, "scripts/train_shakespeare.py", *TINY, "--data", str(text), "--backend=native"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
-    assert_clear_error(r, "--backend native")
+    assert_clear_error(r, f"error: --backend native: MINIGPT_NATIVE_LIB={lib} {why}" if why != "cannot load" else
+                       f"error: --backend native: cannot load {lib}", fix)
+    assert "native: native" not in r.stderr and "rebuild" not in r.stderr
 
 
 # ----------------------------------------------------------------------------

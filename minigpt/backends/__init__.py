@@ -79,10 +79,11 @@ class Ops:
     """The ops of a training step; numpy_ops.py is the specification of each, but attention's, which Ops composes
     of the others here (a backend may fuse it). Every array argument may be a strided view (but adamw's p, m, v);
     outputs are written (or, where it says +=, added into) in place, and an op with an output array returns it.
-    Transposes are flags, not copies. What a backend writes: _matmul and _bmm (matmul and bmm check their
-    arguments here, once for all backends, then call them), and every op under "the other ops" below.
-    What Ops gives every backend: matmul, bmm, and attention/attention_backward, composed of the products and
-    softmaxes (a backend may override them with a fused kernel).
+    Transposes are flags, not copies. Every op checks its arguments here, once for all backends (shapes, ids in
+    range, attention's offset), then calls the backend's own: what a backend writes is _matmul, _bmm and the
+    _<op> of every op under "the other ops" below, each with the op's arguments. What Ops gives every backend
+    besides: attention/attention_backward, composed of the products and softmaxes (a backend may override them
+    with a fused kernel).
     Argument order: as numpy's, inputs first and outputs last (out=); layers.py's functions take their outputs
     first. embedding_backward(dW, idx, dout) keeps np.add.at(dW, idx, dout)'s order."""
     name = "?"
@@ -130,31 +131,41 @@ class Ops:
         """Checked by bmm; out exists; returns out. bmm passes causal and start only when own_causal."""
         raise NotImplementedError
 
-    # ---- the other ops
+    # ---- the other ops: each checks its arguments here, once for every backend (the C and numba kernels trust
+    #      the shapes, ids and offsets they are given), then calls the backend's _<op> with the same arguments
     def layernorm(self, x, w, b, out, mean, rstd, eps=1e-5):
         """x (N, C) -> out (N, C) = (x - mean) / sqrt(var + eps) * w + b; writes mean, rstd (N,); b may be None."""
-        raise NotImplementedError
+        N, C = _rows("layernorm", x)
+        check_shapes("layernorm", (x.shape, out), ((C,), w, b), ((N,), mean, rstd))
+        return self._layernorm(x, w, b, out, mean, rstd, eps)
 
     def layernorm_backward(self, dy, x, w, mean, rstd, dx, dw, db):
         """dy, x (N, C) -> dx (N, C) written (dx may be dy); dw, db (C,) +=; db is None without a bias."""
-        raise NotImplementedError
+        N, C = _rows("layernorm_backward", x)
+        check_shapes("layernorm_backward", (x.shape, dy, dx), ((C,), w, dw, db), ((N,), mean, rstd))
+        return self._layernorm_backward(dy, x, w, mean, rstd, dx, dw, db)
 
     def gelu(self, x, b, out, dgelu):
         """x (..., H), b (H,) or None -> out = gelu(x + b) (tanh form; out may be x), dgelu = gelu'(x + b)."""
-        raise NotImplementedError
+        check_shapes("gelu", (x.shape, out, dgelu), (x.shape[-1:], b))
+        return self._gelu(x, b, out, dgelu)
 
     def gelu_backward(self, dout, dgelu, dx, db):
         """dout, dgelu (..., H) -> dx = dout * dgelu (dx may be dout); db (H,) += the column sums of dx, or None."""
-        raise NotImplementedError
+        check_shapes("gelu_backward", (dout.shape, dgelu, dx), (dout.shape[-1:], db))
+        return self._gelu_backward(dout, dgelu, dx, db)
 
     def causal_softmax(self, att, scale, start=0):
-        """att (..., T, Tk) scores -> softmax(scale * scores) in place; query i sees keys 0..start+i, the
-        masked ones become exactly 0 (and are never read)."""
-        raise NotImplementedError
+        """att (..., T, Tk) scores -> softmax(scale * scores) in place; query i sees keys 0..start+i (all of them
+        once start + i >= Tk); the masked ones become exactly 0, whatever they held."""
+        _check_start("causal_softmax", start)
+        return self._causal_softmax(att, scale, start)
 
     def causal_softmax_backward(self, att, datt, scale, start=0):
         """att (..., T, Tk) probabilities; datt d(probabilities) -> d(scores) in place."""
-        raise NotImplementedError
+        _check_start("causal_softmax_backward", start)
+        check_shapes("causal_softmax_backward", (att.shape, datt))
+        return self._causal_softmax_backward(att, datt, scale, start)
 
     # ---- causal self-attention of many heads at once: the products and softmax above, composed here; a backend
     #      may fuse them (native: mgk_attention_fwd/bwd, the same bits)
@@ -185,20 +196,37 @@ class Ops:
         return dq, dk, dv
 
     def cross_entropy(self, logits, targets, lse):
-        """logits (N, V), targets (N,) ints -> mean loss (a float); writes lse (N,), each row's log-sum-exp."""
-        raise NotImplementedError
+        """logits (N, V), targets (N,) ints in [0, V) -> mean loss (a float); writes lse (N,), each row's
+        log-sum-exp."""
+        N, V = _rows("cross_entropy", logits)
+        check_shapes("cross_entropy", ((N,), targets, lse))
+        check_ids("cross_entropy", targets, V, "targets")
+        return self._cross_entropy(logits, targets, lse)
 
     def cross_entropy_backward(self, logits, targets, lse, scale, dlogits):
         """logits (N, V), targets, lse (N,) -> dlogits (N, V) = (softmax(logits) - onehot(targets)) * scale."""
-        raise NotImplementedError
+        N, V = _rows("cross_entropy_backward", logits)
+        check_shapes("cross_entropy_backward", ((N,), targets, lse), (logits.shape, dlogits))
+        check_ids("cross_entropy_backward", targets, V, "targets")
+        return self._cross_entropy_backward(logits, targets, lse, scale, dlogits)
 
     def embedding_backward(self, dW, idx, dout):
-        """dW (V, C), idx (N,) ints, dout (N, C): dW[idx[n]] += dout[n], repeated ids summed (scatter-add)."""
-        raise NotImplementedError
+        """dW (V, C), idx (N,) ints in [0, V), dout (N, C): dW[idx[n]] += dout[n], repeated ids summed (a
+        scatter-add); returns dW."""
+        V, C = _rows("embedding_backward", dW)
+        check_shapes("embedding_backward", ((idx.size, C), dout))
+        check_ids("embedding_backward", idx, V, "token ids")
+        self._embedding_backward(dW, idx, dout)
+        return dW
 
     def adamw(self, p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2):
-        """One in-place AdamW update of p, m, v (C-contiguous, same shape as g); bc1, bc2: bias corrections."""
-        raise NotImplementedError
+        """One in-place AdamW update of p, m, v (C-contiguous, same shape as g); bc1, bc2: bias corrections.
+        Returns p."""
+        check_shapes("adamw", (p.shape, g, m, v))
+        if not (p.flags.c_contiguous and m.flags.c_contiguous and v.flags.c_contiguous):
+            raise ValueError("adamw updates p, m and v in place: they must be C-contiguous arrays, not views")
+        self._adamw(p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2)
+        return p
 
     def dropout(self, x, p, seed, out):
         """out = x * an inverted-dropout mask drawn from seed (an int in [0, 2**64)); x any shape, out x's (out
@@ -206,7 +234,9 @@ class Ops:
         it (dropout_keep_from), by 0 otherwise. A counter-based draw: element n's mask value depends on (seed, n)
         alone, so every backend, thread count and chunking draws the same mask, and a backward draws it again
         from the seed: no mask is stored. x.size < 2**32."""
-        raise NotImplementedError
+        dropout_keep_from(p)                                 # p in [0, 1)
+        check_dropout(x, seed, out)
+        return self._dropout(x, p, seed, out)
 
     # ---- knobs: not ops (a backend without the knob ignores it)
     def set_threads(self, n):
@@ -330,11 +360,41 @@ def check_float32(*arrays, backend):
                             "or select the numpy backend (dtype-generic, e.g. float64 gradient tests)")
 
 
+def check_shapes(op, *groups):
+    """groups: (shape, array or None, ...); ValueError naming op for an array of another shape."""
+    for want, *arrays in groups:
+        for a in arrays:
+            if a is not None and a.shape != want:
+                raise ValueError(f"{op}: an array has shape {a.shape}, expected {want}")
+
+
+def check_ids(op, ids, n, what):
+    """ValueError unless ids is an array of integers, each in [0, n) (the kernels index rows with them)."""
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise TypeError(f"{op}: {what} must be integers, got {ids.dtype}")
+    if ids.size and (ids.min() < 0 or ids.max() >= n):
+        raise ValueError(f"{op}: {what} out of range: they must lie in [0, {n}), got {ids.min()} to {ids.max()}")
+
+
+def _rows(op, x):
+    """(rows, columns) of a 2-D x, or ValueError."""
+    if x.ndim != 2:
+        raise ValueError(f"{op}: expected a 2-D array (rows, columns), got shape {x.shape}")
+    return x.shape
+
+
+def _check_start(op, start):
+    """The first query's position among the keys: start >= 0 (start + T may pass Tk: the last queries see all)."""
+    if start < 0:
+        raise ValueError(f"{op}: start must be >= 0, got {start}")
+
+
 # ----------------------------------------------------------------------------
 # selection: the one place that chooses a backend and sets thread counts
 
 _current = None
 _auto = False             # _current was chosen by "auto": ensure() may choose again for another dtype
+_auto_for = None          # ... for this dtype (None: for any, or chosen by name)
 _threads = 0              # 0: every CPU this process may run on
 _blas_cap = None          # threadpoolctl limiter, active while native threads own the cores
 _MODULES = {"numpy": ("numpy_ops", "NumpyOps"), "numba": ("numba_ops", "NumbaOps"), "native": ("native", "NativeOps")}
@@ -384,7 +444,7 @@ def select(name="auto", threads=None, verbose=None, dtype=None):
     """Select the backend by name; returns the name that runs. 'auto' takes the first of AUTO_ORDER that loads
     and runs dtype (None: any) and says which on stderr (verbose=False silences it); an explicit backend that
     cannot run dtype raises BackendUnavailable. threads: see set_threads (None keeps the current)."""
-    global _current, _auto
+    global _current, _auto, _auto_for
     name = (name or "auto").lower()
     dtype = None if dtype is None else np.dtype(dtype)
     if name == "auto":
@@ -412,7 +472,7 @@ def select(name="auto", threads=None, verbose=None, dtype=None):
         impl = _load(name)
         if verbose:
             print(f"minigpt: backend {impl.name}", file=sys.stderr)
-    _current, _auto = impl, name == "auto"
+    _current, _auto, _auto_for = impl, name == "auto", dtype if name == "auto" else None
     _cap_blas(impl.name == "native")
     set_threads(_threads if threads is None else threads)
     if threads and threads > cpus() and verbose is not False:
@@ -423,19 +483,26 @@ def select(name="auto", threads=None, verbose=None, dtype=None):
 
 def ensure(dtype):
     """The model calls this at the start of each forward with its dtype. Nothing happens when the current
-    backend runs dtype (one set lookup). Else a backend "auto" chose (or the lazy default) is chosen again for
-    dtype, saying so; an explicitly selected one raises BackendUnavailable with the fix."""
-    if _current is not None and dtype in _current.dtypes:
+    backend runs dtype and was not chosen by "auto" for another dtype (_keeps). Else a backend "auto" chose (or
+    the lazy default) is chosen again for dtype, saying so: a float32 model after a float64 one (a gradient
+    check) goes back to the fast backend; an explicitly selected one raises BackendUnavailable with the fix."""
+    if _current is not None and _keeps(dtype):
         return
-    dtype = np.dtype(dtype)
+    dtype = np.dtype(dtype)              # a scalar type or a name: compared as a dtype now
     if _current is None:                 # nothing selected yet: current()'s default, for this dtype
         from ..config import default_backend
         select(default_backend(), dtype=dtype)
-    elif dtype not in _current.dtypes:
+    elif not _keeps(dtype):
         if not _auto:
             raise BackendUnavailable(f"the model is {dtype}, but the selected backend, {_current.name}, runs "
                                      f"{_names(_current.dtypes)} only. {_dtype_fix(_current.name, dtype)}")
         select("auto", dtype=dtype)
+
+
+def _keeps(dtype):
+    """The current backend runs dtype, and "auto" did not choose it for another (`is None` first: np.dtype(None)
+    is float64, so a dtype compares equal to None)."""
+    return dtype in _current.dtypes and (_auto_for is None or _auto_for == dtype)
 
 
 def set_threads(n=0):

@@ -27,7 +27,8 @@ import os
 
 import numpy as np
 
-from . import BackendUnavailable, Ops, _check_bf16, check_dropout, check_float32, dropout_keep_from, gemm_dims
+from . import (BackendUnavailable, Ops, _check_bf16, check_dropout, check_float32, check_shapes, dropout_keep_from,
+               gemm_dims)
 
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # minigpt/
 _ERRORS = {-1: "bad argument", -2: "out of memory", -3: "could not start a worker thread"}
@@ -83,8 +84,8 @@ def _find():
     path = os.environ.get("MINIGPT_NATIVE_LIB")
     if path:
         if not os.path.isfile(path):
-            raise BackendUnavailable(f"native: MINIGPT_NATIVE_LIB={path} does not exist. Fix: unset it, or "
-                                     "point it at a built library (pip install -e . builds minigpt/_mgk*.so)")
+            what = "is a directory" if os.path.isdir(path) else "does not exist"
+            raise BackendUnavailable(f"native: MINIGPT_NATIVE_LIB={path} {what}. {_LIB_FIX}")
         return path
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         hits = glob.glob(os.path.join(_HERE, "_mgk" + suffix))
@@ -95,20 +96,28 @@ def _find():
                              "and run `pip install -e .` again, or choose MINIGPT_BACKEND=numba or numpy")
 
 
+_LIB_FIX = "Fix: unset MINIGPT_NATIVE_LIB, or point it at a built library (pip install -e . builds minigpt/_mgk*.so)"
+
+
+def _rebuild():
+    """The fix for a library that does not load or is of another version: the variable's, when it named it."""
+    return _LIB_FIX if os.environ.get("MINIGPT_NATIVE_LIB") else "Fix: rebuild with `pip install -e .`"
+
+
 @functools.cache
 def _lib():
     path = _find()
     try:
         lib = ctypes.CDLL(path)
     except OSError as e:
-        raise BackendUnavailable(f"native: cannot load {path}: {e}. Fix: rebuild with `pip install -e .`") from e
+        raise BackendUnavailable(f"native: cannot load {path}: {e}. {_rebuild()}") from e
     abi = 1                                                           # a build from before mgk_abi
     if hasattr(lib, "mgk_abi"):
         lib.mgk_abi.argtypes, lib.mgk_abi.restype = [], _i
         abi = lib.mgk_abi()
     if abi != _ABI:
         raise BackendUnavailable(f"native: {path} is a build of another version of native/mgk.c (ABI {abi}, this "
-                                 f"code needs {_ABI}). Fix: rebuild with `pip install -e .`")
+                                 f"code needs {_ABI}). {_rebuild()}")
     _p = ctypes.c_void_p                                              # strided views: checked by _matrices
     lib.mgk_sgemm_batched.argtypes = [_i] * 7 + [_p, _i, _ll, _ll, _p, _i, _ll, _ll, ctypes.c_float, _p, _i, _ll, _ll]
     lib.mgk_sgemm_batched.restype = _i
@@ -210,7 +219,7 @@ class NativeOps(Ops):
             return super().attention(q, k, v, att, y, scale, start, drop)
         check_float32(q, k, v, att, y, backend=self.name)
         lead, (T, hs), Tk = q.shape[:-2], q.shape[-2:], k.shape[-2]
-        self._shapes("attention", ((*lead, Tk, hs), k, v), ((*lead, T, Tk), att), (q.shape, y))
+        check_shapes("native attention", ((*lead, Tk, hs), k, v), ((*lead, T, Tk), att), (q.shape, y))
         _outputs("attention", (att, y), (q, k, v))
         rc = self.lib.mgk_attention_fwd(_check_bf16(None, q), *_lead(lead), T, Tk, hs, start, scale,
                                         *[f for x in views for f in x], *_drop_args(att, drop))
@@ -223,7 +232,7 @@ class NativeOps(Ops):
             return super().attention_backward(q, k, v, att, dy, dq, dk, dv, scale, drop)
         check_float32(q, k, v, att, dy, dq, dk, dv, backend=self.name)
         lead, (T, hs) = q.shape[:-2], q.shape[-2:]
-        self._shapes("attention_backward", (q.shape, k, v, dy, dq, dk, dv), ((*lead, T, T), att))
+        check_shapes("native attention_backward", (q.shape, k, v, dy, dq, dk, dv), ((*lead, T, T), att))
         _outputs("attention_backward", (dq, dk, dv), (q, k, v, att, dy))
         rc = self.lib.mgk_attention_bwd(_check_bf16(None, q), *_lead(lead), T, hs, scale,
                                         *[f for x in views for f in x], *_drop_args(att, drop))
@@ -231,62 +240,49 @@ class NativeOps(Ops):
         return dq, dk, dv
 
     # ---- the other ops in C (native/mgk_ops.c), float32 only, on C-contiguous arrays: views go through
-    #      Ops._contiguous. The C code trusts the shapes, so they are checked here first.
-    @staticmethod
-    def _shapes(what, *groups):
-        """groups: (shape, array, array, ...); ValueError for an array (not None) of another shape."""
-        for want, *arrays in groups:
-            for a in arrays:
-                if a is not None and a.shape != want:
-                    raise ValueError(f"native {what}: an array has shape {a.shape}, expected {want}")
-
+    #      Ops._contiguous. The C code trusts the shapes and ids; Ops checked them before calling these.
     @staticmethod
     def _done(rc, what, c):
         """Raise for a failed C call, else copy the results of scratch outputs back (Contiguous.back)."""
         if rc != 0:
-            raise ValueError(f"native {what}: {_ERRORS.get(rc, rc)} (rc={rc}): a size below 0, or an index out "
-                             "of range (targets, token ids)")
+            raise ValueError(f"native {what}: {_ERRORS.get(rc, rc)} (rc={rc})")
         c.back()
 
-    def layernorm(self, x, w, b, out, mean, rstd, eps=1e-5):               # x (N, C) -> out (N, C)
+    def _layernorm(self, x, w, b, out, mean, rstd, eps=1e-5):               # x (N, C) -> out (N, C)
         check_float32(x, w, b, out, mean, rstd, backend=self.name)
         N, C = x.shape
-        self._shapes("layernorm", (x.shape, out), ((C,), w, b), ((N,), mean, rstd))
         c = self._contiguous("layernorm")
         rc = self.lib.mgk_layernorm_fwd(N, C, c.inp(x), c.inp(w), c.inp(b), eps, c.out(out), c.out(mean),
                                         c.out(rstd))
         self._done(rc, "layernorm", c)
         return out
 
-    def layernorm_backward(self, dy, x, w, mean, rstd, dx, dw, db):         # dy, x (N, C) -> dx; dw, db (C,) +=
+    def _layernorm_backward(self, dy, x, w, mean, rstd, dx, dw, db):         # dy, x (N, C) -> dx; dw, db (C,) +=
         check_float32(dy, x, w, mean, rstd, dx, dw, db, backend=self.name)
         N, C = x.shape
-        self._shapes("layernorm_backward", (x.shape, dy, dx), ((C,), w, dw, db), ((N,), mean, rstd))
         c = self._contiguous("layernorm_backward")
         rc = self.lib.mgk_layernorm_bwd(N, C, c.inp(dy), c.inp(x), c.inp(w), c.inp(mean), c.inp(rstd), c.out(dx),
                                         c.inout(dw), c.inout(db))
         self._done(rc, "layernorm_backward", c)
         return dx
 
-    def gelu(self, x, b, out, dgelu):                                       # x (..., H): out = gelu(x + b)
+    def _gelu(self, x, b, out, dgelu):                                       # x (..., H): out = gelu(x + b)
         check_float32(x, b, out, dgelu, backend=self.name)
         H = x.shape[-1] if x.ndim else 1
-        self._shapes("gelu", (x.shape, out, dgelu), ((H,), b))
         c = self._contiguous("gelu")                                        # x first: out may be x itself
         rc = self.lib.mgk_gelu_fwd(x.size // max(H, 1), H, c.inp(x), c.inp(b), c.out(out), c.out(dgelu))
         self._done(rc, "gelu", c)
         return out
 
-    def gelu_backward(self, dout, dgelu, dx, db):                           # dx = dout * dgelu; db (H,) +=
+    def _gelu_backward(self, dout, dgelu, dx, db):                           # dx = dout * dgelu; db (H,) +=
         check_float32(dout, dgelu, dx, db, backend=self.name)
         H = dout.shape[-1] if dout.ndim else 1
-        self._shapes("gelu_backward", (dout.shape, dgelu, dx), ((H,), db))
         c = self._contiguous("gelu_backward")                               # dout first: dx may be dout itself
         rc = self.lib.mgk_gelu_bwd(dout.size // max(H, 1), H, c.inp(dout), c.inp(dgelu), c.out(dx), c.inout(db))
         self._done(rc, "gelu_backward", c)
         return dx
 
-    def causal_softmax(self, att, scale, start=0):                          # (..., T, Tk), in place
+    def _causal_softmax(self, att, scale, start=0):                          # (..., T, Tk), in place
         check_float32(att, backend=self.name)
         T, Tk = att.shape[-2:]
         c = self._contiguous("causal_softmax")
@@ -294,54 +290,46 @@ class NativeOps(Ops):
         self._done(rc, "causal_softmax (start >= 0)", c)
         return att
 
-    def causal_softmax_backward(self, att, datt, scale, start=0):           # d(probabilities) -> d(scores)
+    def _causal_softmax_backward(self, att, datt, scale, start=0):           # d(probabilities) -> d(scores)
         check_float32(att, datt, backend=self.name)
         T, Tk = att.shape[-2:]
-        self._shapes("causal_softmax_backward", (att.shape, datt))
         c = self._contiguous("causal_softmax_backward")
         rc = self.lib.mgk_causal_softmax_bwd(att.size // max(T * Tk, 1), T, Tk, start, scale, c.inp(att),
                                              c.inout(datt))
         self._done(rc, "causal_softmax_backward (start >= 0)", c)
         return datt
 
-    def cross_entropy(self, logits, targets, lse):                          # logits (N, V) -> mean loss
+    def _cross_entropy(self, logits, targets, lse):                          # logits (N, V) -> mean loss
         check_float32(logits, lse, backend=self.name)
         N, V = logits.shape
-        self._shapes("cross_entropy", ((N,), targets, lse))
         t, total, c = np.ascontiguousarray(targets, np.int64), ctypes.c_double(), self._contiguous("cross_entropy")
         rc = self.lib.mgk_xent_fwd(N, V, c.inp(logits), t, c.out(lse), ctypes.byref(total))
         self._done(rc, "cross_entropy", c)
         return total.value / max(1, N)
 
-    def cross_entropy_backward(self, logits, targets, lse, scale, dlogits):  # (softmax - onehot) * scale
+    def _cross_entropy_backward(self, logits, targets, lse, scale, dlogits):  # (softmax - onehot) * scale
         check_float32(logits, lse, dlogits, backend=self.name)
         N, V = logits.shape
-        self._shapes("cross_entropy_backward", ((N,), targets, lse), (logits.shape, dlogits))
         t, c = np.ascontiguousarray(targets, np.int64), self._contiguous("cross_entropy_backward")
         rc = self.lib.mgk_xent_bwd(N, V, c.inp(logits), t, c.inp(lse), scale, c.out(dlogits))
         self._done(rc, "cross_entropy_backward", c)
         return dlogits
 
-    def embedding_backward(self, dW, idx, dout):                            # dW[idx[n]] += dout[n]
+    def _embedding_backward(self, dW, idx, dout):                            # dW[idx[n]] += dout[n]
         check_float32(dW, dout, backend=self.name)
         V, C = dW.shape
-        self._shapes("embedding_backward", ((idx.size, C), dout))
         ids, c = np.ascontiguousarray(idx, np.int64).reshape(-1), self._contiguous("embedding_backward")
         rc = self.lib.mgk_embedding_bwd(idx.size, V, C, c.inout(dW), ids, c.inp(dout))
         self._done(rc, "embedding_backward (ids in [0, V))", c)
 
-    def adamw(self, p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2):
+    def _adamw(self, p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2):
         check_float32(p, g, m, v, backend=self.name)
-        self._shapes("adamw", (p.shape, g, m, v))
-        if not (p.flags.c_contiguous and m.flags.c_contiguous and v.flags.c_contiguous):
-            raise ValueError("adamw updates p, m and v in place: they must be C-contiguous arrays, not views")
         c = self._contiguous("adamw")
         rc = self.lib.mgk_adamw(p.size, p, c.inp(g), m, v, lr, b1, b2, eps, wd, bc1, bc2)
         self._done(rc, "adamw", c)
 
-    def dropout(self, x, p, seed, out):                                   # out = x * (0 or 1 / (1 - p))
+    def _dropout(self, x, p, seed, out):                                   # out = x * (0 or 1 / (1 - p))
         check_float32(x, out, backend=self.name)
-        check_dropout(x, seed, out)
         c = self._contiguous("dropout")
         rc = self.lib.mgk_dropout(x.size, seed, dropout_keep_from(p), 1.0 / (1.0 - p), c.inp(x), c.out(out))
         self._done(rc, "dropout", c)

@@ -1,11 +1,11 @@
-"""numba kernels for the non-matmul ops of the numba backend (native has its own, in C: native/mgk_ops.c).
+"""numba kernels for the non-matmul ops of the numba backend, and the zeroing of a causal product's future (native has its own, in C: native/mgk_ops.c).
 numpy_ops.py holds the NumPy specification of each one (tests/test_ops.py compares them); numba_ops.py calls
 these with contiguous arrays. The first module of the backend to import numba: it sets numba's environment first.
 
 Every kernel compiles for float32 (training) and float64; tests/test_ops.py holds the float64 ones to the
 float64 specification (to 1e-12), the one the finite-difference tests check. numba here has no SVML: np.exp/np.tanh
 in @njit are scalar libm calls that also stop vectorisation, so float32 exp is inline (_exp32: range reduction +
-polynomial); float64 keeps math.exp/math.tanh, exact.
+polynomial); float64 keeps libm's math.exp/math.tanh.
 fastmath stays off (sums stay plain IEEE, as everywhere in minigpt), so a loop carrying a running sum never
 vectorises: row sums go through _sum8 (8 interleaved lanes), and wide loops are written as axpys over a
 contiguous last axis.
@@ -241,7 +241,7 @@ def causal_softmax_fwd(att, scale, start):                 # scores -> probabili
     scale = att.dtype.type(scale)                          # float32 math stays float32 (and uses _exp32)
     for l in prange(L):
         for i in range(T):
-            r, n = att[l, i], start + i + 1                 # query i sees keys 0..start+i
+            r, n = att[l, i], min(start + i + 1, Tk)        # query i sees keys 0..start+i (all, past Tk)
             m = _max8(r, n)                                 # max-subtracted: exp never overflows
             for j in range(n):
                 r[j] = _exp((r[j] - m) * scale)
@@ -266,7 +266,7 @@ def causal_softmax_bwd(att, g, scale, start):              # g: d(att) -> d(scor
     for l in prange(L):
         prod = np.empty(Tk, att.dtype)
         for i in range(T):
-            a, r, n = att[l, i], g[l, i], start + i + 1
+            a, r, n = att[l, i], g[l, i], min(start + i + 1, Tk)
             for j in range(n):
                 prod[j] = r[j] * a[j]
             d = att.dtype.type(_sum8(prod, n))             # sum_j datt_j att_j

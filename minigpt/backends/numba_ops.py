@@ -1,9 +1,11 @@
 """The numba backend: the interface's ops on numba kernels (numba_kernels.py), and products on numpy's BLAS.
 
-The kernels walk C-contiguous arrays. A strided view (a head of the qkv array, say) goes through Ops._contiguous:
-copied into a scratch array kept per shape, and an output's result copied back, so this backend takes views
-like every other one and still allocates nothing of activation size per step (only (B*T,) int64 copies of
-the token ids and targets). The products are the specification's (np.matmul: numpy_ops.product). A model runs
+The kernels walk C-contiguous activations. A strided view of one (a head of the qkv array, say) goes through
+Ops._contiguous: copied into a scratch array kept per shape, and an output's result copied back, so this backend
+takes views like every other one and still allocates nothing of activation size per step (only (B*T,) int64
+copies of the token ids and targets, and a row's worth of scratch in the LayerNorm and softmax backwards). The
+small arrays (a LayerNorm's w, b, mean, rstd; the bias sums) go to the kernels as they are: numba compiles a
+strided version for a view of one. Ops has checked every shape, id and offset before these run. The products are the specification's (np.matmul: numpy_ops.product). A model runs
 float32 here (dtypes), as on native; the kernels also compile for float64, which tests/test_ops.py holds to the
 float64 specification.
 
@@ -14,7 +16,7 @@ import math
 
 import numpy as np
 
-from . import BackendUnavailable, Ops, check_dropout, check_float32, dropout_keep_from
+from . import BackendUnavailable, Ops, check_float32, dropout_keep_from
 from .numpy_ops import product
 
 try:
@@ -77,7 +79,7 @@ class NumbaOps(Ops):
         return out
 
     # ---- LayerNorm
-    def layernorm(self, x, w, b, out, mean, rstd, eps=1e-5):           # x (N, C) -> out (N, C)
+    def _layernorm(self, x, w, b, out, mean, rstd, eps=1e-5):           # x (N, C) -> out (N, C)
         self._threads(x.size)
         c = self._contiguous("layernorm")
         NK.layernorm_fwd(c.inp(x), w, self._zeros(x.shape[-1], x.dtype) if b is None else b, eps, c.out(out),
@@ -85,7 +87,7 @@ class NumbaOps(Ops):
         c.back()
         return out
 
-    def layernorm_backward(self, dy, x, w, mean, rstd, dx, dw, db):     # dy, x (N, C) -> dx; dw, db (C,) +=
+    def _layernorm_backward(self, dy, x, w, mean, rstd, dx, dw, db):     # dy, x (N, C) -> dx; dw, db (C,) +=
         self._threads(x.size)
         c = self._contiguous("layernorm_backward")
         dy, x = c.inp(dy), c.inp(x)
@@ -95,7 +97,7 @@ class NumbaOps(Ops):
         return dx
 
     # ---- GELU over rows of H: the kernels take (rows, H)
-    def gelu(self, x, b, out, dgelu):                                    # x (..., H) -> out, dgelu (..., H)
+    def _gelu(self, x, b, out, dgelu):                                    # x (..., H) -> out, dgelu (..., H)
         self._threads(x.size)
         H = x.shape[-1]
         b = self._zeros(H, x.dtype) if b is None else b
@@ -107,7 +109,7 @@ class NumbaOps(Ops):
         c.back()
         return out
 
-    def gelu_backward(self, dout, dgelu, dx, db):                        # dx = dout * dgelu; db (H,) +=
+    def _gelu_backward(self, dout, dgelu, dx, db):                        # dx = dout * dgelu; db (H,) +=
         H = dout.shape[-1]
         c = self._contiguous("gelu_backward")
         NK.gelu_bwd(c.inp(dout).reshape(-1, H), c.inp(dgelu).reshape(-1, H), c.out(dx).reshape(-1, H),
@@ -116,14 +118,14 @@ class NumbaOps(Ops):
         return dx
 
     # ---- causal softmax, in place over (..., T, Tk): the kernels take (L, T, Tk)
-    def causal_softmax(self, att, scale, start=0):
+    def _causal_softmax(self, att, scale, start=0):
         self._threads(att.size)
         c = self._contiguous("causal_softmax")
         NK.causal_softmax_fwd(c.inout(att).reshape(-1, *att.shape[-2:]), scale, start)
         c.back()
         return att
 
-    def causal_softmax_backward(self, att, datt, scale, start=0):
+    def _causal_softmax_backward(self, att, datt, scale, start=0):
         self._threads(att.size)
         T, Tk = att.shape[-2:]
         c = self._contiguous("causal_softmax_backward")
@@ -132,30 +134,27 @@ class NumbaOps(Ops):
         return datt
 
     # ---- cross-entropy
-    def cross_entropy(self, logits, targets, lse):                       # logits (N, V) -> mean loss
+    def _cross_entropy(self, logits, targets, lse):                       # logits (N, V) -> mean loss
         c = self._contiguous("cross_entropy")
         total = NK.xent_fwd(c.inp(logits), targets.astype(np.int64, copy=False), lse)
         return float(total) / max(1, targets.size)
 
-    def cross_entropy_backward(self, logits, targets, lse, scale, dlogits):
+    def _cross_entropy_backward(self, logits, targets, lse, scale, dlogits):
         c = self._contiguous("cross_entropy_backward")
         NK.xent_bwd(c.inp(logits), targets.astype(np.int64, copy=False), lse, scale, c.out(dlogits))
         c.back()
         return dlogits
 
     # ---- embedding scatter-add and AdamW
-    def embedding_backward(self, dW, idx, dout):                         # dW[idx[n]] += dout[n]
+    def _embedding_backward(self, dW, idx, dout):                         # dW[idx[n]] += dout[n]
         c = self._contiguous("embedding_backward")
         NK.scatter_add(dW, idx.reshape(-1).astype(np.int64, copy=False), c.inp(dout))
 
-    def adamw(self, p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2):
-        if not (p.flags.c_contiguous and m.flags.c_contiguous and v.flags.c_contiguous):
-            raise ValueError("adamw updates p, m and v in place: they must be C-contiguous arrays, not views")
+    def _adamw(self, p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2):
         c = self._contiguous("adamw")
         NK.adamw(p.reshape(-1), c.inp(g).reshape(-1), m.reshape(-1), v.reshape(-1), lr, b1, b2, eps, wd, bc1, bc2)
 
-    def dropout(self, x, p, seed, out):                                   # out = x * (0 or 1 / (1 - p))
-        check_dropout(x, seed, out)
+    def _dropout(self, x, p, seed, out):                                   # out = x * (0 or 1 / (1 - p))
         self._threads(x.size)
         c = self._contiguous("dropout")
         NK.dropout(c.inp(x).reshape(-1), c.out(out).reshape(-1), seed & 0xFFFFFFFF, seed >> 32, dropout_keep_from(p),

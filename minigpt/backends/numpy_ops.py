@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from . import Ops, check_dropout, dropout_keep_from, future
+from . import Ops, dropout_keep_from, future
 
 GELU_C, GELU_A = math.sqrt(2.0 / math.pi), 0.044715
 
@@ -108,7 +108,7 @@ class NumpyOps(Ops):
     _bmm = _matmul
 
     # ---- LayerNorm over the last axis: keep mean and rstd (N,), recompute xhat in backward
-    def layernorm(self, x, w, b, out, mean, rstd, eps=1e-5):      # x (N, C) -> out (N, C)
+    def _layernorm(self, x, w, b, out, mean, rstd, eps=1e-5):      # x (N, C) -> out (N, C)
         np.mean(x, axis=-1, out=mean)
         xc = np.subtract(x, mean[:, None], out=out)                 # x - mean, in out from here
         var = np.mean(np.square(xc, out=self._tmp("ln", x.shape, x.dtype)), axis=-1, out=rstd)
@@ -119,7 +119,7 @@ class NumpyOps(Ops):
             xc += b
         return out
 
-    def layernorm_backward(self, dy, x, w, mean, rstd, dx, dw, db):   # dy (N, C) -> dx (N, C)
+    def _layernorm_backward(self, dy, x, w, mean, rstd, dx, dw, db):   # dy (N, C) -> dx (N, C)
         xhat = np.subtract(x, mean[:, None], out=self._tmp("xhat", x.shape, x.dtype))
         xhat *= rstd[:, None]                                       # recomputed, not stored
         prod = np.multiply(dy, xhat, out=self._tmp("prod", x.shape, x.dtype))
@@ -138,7 +138,7 @@ class NumpyOps(Ops):
     #      s = 0.5 (1 + tanh u) = 1 / (1 + e^{-2u}): one exp (np.tanh costs 2-3 of them), and 1 - s = e^{-2u} s
     #      has no cancellation. -2u is clipped to the largest whole exponent with a finite e^{-2u} (88 in float32,
     #      709 in float64), where s is already 0 or 1 (up to 1e-38 or 1e-308).
-    def gelu(self, x, b, out, dgelu):                                # x (..., H), b (H,) or None
+    def _gelu(self, x, b, out, dgelu):                                # x (..., H), b (H,) or None
         if b is not None:
             np.add(x, b, out=out)
         elif out is not x:
@@ -163,14 +163,14 @@ class NumpyOps(Ops):
         e += s
         return out
 
-    def gelu_backward(self, dout, dgelu, dx, db):                  # dout (..., H) -> dx (..., H)
+    def _gelu_backward(self, dout, dgelu, dx, db):                  # dout (..., H) -> dx (..., H)
         np.multiply(dout, dgelu, out=dx)                            # fwd: y = gelu(x + b)
         if db is not None:
             db += dx.reshape(-1, dx.shape[-1]).sum(0)               # b is added to every row
         return dx
 
     # ---- causal softmax over the last axis of scaled scores (..., T, Tk)
-    def causal_softmax(self, att, scale, start=0):                   # att (..., T, Tk), in place
+    def _causal_softmax(self, att, scale, start=0):                   # att (..., T, Tk), in place
         T, Tk = att.shape[-2:]
         # scaled scores s, worked on in att itself, or for a view (att[..., :Tk]) in contiguous scratch (faster)
         s = att if att.flags.c_contiguous else self._tmp("softmax", att.shape, att.dtype)
@@ -181,7 +181,7 @@ class NumpyOps(Ops):
         np.divide(s, s.sum(-1, keepdims=True), out=att)
         return att
 
-    def causal_softmax_backward(self, att, datt, scale, start=0):
+    def _causal_softmax_backward(self, att, datt, scale, start=0):
         # fwd: att = softmax(scale * s) -> ds = scale * att * (datt - sum_j datt_j att_j); masked att are 0, so
         # start (which the forward's mask needed) is not needed here
         tmp = self._tmp("softmax", att.shape, att.dtype)
@@ -190,7 +190,7 @@ class NumpyOps(Ops):
         return datt
 
     # ---- softmax cross-entropy: loss = mean_n (lse_n - logits[n, t_n])
-    def cross_entropy(self, logits, targets, lse):                  # logits (N, V), targets (N,) -> loss
+    def _cross_entropy(self, logits, targets, lse):                  # logits (N, V), targets (N,) -> loss
         m = logits.max(-1)                                          # (N,)
         e = np.subtract(logits, m[:, None], out=self._tmp("xent", logits.shape, logits.dtype))
         np.exp(e, out=e)
@@ -198,14 +198,14 @@ class NumpyOps(Ops):
         lse += m                                                    # log-sum-exp, never log(softmax)
         return float(np.mean(lse - logits[np.arange(targets.size), targets]))
 
-    def cross_entropy_backward(self, logits, targets, lse, scale, dlogits):
+    def _cross_entropy_backward(self, logits, targets, lse, scale, dlogits):
         np.exp(np.subtract(logits, lse[:, None], out=dlogits), out=dlogits)
         dlogits *= float(scale)                                     # softmax * scale
         dlogits[np.arange(targets.size), targets] -= scale          # - onehot * scale
         return dlogits
 
     # ---- embedding scatter-add and AdamW
-    def embedding_backward(self, dW, idx, dout):                    # dW (V, C), idx (N,), dout (N, C)
+    def _embedding_backward(self, dW, idx, dout):                    # dW (V, C), idx (N,), dout (N, C)
         # fwd: out = W[idx] -> dW[idx[n]] += dout[n]; np.add.at adds repeated ids one at a time, in order.
         # Over flat element indices numpy takes its fast 1-D path (10x faster than over rows at config S).
         if not dW.flags.c_contiguous:                               # a view: dW.reshape(-1) would be a copy
@@ -216,7 +216,7 @@ class NumpyOps(Ops):
         np.add(idx.reshape(-1, 1).astype(np.intp) * C, np.arange(C), out=flat)
         np.add.at(dW.reshape(-1), flat.reshape(-1), dout.reshape(-1))
 
-    def adamw(self, p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2):
+    def _adamw(self, p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2):
         """One in-place update as torch.optim.AdamW: decoupled decay, bias-corrected moments."""
         lr, b1, b2, eps, wd, bc1, bc2 = map(float, (lr, b1, b2, eps, wd, bc1, bc2))   # an np.float64 would upcast
         tmp, step = self._tmp("adam", g.shape, g.dtype), self._tmp("adam step", g.shape, g.dtype)
@@ -231,8 +231,7 @@ class NumpyOps(Ops):
         p -= np.divide(np.multiply(m, lr / bc1, out=step), tmp, out=step)   # p -= lr m_hat / (sqrt(v_hat) + eps)
 
     # ---- dropout
-    def dropout(self, x, p, seed, out):                             # out = x * (0 or 1 / (1 - p))
-        check_dropout(x, seed, out)
+    def _dropout(self, x, p, seed, out):                             # out = x * (0 or 1 / (1 - p))
         keys, keep_from, scale = dropout_keys(seed), dropout_keep_from(p), x.dtype.type(1.0 / (1.0 - p))
         c = self._contiguous("dropout")
         xf, of = c.inp(x).reshape(-1), c.out(out).reshape(-1)
