@@ -7,7 +7,7 @@ import pytest
 from minigpt import backends
 from minigpt.config import UserError
 from minigpt.model import GPT, PER_LAYER, GPTConfig, Table, activation_shapes
-from gradcheck import num_grad, rel_err
+from gradcheck import GRAD_TOL, num_grad, rel_err
 
 TINY = dict(vocab_size=11, block_size=6, n_layer=2, n_head=2, n_embd=8, bias=True)
 
@@ -44,7 +44,7 @@ def test_gpt_grad_every_parameter(tie, bias, dropout):
     grads = {k: v.copy() for k, v in model.grads().items()}
     for name, p in model.params().items():
         err = rel_err(grads[name], num_grad(loss, p))
-        assert err < 1e-6, f"GPT(tie={tie}, bias={bias}) parameter {name!r}: rel err {err:.2e}"
+        assert err < GRAD_TOL, f"GPT(tie={tie}, bias={bias}) parameter {name!r}: rel err {err:.2e}"
 
 
 SPEEDRUN_OPTIONS = dict(activation="relu2", qk_norm=True, logit_cap=3.0)   # the model options of issue 24
@@ -68,7 +68,7 @@ def test_gpt_grad_every_parameter_with_the_speedrun_options(tie):
     grads = {k: v.copy() for k, v in model.grads().items()}
     for name, p in model.params().items():
         err = rel_err(grads[name], num_grad(loss, p))
-        assert err < 1e-6, f"GPT({SPEEDRUN_OPTIONS}, tie={tie}) parameter {name!r}: rel err {err:.2e}"
+        assert err < GRAD_TOL, f"GPT({SPEEDRUN_OPTIONS}, tie={tie}) parameter {name!r}: rel err {err:.2e}"
 
 
 def test_gpt_speedrun_options_with_a_kv_cache_equal_the_full_pass():

@@ -428,10 +428,14 @@ def test_adamw_matches_spec(use, rng, name, dt, shape):
     for t in (1, 2, 3):                                                # the moments carry from step to step
         g = gapped(shape, "step", dt, randn(rng, shape, dt))[0]        # g may be a view (p, m, v are params)
         args = (1e-2, 0.9, 0.99, 1e-8, 0.1, 1 - 0.9 ** t, 1 - 0.99 ** t)
+        before, ref_before = p.astype(F64), ref[0].copy()
         SPEC.adamw(ref[0], g.astype(F64), ref[1], ref[2], *args)
         ops.adamw(p, g, m, v, *args)
         for name_, got, want in zip("pmv", (p, m, v), ref):
             close(got, want, dt, 2, what=f"{name_} after step {t}")
+        # the update itself (about lr = 1e-2, small next to p): 1% wrong would pass the check of p above; k 20:
+        # p's own rounding in float32 (half an ulp of |p| < 5) is up to 2e-5 of the update
+        close(p.astype(F64) - before, ref[0] - ref_before, dt, 20, what=f"p's update at step {t}")
 
 
 def dropout_mask(ops, shape, p, seed, dt=F64):
