@@ -121,9 +121,9 @@ class TrainConfig(ModelShape):
                                 "the report's 'how training changed it'; taken at evaluations, so fewer when the "
                                 "run has fewer (0: none; skipped above 20M parameters)")
     resume: bool = setting(False, "continue from out_dir/ckpt_last.npz; settings not typed again come from it")
-    preset: str = setting("", "a named set of defaults that typed settings override: "
-                              + ", ".join(f"{k} ({', '.join(f'{n}={v}' for n, v in d.items())})"
-                                          for k, d in PRESETS.items()))
+    preset: str = setting("", "a named set of defaults that typed settings override: " + ", ".join(
+        f"{k} ({', '.join(f'{n}={str(v).lower() if isinstance(v, bool) else v}' for n, v in d.items())})"   # as typed
+        for k, d in PRESETS.items()))
     init_from: str = setting("", "a transformers GPT-2 directory to fine-tune (config.json, model.safetensors, "
                                  "tokenizer.json; a Hugging Face cache snapshot works): the model's shape and "
                                  "tokenizer come from it, and --preset finetune's defaults apply (block 64, batch "

@@ -32,6 +32,9 @@ def load_text(path):
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
+        if b"\0" in raw[:8192]:                                    # text in no encoding has NUL bytes
+            raise UserError(f"data file {path!r} is a binary file (NUL bytes), not text; pass --data PATH to a "
+                            "UTF-8 text file") from None
         raise UserError(f"data file {path!r} is not UTF-8 text: byte offset {e.start} "
                         f"(0x{raw[e.start]:02x}) cannot be decoded; convert the file to UTF-8 "
                         f"(e.g. iconv -f latin1 -t utf-8) or pass another --data") from None

@@ -63,7 +63,10 @@ def distribution(logits, temperature=1.0, top_k=0, top_p=1.0):
     """logits (B, V) -> the probabilities (B, V) the sampler draws from: softmax(logits / temperature), then
     top_k keeps the k largest, top_p the smallest set with mass >= p, renormalised (float64)."""
     check_temperature(temperature)
-    z = logits.astype(np.float64) / temperature                        # (B, V)
+    z = logits.astype(np.float64)
+    z -= z.max(-1, keepdims=True)                                      # <= 0, the largest 0: a tiny temperature
+    with np.errstate(over="ignore"):                                   # sends the others to -inf (greedy), not
+        z /= temperature                                               # the largest to inf (NaN after exp)
     if top_k and top_k < z.shape[-1]:
         kth = np.partition(z, -top_k, axis=-1)[:, -top_k][:, None]     # (B, 1) k-th largest
         z = np.where(z < kth, -np.inf, z)
@@ -188,7 +191,10 @@ def _settings(argv):
     prompt = cfg.prompt
     if cfg.prompt_file:
         if not os.path.isfile(cfg.prompt_file):
-            raise UserError(f"--prompt_file {cfg.prompt_file!r} is not a file")
+            what = ("is a directory" if os.path.isdir(cfg.prompt_file) else
+                    "is not a regular file" if os.path.exists(cfg.prompt_file) else "does not exist")
+            raise UserError(f"--prompt_file {cfg.prompt_file!r} {what}; pass a UTF-8 text file, or the text itself "
+                            "with --prompt TEXT")
         try:
             with open(cfg.prompt_file, encoding="utf-8") as f:
                 prompt = f.read()
@@ -196,7 +202,8 @@ def _settings(argv):
             raise UserError(f"--prompt_file {cfg.prompt_file!r} cannot be read as UTF-8 text ({e}); "
                             "convert it to UTF-8 or pass --prompt TEXT") from None
     if not prompt:
-        raise UserError("the prompt is empty; pass --prompt TEXT (at least one character)")
+        where = f"--prompt_file {cfg.prompt_file!r} is empty" if cfg.prompt_file else "the prompt is empty"
+        raise UserError(f"{where}; pass at least one character (--prompt TEXT, or a file that holds some)")
     return cfg, prompt
 
 

@@ -188,6 +188,9 @@ def _prepare(cfg, given, fetch):
         say(f"note: --min_lr {cfg.min_lr:g} (not typed) is above --lr {cfg.lr:g}; the lr decays to --lr instead, "
             "so it never rises (type --min_lr to set where it ends)")
         cfg.min_lr = cfg.lr
+    if not cfg.max_time and 0 < cfg.max_iters <= cfg.warmup_iters:     # a short trial run with the default warmup
+        say(f"note: --warmup_iters {cfg.warmup_iters} is not below --max_iters {cfg.max_iters}: the lr is still "
+            f"rising when the run ends (peak --lr {cfg.lr:g} never reached); lower --warmup_iters for a short run")
     if given is not None and "vocab_size" in given and cfg.tokenizer != "bpe":
         raise UserError(f"--vocab_size sets the size of a BPE vocabulary, but this run's tokenizer is "
                         f"{cfg.tokenizer}; add --tokenizer bpe (a new run) or drop --vocab_size")
@@ -199,9 +202,18 @@ def _prepare(cfg, given, fetch):
 
 
 def _tidy(cfg, new_run):
-    """Rank 0, after setup checked everything: the temporary files of a run killed while saving go, and a new
-    run clears the old one's files (_start_over)."""
+    """Rank 0, after setup checked everything: the temporary files of a run killed while saving go (checkpoints'
+    with a note; the log's, snapshots', report's and curve's silently), and a new run clears the old one's files
+    (_start_over)."""
     stale = checkpoint.remove_stale(cfg.out_dir)
+    snaps = os.path.join(cfg.out_dir, checkpoint.SNAPSHOT_DIR)
+    partial = [_log_path(cfg) + ".tmp", os.path.join(cfg.out_dir, "report.html.part"),     # the other files a
+               (cfg.plot_path() or "") + ".part"]                                        # run writes under a
+    partial += [os.path.join(snaps, n) for n in (os.listdir(snaps) if os.path.isdir(snaps) else ())   # temporary
+                if n.startswith("iter_") and n.endswith(".npz.part")]                    # name, left by a kill
+    for path in partial:
+        if os.path.isfile(path):
+            os.remove(path)
     if new_run:
         _start_over(cfg)
     if stale:
@@ -515,10 +527,11 @@ class _StopFlag:
 
 
 def _load_resume(cfg, path, given):
-    if not os.path.exists(path):
-        raise UserError(f"--resume: no checkpoint at {path}; train without --resume first, or point --out_dir "
-                        "at the directory of an earlier run")
     best = _best_path(cfg)
+    if not os.path.exists(path):
+        copy = f"copy {best} to {path} to continue from the best one, or " if os.path.exists(best) else ""
+        raise UserError(f"--resume: no checkpoint at {path}; {copy}train without --resume first, or point "
+                        "--out_dir at the directory of an earlier run")
     fix = "start a new --out_dir"
     if os.path.exists(best) and os.path.abspath(best) != os.path.abspath(path):
         fix = f"copy {best} over {path} to resume from the best one, or {fix}"

@@ -77,6 +77,10 @@ def test_bad_data_paths(tmp_path):
     assert_clear_error(train_cli("--data", str(tmp_path / "empty.txt")), "is empty")
     (tmp_path / "latin1.txt").write_bytes("to be or not to be, ".encode() * 20 + "caf\xe9".encode("latin-1"))
     assert_clear_error(train_cli("--data", str(tmp_path / "latin1.txt")), "not UTF-8", "byte offset 403")
+    (tmp_path / "model.bin").write_bytes(np.arange(300, dtype=np.float32).tobytes())   # a binary, not a text
+    r = train_cli("--data", str(tmp_path / "model.bin"))
+    assert_clear_error(r, "is a binary file (NUL bytes), not text")
+    assert "iconv" not in r.stderr
 
 
 def test_data_too_short_for_block(tmp_path):
@@ -233,8 +237,10 @@ def test_a_report_snapshot_is_named_so(trained, tmp_path):
 
 @pytest.mark.parametrize("args,needle", [
     (["--temperature=0"], "--temperature must be positive, got 0.0"), (["--temperature=-1"], "--temperature must be"),
-    (["--prompt_file=/nonexistent/p.txt"], "--prompt_file '/nonexistent/p.txt' is not a file"),
-    (["--prompt="], "the prompt is empty"),
+    (["--prompt_file=/nonexistent/p.txt"], "--prompt_file '/nonexistent/p.txt' does not exist; pass a UTF-8 text"),
+    (["--prompt_file=/tmp"], "--prompt_file '/tmp' is a directory"),
+    (["--prompt_file=/dev/null"], "--prompt_file '/dev/null' is not a regular file"),
+    (["--prompt="], "the prompt is empty; pass at least one character"),
 ])
 def test_sample_settings_are_checked_before_anything_is_printed(trained, tmp_path, args, needle):
     r = sample_cli("--out_dir", str(trained[1]), "--max_new_tokens=3", *args)
@@ -348,7 +354,8 @@ def test_resume_errors(tmp_path, text):
 
 def test_run_removes_the_temporaries_a_killed_save_left(trained, tmp_path):
     """A SIGKILL during checkpoint.save leaves a .tmp-*.npz: the next run in that out_dir removes it, and only
-    it (not other files, nor a temporary a live writer holds locked)."""
+    it (not other files, nor a temporary a live writer holds locked); and the temporaries of the log, the report,
+    the curve and the snapshots, which a kill leaves too."""
     import fcntl
     text, done = trained
     out = tmp_path / "run"
@@ -357,14 +364,17 @@ def test_run_removes_the_temporaries_a_killed_save_left(trained, tmp_path):
         (out / name).write_bytes((done / name).read_bytes())
     stale = out / ".tmp-killed.npz"
     stale.write_bytes((done / "ckpt_last.npz").read_bytes()[:5000])                # half-written
-    keep = [out / ".tmp-notes.txt", out / "tmp-x.npz", out / ".tmp-writing.npz"]
-    for f in keep:
+    keep = [out / ".tmp-notes.txt", out / "tmp-x.npz", out / ".tmp-writing.npz", out / "notes.part"]
+    (out / "snapshots").mkdir()
+    partial = [out / "log.jsonl.tmp", out / "report.html.part", out / "curve.png.part",    # the other writers'
+               out / "snapshots" / "iter_0000004.npz.part"]                               # temporaries
+    for f in keep + partial:
         f.write_bytes(b"x" * 10)
     with open(out / ".tmp-writing.npz", "rb") as live:
         fcntl.flock(live, fcntl.LOCK_EX)                                            # as a live save() does
-        r = train_cli("--data", str(text), "--out_dir", str(out), "--resume", "--max_iters=6")
+        r = train_cli("--data", str(text), "--out_dir", str(out), "--resume", "--max_iters=6", "--plot=curve.png")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert not stale.exists() and all(f.exists() for f in keep)
+    assert not stale.exists() and all(f.exists() for f in keep) and not any(f.exists() for f in partial)
     assert f"removed 1 temporary checkpoint file(s) that a run killed while saving left in {out}" in r.stdout
     assert ".tmp-killed.npz" in r.stdout
     assert checkpoint.remove_stale(str(out)) == [(".tmp-writing.npz", 10)]          # unlocked: now stale too

@@ -1,6 +1,7 @@
 """Sampling: top-k/top-p/temperature properties, determinism, and KV-cache exactness (tokens and logits)."""
 import subprocess
 import sys
+import warnings
 from dataclasses import replace
 
 import numpy as np
@@ -50,6 +51,9 @@ def test_top_k_and_top_p_restrict_the_support():
     np.testing.assert_allclose(np.bincount(draws, minlength=4) / 2000, [0.5, 0.3, 0.15, 0.05], atol=0.04)
     cold = sample_next(logits, rng, 0.05)                                # low temperature -> nearly greedy
     assert (cold == 0).mean() > 0.99
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                                   # no overflow on the way
+        assert (sample_next(logits[:, ::-1], rng, 1e-310) == 3).all()    # the limit: greedy, not NaN or token 0
     with pytest.raises(UserError, match="temperature"):
         sample_next(logits, rng, 0.0)
 

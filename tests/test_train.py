@@ -679,6 +679,13 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, 
     assert checkpoint.load(str(tmp_path / "out" / "ckpt_last.npz"))[0]["iter"] in (2, 4)
 
 
+def test_a_run_shorter_than_its_warmup_says_so(tmp_path, capsys):
+    train(tiny_cfg(tmp_path, max_iters=2, eval_interval=2, warmup_iters=100))
+    assert "note: --warmup_iters 100 is not below --max_iters 2: the lr is still rising" in capsys.readouterr().out
+    train(tiny_cfg(tmp_path, max_iters=4, eval_interval=2, warmup_iters=2))
+    assert "warmup_iters" not in capsys.readouterr().out
+
+
 def _cli(tmp_path, *args):
     """python -m minigpt.train's main on the tiny settings: (exit status, the `error:` lines of stderr)."""
     import contextlib
