@@ -29,7 +29,8 @@ class ExportConfig:
     out_dir: str = setting("out", "directory of a training run: its ckpt_best.npz is exported, else ckpt_last.npz")
     ckpt: str = setting("", "a checkpoint file to export instead of the one in --out_dir")
     out: str = setting("", "directory to write the Hugging Face model into (required)")
-    force: bool = setting(False, "write into --out even if it holds files (same-named files are replaced)")
+    force: bool = setting(False, "write into --out even if it holds files (same-named files are replaced, and an "
+                                 "earlier export's other tokenizer files removed)")
 
 
 def main(argv):
