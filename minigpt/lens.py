@@ -55,14 +55,17 @@ def token_losses(model, ids, block_size):
     return out
 
 
-def pca_2d(E):
-    """E (V, C) -> (coordinates (V, 2), share of the variance each of the 2 axes explains), centred SVD. With
-    one token (or one channel) there is one axis: the second is all 0 and explains nothing."""
-    X = E.astype(np.float64) - E.mean(0)
-    U, S, _ = np.linalg.svd(X, full_matrices=False)
+def pca_2d(E, fit=None):
+    """E (V, C) -> (coordinates (V, 2), share of the variance each of the 2 axes explains): the axes of a centred
+    SVD of the rows `fit` (default: all; the shares are theirs), every row projected on them. With one row (or
+    one channel) there is one axis: the second is all 0 and explains nothing."""
+    E = E.astype(np.float64)
+    F = E if fit is None else E[fit]
+    mean = F.mean(0)
+    _, S, Vt = np.linalg.svd(F - mean, full_matrices=False)
     k = min(2, S.size)
     xy, share = np.zeros((E.shape[0], 2)), np.zeros(2)
-    xy[:, :k], share[:k] = U[:, :k] * S[:k], (S[:k] ** 2) / max((S ** 2).sum(), 1e-30)
+    xy[:, :k], share[:k] = (E - mean) @ Vt[:k].T, (S[:k] ** 2) / max((S ** 2).sum(), 1e-30)
     return xy, share
 
 

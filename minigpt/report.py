@@ -8,6 +8,7 @@ distribution under the sampler's settings, where the model is wrong on validatio
 it (the run's snapshots), and samples. Every number is the model's own (minigpt/lens.py reads the activation
 table of its forward); the page is report_page.py's. scripts/train_shakespeare.py writes it at the end of a run.
 """
+import codecs
 import json
 import os
 import sys
@@ -77,34 +78,42 @@ def write_report(cfg, verbose=False):
     val_text = _validation_text(typed, meta, notes)
     prompt = cfg.prompt or (val_text[:MAX_T] if val_text else "\n")
     ids = _encode(tok, prompt, "--prompt")
-    keep = min(MAX_T, model.config.block_size)
-    if len(ids) > keep:
-        notes.append(f"the prompt is cropped to its last {keep} tokens (the maps draw T x T per head)")
+    bs = model.config.block_size
+    keep = min(MAX_T, bs)                                # the maps and the lens draw T x T per head
+    context = ids[-bs:]                                  # what the sampler reads after the prompt (section 6)
+    if len(ids) > keep and cfg.prompt:
+        why = f"the model's block_size is {bs}" if bs <= MAX_T else f"the maps draw at most {MAX_T}"
+        notes.append(f"sections 2-5 show the prompt's last {keep} tokens ({why}); section 6 reads the last "
+                     f"{len(context)}, as the sampler does")
         ids = ids[-keep:]
+    elif len(ids) > keep:                                # the default prompt: the validation text's start
+        ids = context = ids[:keep]
     data["labels"] = [_label(tok, i) for i in ids]
     data["colors"] = [f"hsl({(int(i) * 47) % 360},70%,85%)" for i in ids]
     data["next"] = data["labels"][1:] + [None]
 
     sections.append(_training(rows))
-    whence = ("your --prompt" if cfg.prompt else f"the first {MAX_T} characters of the validation text (--prompt "
-              "TEXT for another)" if val_text else "a newline (no validation text here; --prompt TEXT for another)")
+    whence = ("your --prompt" if cfg.prompt else "the start of the validation text (--prompt TEXT for another)"
+              if val_text else "a newline (no validation text here; --prompt TEXT for another)")
     sections.append(_tokens(ids, data, whence))
     order, labels = _by_frequency(tok, val_text, model.config.vocab_size)
     sections.append(_embeddings(model, order, labels, val_text))
     data["att"] = np.round(lens.attention(model, ids), 3).tolist()              # (L, nh, T, T)
     sections.append(P.section("attention", "4. Attention", "Where each head of each layer looks from every "
                               "position of the prompt: rows are queries, columns the keys they attend to (darker "
-                              "is more; the future is masked).", ATTENTION_BODY, drawn_by_script=True))
+                              "is more, on a square-root scale so that small weights show; hover for the values; "
+                              "the future is masked).", ATTENTION_BODY, drawn_by_script=True))
     logits = lens.logit_lens(model, ids)                                        # (L, T, V)
     probs = lens.softmax(logits)
     data["lens"] = [[[(_label(tok, j), float(p[j])) for j in np.argsort(-p)[:5]] for p in layer]
                     for layer in probs]
     sections.append(P.section("lens", "5. Logit lens", "The next token read from the residual stream after each "
-                              "layer (the final LayerNorm and the head applied early): top guess and its probability; "
-                              "hover for the top 5, green outline where the guess is the prompt's next token.",
+                              "layer (the final LayerNorm and the head applied early; the last layer's row is the "
+                              "model's own prediction): top guess and its probability; hover for the top 5, green "
+                              "outline where the guess is the prompt's next token.",
                               '<div style="overflow-x:auto"><table class="lens" id="lens-table"></table></div>',
                               drawn_by_script=True))
-    sections.append(_next_token(model, tok, ids))
+    sections.append(_next_token(model, tok, context))
     sections.append(_wrong(model, tok, val_text, cfg.val_chars))
     data["snaps"] = []
     sections.append(_snapshots(cfg.out_dir, model.config, ids, order, labels, val_text, rows, data))
@@ -193,7 +202,8 @@ def _training(rows):
         if last:
             full = f", whole validation split {last['val_loss_full']:.4f}" if "val_loss_full" in last else ""
             body += f"<p>Last evaluation at iteration {last['iter']}: train {last['train_loss']:.4f}, " \
-                    f"val {last['val_loss']:.4f}{full} (nats per token).</p>"
+                    f"val {last['val_loss']:.4f} (both estimates over --eval_iters random batches){full} (nats " \
+                    "per token).</p>"
     return P.section("training", "1. Training", "How the loss fell as the run went on, against iterations and "
                      "against seconds, with the learning rate, the gradient norm and the speed.", body)
 
@@ -223,12 +233,20 @@ def _by_frequency(tok, val_text, V):
     return order, [_label(tok, i) for i in order[:np.count_nonzero(counts)]]
 
 
+def _fitted(order, labels, val_text):
+    """The tokens the embedding PCA is fitted on: those that occur in the validation text (the labelled ones), so
+    that the first axis is not spent telling them from tokens never trained (a BPE's unused bytes); all without
+    validation text or with fewer than 3 of them."""
+    return order[:len(labels)] if val_text and len(labels) >= 3 else None
+
+
 def _embeddings(model, order, labels, val_text):
-    p = model.params()
-    xy, share = lens.pca_2d(p["wte.weight"])
+    p, fit = model.params(), _fitted(order, labels, val_text)
+    xy, share = lens.pca_2d(p["wte.weight"], fit)
     V = model.config.vocab_size
+    of = "" if fit is None or len(fit) == V else f" of the {len(fit)} that occur"
     body = P.img(P.scatter_figure(xy[order], labels, f"token embeddings, PCA: axes hold {share[0]:.0%} and "
-                                  f"{share[1]:.0%} of the variance"), "token embeddings PCA")
+                                  f"{share[1]:.0%} of the variance{of}"), "token embeddings PCA")
     sim = lens.cosine_similarity(p["wpe.weight"])
     body += P.img(P.matrix_figure(sim, "learned positions: cosine similarity", "position", "position"),
                   "positional similarity")
@@ -237,7 +255,9 @@ def _embeddings(model, order, labels, val_text):
         text = f"the first {FREQ_CHARS:,} characters of the validation text"
         which = (f"the first {n} ids" if not val_text else
                  f"the {n} most frequent in {text}" if n < len(labels) else f"the {n} that occur in {text}")
-        body += f'<p class="note">{V} tokens: {which} are labelled.</p>'
+        fitted = (f" The axes are those of the {len(fit)} tokens that occur there (the others, never seen in it, "
+                  "are projected on them)." if of else "")
+        body += f'<p class="note">{V} tokens: {which} are labelled.{fitted}</p>'
     return P.section("embeddings", "3. Embeddings", "Each token's learned vector projected to two dimensions "
                      "(similar tokens land close), and how alike the learned positions are.", body)
 
@@ -263,20 +283,26 @@ def _wrong(model, tok, val_text, n_chars):
     if len(ids) < 2:
         return P.section("wrong", "7. Where the model is wrong", "Validation text coloured by each token's loss.",
                          '<p class="note">The validation text is too short to score.</p>')
-    losses = lens.token_losses(model, ids, model.config.block_size)   # (N-1,), targets ids[1:]
-    pieces = [tok.decode([int(i)]) for i in ids]
+    bs = model.config.block_size
+    losses = lens.token_losses(model, ids, bs)                        # (N-1,), targets ids[1:], in blocks of bs
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")    # a character split over byte tokens
+    pieces = [utf8.decode(tok.token_bytes(int(i))) for i in ids]      # goes with the token that completes it
     spans = [P.esc(pieces[0])]
     for p, l in zip(pieces[1:], losses):
         a = min(1.0, l / 5.0)
         spans.append(f'<span style="background:rgba(220,40,40,{a:.2f})" title="loss {l:.2f}">{P.esc(p)}</span>')
     worst = np.argsort(-losses, kind="stable")[:20]
-    items = "".join(f"<li><code>{P.esc(P.shown(tok.decode(ids[max(0, k - 15):k + 1])))}</code> \u2192 "
-                    f"<b>{P.esc(_label(tok, ids[k + 1]))}</b>: {losses[k]:.2f} nats</li>" for k in worst)
+    def seen(k):                                                      # target ids[k+1]'s context as scored:
+        return ids[max(k - 15, k - k % bs):k + 1]                     # its block's tokens, at most 16
+    items = "".join(f"<li><code>{P.esc(P.shown_bytes(b''.join(tok.token_bytes(int(i)) for i in seen(k))))}</code> "
+                    f"\u2192 <b>{P.esc(_label(tok, ids[k + 1]))}</b>: {losses[k]:.2f} nats</li>" for k in worst)
     body = (f"<p>{len(losses)} tokens, mean loss {losses.mean():.4f} nats per token (the evaluator's whole-split "
             f'loss on this stretch).</p><div class="loss"><span>{"".join(spans)}</span></div>'
-            f"<h3>The 20 worst tokens (after their context)</h3><ol>{items}</ol>")
+            f"<h3>The 20 worst tokens (after the context the model had: up to 16 tokens of their block)</h3>"
+            f"<ol>{items}</ol>")
     return P.section("wrong", "7. Where the model is wrong", "Validation text coloured by each token's loss "
-                     "(redder is more surprising to the model), and the tokens it got most wrong.", body)
+                     "(redder is more surprising to the model, full red from 5 nats), scored in blocks of "
+                     f"block_size {bs} tokens as the evaluator scores them, and the tokens it got most wrong.", body)
 
 
 def _snapshots(out_dir, config, ids, order, labels, val_text, rows, data):
@@ -292,11 +318,15 @@ def _snapshots(out_dir, config, ids, order, labels, val_text, rows, data):
     val = {r["iter"]: r["val_loss"] for r in rows if r.get("kind") == "eval"}
     model = GPT(GPTConfig(**config.to_dict()), np.random.default_rng(0))
     final = None
-    figures = []
+    figures, other = [], []
+    shape = {k: v for k, v in config.to_dict().items() if k != "dropout"}
     for k, it in enumerate(reversed(iters)):                         # the last first: the others align to it
         meta, params = checkpoint.load_snapshot(os.path.join(out_dir, checkpoint.SNAPSHOT_DIR, f"iter_{it:07d}.npz"))
+        if any(meta.get("model_config", {}).get(key, v) != v for key, v in shape.items()):
+            other.append(it)                                         # another run's (--ckpt from elsewhere)
+            continue
         checkpoint.load_params(model, params, f"snapshot {it}")
-        xy, _ = lens.pca_2d(model.params()["wte.weight"])
+        xy, _ = lens.pca_2d(model.params()["wte.weight"], _fitted(order, labels, val_text))
         final = xy if final is None else final
         xy = xy * np.sign(np.sum(xy * final, axis=0) + 1e-30)          # PCA axes have no sign: match the last's
         att = lens.attention(model, ids).mean(axis=1)                   # (L, T, T), mean of the heads
@@ -306,10 +336,14 @@ def _snapshots(out_dir, config, ids, order, labels, val_text, rows, data):
     n = min(40, len(labels))
     what += (" Each embedding panel is that snapshot's own PCA, only its axes' signs matched to the last panel's; "
              + (f"the {n} most frequent tokens" if val_text else f"the first {n} ids") + " are labelled.")
+    layers = "layer 1" if config.n_layer == 1 else f"layer 1 to {config.n_layer}"
     body = '<div class="snaps">' + "".join(
         f'<figure><figcaption>iteration {it}{loss}</figcaption>{P.img(uri, f"embeddings at {it}")}'
-        f'<div id="snap-maps-{k}"></div><figcaption>attention on the prompt, layer 1 to {config.n_layer} (mean of '
+        f'<div id="snap-maps-{k}"></div><figcaption>attention on the prompt, {layers} (mean of '
         f'the heads)</figcaption></figure>' for k, (it, loss, uri) in enumerate(figures)) + "</div>"
+    if other:
+        body += (f'<p class="note">{len(other)} snapshot(s) in {P.esc(out_dir)} (iteration '
+                 f'{", ".join(map(str, sorted(other)))}) are of another model than the checkpoint\'s: left out.</p>')
     return P.section("snapshots", "8. How training changed it", what, body, drawn_by_script=True)
 
 

@@ -133,7 +133,8 @@ def embedding_plots(monkeypatch, **kw):
 
 def test_embedding_labels_are_the_most_frequent_tokens(run_dir, tmp_path, monkeypatch):
     """Both embedding plots (section 3, each snapshot's in section 8) label the tokens most frequent in the
-    validation text first, on their own points, and no token the validation text lacks."""
+    validation text first, on their own points, and no token the validation text lacks; the axes are fitted on
+    the tokens that occur there."""
     out, _ = run_dir
     val = ("to be or not to be\n" * 6)[:100]                      # space 26, o 21, t 16, ... (no k)
     data = tmp_path / "text.txt"
@@ -145,8 +146,9 @@ def test_embedding_labels_are_the_most_frequent_tokens(run_dir, tmp_path, monkey
     meta, params, _ = checkpoint.load(str(out / "ckpt_best.npz"))
     token_id = {shown(c): i for i, c in enumerate(json.loads(meta["tokenizer"]))}         # the char vocabulary
     xy, labels = plots[0]
-    np.testing.assert_allclose(xy[:len(labels)], lens.pca_2d(params["wte.weight"])[0][[token_id[lab] for lab in
-                                                                                        labels]])
+    seen = [token_id[lab] for lab in labels]                     # the PCA's axes are those of the tokens that occur
+    np.testing.assert_allclose(xy[:len(labels)], lens.pca_2d(params["wte.weight"], seen)[0][seen])
+    assert not np.allclose(xy[:len(labels)], lens.pca_2d(params["wte.weight"])[0][seen], atol=1e-3)   # not all's
 
 
 def test_embedding_labels_show_lone_bytes(tmp_path, monkeypatch):
@@ -165,7 +167,8 @@ def test_embedding_labels_show_lone_bytes(tmp_path, monkeypatch):
 
 def test_single_tokens_show_lone_bytes_everywhere(tmp_path):
     """Every label of one token (the prompt's tokens and attention maps, the logit lens, the next-token tables)
-    shows a byte-level BPE's lone byte as the embedding plots do, <0xNN>, never decode()'s U+FFFD."""
+    shows a byte-level BPE's lone byte as the embedding plots do, <0xNN>, never decode()'s U+FFFD; and section 7's
+    text and worst tokens show no U+FFFD either."""
     text = write_text(tmp_path / "text.txt").replace(" king", " k\u00e9ng")     # c3 a9 stay two tokens
     (tmp_path / "text.txt").write_text(text, encoding="utf-8")
     train(tiny_cfg(tmp_path, tokenizer="bpe", vocab_size=260, max_iters=2, eval_interval=2, snapshots=0))
@@ -178,6 +181,52 @@ def test_single_tokens_show_lone_bytes_everywhere(tmp_path):
     next_tables = html.unescape(re.search(r'<section id="sec-next".*?</section>', page, re.S).group(0))
     for shown_there in (lens_labels, next_tables):                  # an untrained model: lone bytes among the top
         assert "<0x" in shown_there and "\ufffd" not in shown_there, shown_there
+    wrong = html.unescape(re.search(r'<section id="sec-wrong".*?</section>', page, re.S).group(0))
+    assert "\u00e9" in wrong and "\ufffd" not in wrong          # section 7: a character split over two byte tokens
+                                                                # is shown whole, with the token that completes it
+
+
+def test_next_token_reads_what_the_sampler_reads_and_the_worst_tokens_what_the_model_had(run_dir, monkeypatch):
+    """A prompt longer than the maps draw: sections 2-5 show its last MAX_T tokens (a note says why), but section
+    6 reads the last block_size, as the sampler does. Section 7's worst tokens show the context they were scored
+    with: their block's tokens before them, at most 16 (not 16 across a block's start, which the model never saw)."""
+    import minigpt.report as R
+    out, _ = run_dir
+    meta = checkpoint.load(str(out / "ckpt_best.npz"))[0]
+    bs, text = meta["model_config"]["block_size"], open(meta["train_config"]["data"]).read()
+    monkeypatch.setattr(R, "MAX_T", 6)                                   # below block_size 16 here
+    read, next_token = [], lens.next_token
+    monkeypatch.setattr(lens, "next_token", lambda model, ids, s: read.append(list(ids)) or next_token(model, ids, s))
+    prompt = text[:40]
+    page = open(write_report(ReportConfig(out_dir=str(out), backend="numpy", prompt=prompt, samples=0)),
+                encoding="utf-8").read()
+    vocab = json.loads(meta["tokenizer"])                                # the char tokenizer's characters
+    assert read == [[vocab.index(c) for c in prompt[-bs:]]]
+    data = json.loads(re.search(r'<script id="data" type="application/json">(.*?)</script>', page, re.S).group(1))
+    assert "".join(data["labels"]) == shown(prompt[-6:])
+    assert "sections 2-5 show the prompt&#x27;s last 6 tokens (the maps draw at most 6); section 6 reads the last " \
+           f"{bs}, as the sampler does" in page
+    val = text[int(len(text) * 0.9):][:2000]                              # the report's first val_chars of val
+    losses = lens.token_losses(R.load_model(str(out / "ckpt_best.npz"))[0], [vocab.index(c) for c in val], bs)
+    want = [shown(val[max(k - 15, k - k % bs):k + 1]) for k in np.argsort(-losses, kind="stable")[:20]]
+    wrong = html.unescape(re.search(r'<section id="sec-wrong".*?</section>', page, re.S).group(0))
+    assert re.findall(r"<li><code>(.*?)</code>", wrong, re.S) == want
+    assert any(len(c) < 16 for c in want)                                # a block's start: less than 16 seen
+
+
+def test_snapshots_of_another_model_are_left_out_with_a_note(run_dir, tmp_path):
+    """--ckpt from another run than --out_dir's snapshots (another model shape): the page is still made, its
+    snapshot section says which it left out, instead of an error that blames the checkpoint."""
+    out, _ = run_dir
+    mix = tmp_path / "mix"
+    shutil.copytree(out, mix)
+    train(tiny_cfg(tmp_path / "one", n_layer=1, max_iters=2, eval_interval=2, snapshots=0))
+    page = open(write_report(ReportConfig(out_dir=str(mix), ckpt=str(tmp_path / "one" / "out" / "ckpt_best.npz"),
+                                          backend="numpy", samples=0)), encoding="utf-8").read()
+    snaps = html.unescape(re.search(r'<section id="sec-snapshots".*?</section>', page, re.S).group(0))
+    iters = checkpoint.snapshot_iters(str(mix))
+    assert f"{len(iters)} snapshot(s) in {mix} (iteration {', '.join(map(str, iters))}) are of another model" in snaps
+    assert "<figure>" not in snaps
 
 
 def test_training_keeps_the_snapshots_it_was_asked_for(run_dir):
@@ -194,7 +243,7 @@ def test_report_is_one_self_contained_file(run_dir):
     assert path == str(out / "report.html") and len(text) < 5 * 2 ** 20
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", text)          # nothing from the network
     assert "<link" not in text and "<script src" not in text
-    assert "tokens of the first 64 characters of the validation text" in text       # where the prompt came from
+    assert "tokens of the start of the validation text" in text                      # where the prompt came from
     for key in ("training", "tokens", "embeddings", "attention", "lens", "next", "wrong", "snapshots", "samples"):
         assert f'id="sec-{key}"' in text, key
     assert text.count("data:image/png;base64,") >= 3 + 3                # curves, PCA, positions; one per snapshot
