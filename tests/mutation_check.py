@@ -24,6 +24,9 @@ EMU = f"{TE}::test_native_tests_pass_on_the_emulated_avx512_paths"
 CAUSAL = f"{TO}::test_causal_products_are_the_plain_products"
 ISA = "tests/test_native_isa.py::test_matmul_every_path_matches_float64"   # every path this CPU runs, forced
 SUBN = f"{TB}::test_bf16_products_round_subnormal_operands_to_zero_on_native"
+# a kernel broken badly enough that numba's own smoke test (numba_ops.backend) refuses it: the op tests then skip
+# numba, and this test fails instead
+SMOKE = "tests/test_backends.py::test_a_backend_that_loads_here_passes_its_own_smoke_test"
 
 # (file, exact text (must occur once), replacement, the test that must fail)
 M = [
@@ -94,13 +97,13 @@ M = [
     (NK, "dw[j] += dy[i, j] * ((x[i, j] - mi) * ri)", "dw[j] += dy[i, j] * (x[i, j] - mi)",
         f"{TO}::test_layernorm_matches_spec"),
     (NK, "r[j] = scale * a[j] * (r[j] - d)", "r[j] = a[j] * (r[j] - d)", f"{TO}::test_causal_softmax_matches_spec"),
-    (NK, "r, n = att[l, i], min(start + i + 1, Tk)", "r, n = att[l, i], min(start + i, Tk)", f"{TO}::test_causal_softmax_matches_spec"),
+    (NK, "r, n = att[l, i], min(start + i + 1, Tk)", "r, n = att[l, i], min(start + i, Tk)", SMOKE),
     (NK, "GELU_C * (1.0 + 3 * GELU_A * x * x)", "GELU_C * (1.0 + GELU_A * x * x)", f"{TO}::test_gelu_matches_spec"),
     (NK, "db[j] += dx[i, j]", "db[j] += 0.5 * dx[i, j]", f"{TO}::test_gelu_matches_spec"),
     (NK, "d[targets[i]] -= scale", "d[targets[i]] -= 1.0", f"{TO}::test_cross_entropy_matches_spec"),
     (NK, "m[i] = b1 * m[i] + c1 * gi", "m[i] = b1 * m[i] + gi", f"{TO}::test_adamw_matches_spec"),
     (NK, "a, rb, decay = f(lr / bc1),", "a, rb, decay = f(1.0003 * lr / bc1),", f"{TO}::test_adamw_matches_spec"),
-    (NK, "p = p * r * r + r + F32(1.0)", "p = p * r * r + r", f"{TO}::test_exp32_matches_numpy_over_the_whole_range"),
+    (NK, "p = p * r * r + r + F32(1.0)", "p = p * r * r + r", SMOKE),
     # dropout's masks: the spec's keys (two seeds would share a mask's structure), numba's and C's hash, the
     # layer's fresh seed per mask
     (SPEC, "k2 = mix32(np.uint32(seed >> 32) ^ mix32(k1 ^ GOLDEN, one), one)",

@@ -3,7 +3,8 @@
 Ops declares every op, and every backend implements each one; Ops._contiguous hands kernels C-contiguous
 arrays without allocating per call; each backend names the dtypes a model runs on it, "auto" picks the first
 that loads and runs the model's dtype, an explicit backend that cannot run it is an error with the fix, and
-ensure(dtype) (each forward) re-chooses only what "auto" chose, and does for each dtype in turn. The ops' numbers: test_ops.py.
+ensure(dtype) (each forward) re-chooses only what "auto" chose, and does for each dtype in turn; a backend
+installed here passes its own smoke test. The ops' numbers: test_ops.py.
 """
 import importlib
 import inspect
@@ -56,6 +57,24 @@ def test_ops_declares_every_op_and_each_backend_implements_it():
             if op not in ("matmul", "bmm"):                      # the layers call them with Ops' signatures
                 assert inspect.signature(getattr(cls, impl)) == inspect.signature(getattr(Ops, op)), (name, op)
     assert {op for op in COMPOSED if getattr(_class("native"), op) is not getattr(Ops, op)} == COMPOSED   # fused
+
+
+def test_a_backend_that_loads_here_passes_its_own_smoke_test():
+    """numba and native compare a kernel or two with the specification when they load, and "auto" skips one that
+    fails; the op tests then skip it too. Here that is a failure, not a skip: a backend whose module and library
+    are installed (numba imports; the library is built) must pass its smoke test, so that a kernel broken badly
+    enough to fail it (a wrong exp, a softmax missing a key) fails the suite instead of quietly skipping it."""
+    import importlib.util
+    from minigpt.backends import native
+    installed = {"numba": importlib.util.find_spec("numba") is not None}
+    try:
+        native._find()
+        installed["native"] = True
+    except backends.BackendUnavailable:
+        installed["native"] = False
+    for name, present in installed.items():
+        if present:
+            assert backends.why_unavailable(name) is None, (name, backends.why_unavailable(name))
 
 
 def test_backends_name_their_dtypes():
