@@ -15,6 +15,7 @@ from collections import Counter, defaultdict
 import numpy as np
 
 from .config import UserError
+from .data import checked_ids
 
 # ASCII whitespace written out: Python's \s also matches \x1c-\x1f, \x85, \xa0, \u2028, ... and Oniguruma's \s
 # matches a different set, so the two engines would split such text differently.
@@ -177,10 +178,7 @@ class BPETokenizer:
         return self._bytes[i]
 
     def _checked(self, ids):
-        ids = np.asarray(ids).reshape(-1)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
-            raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got min {ids.min()} max {ids.max()}")
-        return ids.tolist()
+        return checked_ids(ids, self.vocab_size)
 
     def decode(self, ids):
         """ids -> text; bytes that do not form UTF-8 (a character split by the ids) become U+FFFD."""

@@ -256,6 +256,8 @@ def save_snapshot(out_dir, model, it, elapsed):
     try:
         with open(path + ".part", "wb") as f:
             np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())                                 # whole on disk before the rename, as save()
         os.replace(path + ".part", path)
     except BaseException:
         if os.path.exists(path + ".part"):

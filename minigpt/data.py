@@ -40,6 +40,15 @@ def load_text(path):
                         f"(e.g. iconv -f latin1 -t utf-8) or pass another --data") from None
 
 
+def checked_ids(ids, vocab_size):
+    """ids (any shape) -> a list of ints, each in [0, vocab_size), or ValueError (a negative id would index from
+    the end of a Python list)."""
+    ids = np.asarray(ids).reshape(-1)
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise ValueError(f"token ids must lie in [0, {vocab_size}), got min {ids.min()} max {ids.max()}")
+    return ids.tolist()
+
+
 class CharTokenizer:
     """One token per distinct character, ids in sorted order (as nanoGPT's shakespeare_char)."""
 
@@ -65,11 +74,11 @@ class CharTokenizer:
         return np.fromiter((self.stoi[c] for c in text), self.dtype, count=len(text))
 
     def decode(self, ids):
-        return "".join(self.chars[int(i)] for i in ids)
+        return "".join(self.chars[i] for i in checked_ids(ids, len(self.chars)))
 
     def token_bytes(self, i):
         """The UTF-8 bytes of token i (for decoding a stream token by token, as BPETokenizer.token_bytes)."""
-        return self.chars[int(i)].encode("utf-8")
+        return self.chars[checked_ids(i, len(self.chars))[0]].encode("utf-8")
 
     def to_json(self):
         return json.dumps(self.chars, ensure_ascii=True)

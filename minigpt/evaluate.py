@@ -32,6 +32,8 @@ def whole_split_loss(model, ids, block_size, batch_size, world=distributed.World
     """Mean loss over every target of ids (N,): the blocks ids[i : i+T+1] for i = 0, T, 2T, ... and a last,
     shorter one, so each target counts once with up to T tokens of context. Ranks share the blocks."""
     n = len(ids) - 1                                         # targets
+    if n < 1:
+        raise ValueError(f"whole_split_loss: {len(ids)} token(s) hold no target; it needs at least 2")
     starts = np.arange(0, n - block_size + 1, block_size)     # full blocks
     mine = starts[world.rank::world.size]
     total = np.zeros(1)                                      # the sum of the losses of this rank's targets

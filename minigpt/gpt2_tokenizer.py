@@ -20,6 +20,7 @@ import numpy as np
 
 from .bpe import bytes_to_unicode
 from .config import UserError
+from .data import checked_ids
 
 # Unicode's White_Space property (PropList.txt): what Rust's \s matches (Python's \s differs at \x1c-\x1f)
 WHITE_SPACE = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
@@ -107,7 +108,12 @@ class GPT2Tokenizer:
             ids = cache.get(piece)
             if ids is None:
                 # piece -> its UTF-8 bytes, one character per byte (latin-1) -> GPT-2's printable characters
-                ids = self._bpe(piece.encode("utf-8").decode("latin-1").translate(self._byte_char))
+                try:
+                    raw = piece.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    raise UserError(f"text holds {piece[e.start]!r}, a lone surrogate, which is not valid Unicode "
+                                    "and has no UTF-8 bytes; fix the text's source") from None
+                ids = self._bpe(raw.decode("latin-1").translate(self._byte_char))
                 if len(cache) < 500_000:
                     cache[piece] = ids
             out.extend(ids)
@@ -125,7 +131,7 @@ class GPT2Tokenizer:
 
     # ---- decoding
     def token_bytes(self, i):
-        s = self._strings[int(i)]
+        s = self._strings[checked_ids(i, len(self._strings))[0]]
         if s is None:
             raise UserError(f"token id {int(i)} is not in the tokenizer's vocabulary")
         if s in self.added:
@@ -160,8 +166,13 @@ class GPT2Tokenizer:
 
     @classmethod
     def from_json(cls, s):
-        d = json.loads(s)
-        return cls(d["vocab"], [m.split(" ") for m in d["merges"]], d.get("added"))
+        """The tokenizer to_json() wrote (in a checkpoint); a damaged one is a UserError."""
+        try:
+            d = json.loads(s)
+            return cls(d["vocab"], [m.split(" ") for m in d["merges"]], d.get("added"))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise UserError(f"the checkpoint's GPT-2 tokenizer is damaged ({type(e).__name__}: {e}); use another "
+                            "checkpoint of the run") from None
 
     @classmethod
     def from_pretrained(cls, directory):
@@ -187,6 +198,10 @@ class GPT2Tokenizer:
             kind = (d.get("pre_tokenizer") or {}).get("type")
             raise UserError(f"{path} is a {model.get('type')} tokenizer with pre-tokenizer {kind}, not GPT-2's "
                             "byte-level BPE (ByteLevel with GPT-2's regex); only GPT-2-style tokenizers load here")
+        other = _not_gpt2(d)
+        if other:
+            raise UserError(f"{path}: {other}, which GPT-2's tokenizer does not have, so its ids would differ from "
+                            "this encoder's; only GPT-2-style tokenizers load here")
         merges = [m.split(" ") if isinstance(m, str) else m for m in model.get("merges", [])]
         added = {t["content"]: t["id"] for t in d.get("added_tokens", [])}
         return cls(model["vocab"], merges, added)
@@ -205,13 +220,38 @@ class GPT2Tokenizer:
         return cls(vocab, [ln.split(" ") for ln in lines], added)
 
 
+# GPT-2's pattern as a tokenizer.json spells it (a Split pre-tokenizer's "Regex")
+GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+
+
 def _is_gpt2_pretokenizer(pre):
-    """ByteLevel with its own (GPT-2) regex, or a Sequence of GPT-2's regex Split and a regex-free ByteLevel."""
+    """ByteLevel with its own (GPT-2) regex, or a Sequence of a Split on GPT-2's very regex (isolated pieces)
+    and a regex-free ByteLevel: Llama 3's and Qwen 2's have that shape with another regex."""
     if not isinstance(pre, dict):
         return False
     if pre.get("type") == "ByteLevel":
         return pre.get("use_regex", True) and not pre.get("add_prefix_space", False)
     if pre.get("type") == "Sequence":
-        kinds = [p.get("type") for p in pre.get("pretokenizers", [])]
-        return kinds == ["Split", "ByteLevel"] and "\\p{L}" in json.dumps(pre["pretokenizers"][0])
+        parts = pre.get("pretokenizers", [])
+        if [p.get("type") for p in parts] != ["Split", "ByteLevel"]:
+            return False
+        split, byte_level = parts
+        return (split.get("pattern") == {"Regex": GPT2_REGEX} and split.get("behavior") == "Isolated"
+                and not split.get("invert", False) and not byte_level.get("use_regex", True)
+                and not byte_level.get("add_prefix_space", False))
     return False
+
+
+def _not_gpt2(d):
+    """What in a tokenizer.json (with GPT-2's pre-tokenizer) changes the ids from GPT-2's rules, or ''."""
+    model = d["model"]
+    if d.get("normalizer"):
+        return f"it has a normalizer ({d['normalizer'].get('type')})"
+    for key in ("ignore_merges", "byte_fallback", "continuing_subword_prefix", "end_of_word_suffix", "dropout"):
+        if model.get(key):                                           # GPT-2's: false, null or absent
+            return f"its BPE model sets {key}={model[key]!r}"
+    for t in d.get("added_tokens", []):
+        flags = [k for k in ("lstrip", "rstrip", "single_word") if t.get(k)]
+        if flags:
+            return f"its added token {t.get('content')!r} sets {', '.join(flags)}"
+    return ""

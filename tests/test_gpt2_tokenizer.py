@@ -1,7 +1,9 @@
 """GPT-2's tokenizer (minigpt/gpt2_tokenizer.py) against Hugging Face `tokenizers`: GPT-2-style tokenizer.json
 files are built here (a ByteLevel pre-tokenizer and a BPE trained on a text; no network), and the ids must be
 identical on a torture text and on Shakespeare."""
+import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -9,7 +11,7 @@ import pytest
 from helpers import shakespeare_path, write_text
 from minigpt.bpe import bytes_to_unicode
 from minigpt.config import UserError
-from minigpt.gpt2_tokenizer import GPT2Tokenizer, gpt2_pattern
+from minigpt.gpt2_tokenizer import GPT2_REGEX, GPT2Tokenizer, gpt2_pattern
 
 tokenizers = pytest.importorskip("tokenizers", reason="Hugging Face tokenizers is not installed (pip install -e "
                                                      "'.[test]')")
@@ -123,3 +125,55 @@ def test_other_tokenizers_are_clear_errors(hf_dir, tmp_path):
         GPT2Tokenizer.from_pretrained(str(tmp_path))
     with pytest.raises(UserError, match="no tokenizer.json"):
         GPT2Tokenizer.from_pretrained(str(tmp_path / "nothing"))
+
+
+def test_bad_ids_text_and_checkpoint_json_are_clear_errors(hf_dir):
+    """Ids outside the vocabulary (a negative one indexed from the end), a lone surrogate, a damaged tokenizer in
+    a checkpoint: each a one-line error, as BPETokenizer's; the character tokenizer's ids too."""
+    from minigpt.data import CharTokenizer
+    from minigpt.tokenizer import tokenizer_from_json
+    tok = GPT2Tokenizer.from_pretrained(str(hf_dir[0]))
+    for decode, bad in ((tok.decode, -1), (tok.decode, tok.vocab_size),
+                        (CharTokenizer.from_text("abc").decode, -1), (CharTokenizer.from_text("abc").decode, 3)):
+        with pytest.raises(ValueError, match="token ids must lie in"):
+            decode([0, bad])
+    with pytest.raises(UserError, match="lone surrogate"):
+        tok.encode("a\udcffb")
+    for damaged in ('{"kind": "gpt2"}', '{"kind": "gpt2", "vocab": {}, "merges": []}'):
+        with pytest.raises(UserError, match="GPT-2 tokenizer is damaged"):
+            tokenizer_from_json(damaged)
+
+
+LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                r"\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+@pytest.mark.parametrize("change,words", [
+    (lambda d: d.update(normalizer={"type": "Lowercase"}), "it has a normalizer (Lowercase)"),
+    (lambda d: d["model"].update(ignore_merges=True), "its BPE model sets ignore_merges=True"),
+    (lambda d: d["added_tokens"][0].update(lstrip=True), "its added token '<|endoftext|>' sets lstrip"),
+    (lambda d: d.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [      # Llama 3's shape, its regex
+        {"type": "Split", "pattern": {"Regex": LLAMA3_REGEX}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}),
+     "not GPT-2's byte-level BPE"),
+])
+def test_tokenizers_of_other_rules_are_refused(hf_dir, tmp_path, change, words):
+    """A tokenizer.json whose rules give other ids than GPT-2's (a normalizer, ignore_merges, an added token that
+    strips, another regex in a Split) is an error naming what differs, not a tokenizer that encodes otherwise."""
+    d = json.loads((hf_dir[0] / "tokenizer.json").read_text(encoding="utf-8"))
+    change(d)
+    (tmp_path / "tokenizer.json").write_text(json.dumps(d), encoding="utf-8")
+    with pytest.raises(UserError, match=re.escape(words)):
+        GPT2Tokenizer.from_pretrained(str(tmp_path))
+
+
+def test_gpt2s_own_regex_in_a_split_loads(hf_dir, tmp_path):
+    """The same tokenizer with GPT-2's regex as a Split before a regex-free ByteLevel (how some GPT-2 ports spell
+    it) loads and encodes as the plain ByteLevel one."""
+    d = json.loads((hf_dir[0] / "tokenizer.json").read_text(encoding="utf-8"))
+    d["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": GPT2_REGEX}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(d), encoding="utf-8")
+    got = GPT2Tokenizer.from_pretrained(str(tmp_path)).encode(TORTURE)
+    np.testing.assert_array_equal(got, GPT2Tokenizer.from_pretrained(str(hf_dir[0])).encode(TORTURE))

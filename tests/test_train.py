@@ -158,6 +158,9 @@ def test_whole_split_loss_counts_every_target_once(rng):
     assert len(nll) == 22
     for batch in (1, 3, 8):
         assert whole_split_loss(model, ids, 5, batch) == pytest.approx(np.mean(nll), rel=1e-12)
+    for few in (ids[:1], ids[:0]):                              # no target: an error, not nan
+        with pytest.raises(ValueError, match="hold no target"):
+            whole_split_loss(model, few, 5, 1)
 
 
 # ----------------------------------------------------------------------------
