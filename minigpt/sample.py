@@ -150,10 +150,10 @@ def main(argv=None):
         cfg, prompt = _settings(argv)                                  # every check before loading or printing
         path = cfg.ckpt or checkpoint.in_run(cfg.out_dir)
         loaded = checkpoint.load(path)
-        select_backend(cfg)
         model, tok = load_model(path, loaded)
         model.bf16 = cfg.dtype == "bf16"
-        ids = tok.encode(prompt)
+        ids = tok.encode(prompt)                                       # a prompt outside the vocabulary: before
+        select_backend(cfg)                                            # "backend auto -> ..." is printed
         rng = np.random.default_rng(cfg.seed)
         idx = np.tile(ids, (cfg.num_samples, 1))                       # (N, T0): all samples in one batch
         out = []

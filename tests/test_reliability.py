@@ -249,6 +249,11 @@ def test_sample_settings_are_checked_before_anything_is_printed(trained, tmp_pat
     assert_one_error(sample_cli("--ckpt", str(tmp_path / "none.npz"), *args), needle)   # before the checkpoint
 
 
+def test_a_prompt_outside_the_vocabulary_is_the_only_line(trained):
+    r = sample_cli("--out_dir", str(trained[1]), "--backend=auto", "--prompt", "\u2603 snow")
+    assert_one_error(r, "character(s) are not in the tokenizer's vocabulary", "'\u2603'")   # no backend line first
+
+
 def test_backend_from_the_environment_is_not_blamed_on_the_flag(trained):
     """MINIGPT_BACKEND=bogus: sample and eval_checkpoint word it as training does."""
     env = {**os.environ, "MINIGPT_BACKEND": "bogus"}
