@@ -212,6 +212,22 @@ def test_hf_tokenizer_matches_on_the_corpus(tmp_path):
     assert hf.decode(ids) == chunk
 
 
+def test_text_without_spaces_is_split_in_runs_and_trains_fast(tmp_path):
+    """A text with no ASCII letters, digits or spaces (Chinese) is pre-tokenized in runs of at most 16 characters,
+    not as one word, whose pair-by-pair merging grew with its length squared; Oniguruma splits it alike, and a
+    BPE trained on it encodes as Hugging Face does."""
+    r = random.Random(2)
+    text = "".join(chr(0x4e00 + r.randrange(300)) if r.random() > 0.05 else "\uff0c" for _ in range(3000))
+    words = re.findall(PATTERN, text)
+    assert "".join(words) == text and max(map(len, words)) == 16 and len(words) == -(-len(text) // 16)
+    tok = BPETokenizer.train(text, 400)
+    hf = hf_tokenizer(tok, tmp_path)
+    from tokenizers import Regex, pre_tokenizers
+    split = pre_tokenizers.Split(Regex(PATTERN), behavior="isolated")
+    assert [w for w, _ in split.pre_tokenize_str(text)] == words
+    assert hf.encode(text).ids == tok.encode(text).tolist()
+
+
 def test_hf_tokenizer_matches_on_random_unicode(tok, sample_text, tmp_path):
     hf = hf_tokenizer(tok, tmp_path)
     from tokenizers import Regex, pre_tokenizers
