@@ -206,12 +206,7 @@ def _tidy(cfg, new_run):
     with a note; the log's, snapshots', report's and curve's silently), and a new run clears the old one's files
     (_start_over)."""
     stale = checkpoint.remove_stale(cfg.out_dir)
-    snaps = os.path.join(cfg.out_dir, checkpoint.SNAPSHOT_DIR)
-    partial = [_log_path(cfg) + ".tmp", os.path.join(cfg.out_dir, "report.html.part"),     # the other files a
-               (cfg.plot_path() or "") + ".part"]                                        # run writes under a
-    partial += [os.path.join(snaps, n) for n in (os.listdir(snaps) if os.path.isdir(snaps) else ())   # temporary
-                if n.startswith("iter_") and n.endswith(".npz.part")]                    # name, left by a kill
-    for path in partial:
+    for path in _partial_files(cfg):
         if os.path.isfile(path):
             os.remove(path)
     if new_run:
@@ -219,6 +214,15 @@ def _tidy(cfg, new_run):
     if stale:
         say(f"note: removed {len(stale)} temporary checkpoint file(s) that a run killed while saving left in "
             f"{cfg.out_dir} ({', '.join(n for n, _ in stale)}: {sum(b for _, b in stale) / 2 ** 20:.1f} MB)")
+
+
+def _partial_files(cfg):
+    """The temporary names under which a run writes its other files (the log when it is cut, the report, the
+    curve, the snapshots) before renaming them into place: what a kill mid-write leaves in out_dir."""
+    snaps = os.path.join(cfg.out_dir, checkpoint.SNAPSHOT_DIR)
+    names = os.listdir(snaps) if os.path.isdir(snaps) else ()
+    return [_log_path(cfg) + ".tmp", os.path.join(cfg.out_dir, "report.html.part"), (cfg.plot_path() or "") + ".part",
+            *(os.path.join(snaps, n) for n in names if n.startswith("iter_") and n.endswith(".npz.part"))]
 
 
 def _typed(v):
