@@ -311,6 +311,14 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{m[1]} needs a value" if m else message)
 
 
+class ScriptParser(argparse.ArgumentParser):
+    """argparse for a script's own options (scripts/plot_losses.py, speedrun.py): a mistake raises UserError,
+    "<argparse's message>; see --help", which the script prints as one line, instead of usage and exit(2)."""
+
+    def error(self, message):
+        raise UserError(f"{message}; see --help")
+
+
 def _shown(value):
     return str(value).lower() if isinstance(value, bool) else repr(value) if isinstance(value, str) else str(value)
 

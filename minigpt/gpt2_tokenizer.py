@@ -160,10 +160,6 @@ class GPT2Tokenizer:
                            "normalizer": None, "pre_tokenizer": byte_level, "post_processor": None,
                            "decoder": byte_level, "model": model}, ensure_ascii=False)
 
-    def save_hf(self, path):
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(self.to_hf_json())
-
     @classmethod
     def from_json(cls, s):
         """The tokenizer to_json() wrote (in a checkpoint); a damaged one is a UserError."""

@@ -110,7 +110,8 @@ def _prepare(out, force):
 
 
 def _write_text(path, text):
-    """path's new text, written to a temporary name and renamed into place (an old export stays whole until)."""
+    """path's new text, written to a temporary name and renamed into place: an earlier export's file stays
+    whole until then."""
     with open(path + ".part", "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(path + ".part", path)

@@ -82,9 +82,12 @@ def write_report(cfg, verbose=False):
     keep = min(MAX_T, bs)                                # the maps and the lens draw T x T per head
     context = ids[-bs:]                                  # what the sampler reads after the prompt (section 6)
     if len(ids) > keep and cfg.prompt:
-        why = f"the model's block_size is {bs}" if bs <= MAX_T else f"the maps draw at most {MAX_T}"
-        notes.append(f"sections 2-5 show the prompt's last {keep} tokens ({why}); section 6 reads the last "
-                     f"{len(context)}, as the sampler does")
+        if keep == len(context):                         # block_size <= MAX_T: one crop for every section
+            notes.append(f"the prompt is cropped to its last {keep} tokens, the model's block_size, as the sampler "
+                         "crops it")
+        else:
+            notes.append(f"sections 2-5 show the prompt's last {keep} tokens (the maps draw at most {MAX_T}); "
+                         f"section 6 reads the last {len(context)}, as the sampler does")
         ids = ids[-keep:]
     elif len(ids) > keep:                                # the default prompt: the validation text's start
         ids = context = ids[:keep]

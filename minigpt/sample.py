@@ -70,7 +70,7 @@ def distribution(logits, temperature=1.0, top_k=0, top_p=1.0):
     if top_k and top_k < z.shape[-1]:
         kth = np.partition(z, -top_k, axis=-1)[:, -top_k][:, None]     # (B, 1) k-th largest
         z = np.where(z < kth, -np.inf, z)
-    probs = np.exp(z - z.max(-1, keepdims=True))
+    probs = np.exp(z)                                                  # the largest z is 0 (subtracted above)
     probs /= probs.sum(-1, keepdims=True)                              # (B, V)
     if top_p < 1.0:
         order = np.argsort(-probs, axis=-1, kind="stable")              # (B, V) most likely first

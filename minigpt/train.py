@@ -188,7 +188,7 @@ def _prepare(cfg, given, fetch):
         say(f"note: --min_lr {cfg.min_lr:g} (not typed) is above --lr {cfg.lr:g}; the lr decays to --lr instead, "
             "so it never rises (type --min_lr to set where it ends)")
         cfg.min_lr = cfg.lr
-    if not cfg.max_time and 0 < cfg.max_iters <= cfg.warmup_iters:     # a short trial run with the default warmup
+    if not cfg.max_time and 0 < cfg.max_iters <= cfg.warmup_iters:     # a trial run shorter than its warmup
         say(f"note: --warmup_iters {cfg.warmup_iters} is not below --max_iters {cfg.max_iters}: the lr is still "
             f"rising when the run ends (peak --lr {cfg.lr:g} never reached); lower --warmup_iters for a short run")
     if given is not None and "vocab_size" in given and cfg.tokenizer != "bpe":

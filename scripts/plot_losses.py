@@ -10,17 +10,12 @@ import argparse
 import os
 import sys
 
-from minigpt.config import UserError, run_command
+from minigpt.config import ScriptParser, UserError, run_command
 from minigpt.loss_curves import plot
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):                                    # one line from main(), not usage + message
-        raise UserError(f"{message}; see --help")
-
-
 def main(argv):
-    ap = _Parser(prog="plot_losses.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ScriptParser(prog="plot_losses.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("logs", nargs="+", metavar="LOG", help="JSONL logs written by training (out_dir/log.jsonl)")
     ap.add_argument("-o", "--out", metavar="PNG", help="the PNG (default: beside the first log, loss_curve.png "
                                                        "for one log, loss_compare.png for several)")

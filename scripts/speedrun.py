@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_util import command, cpu_line, flag, revision, write_keeping_notes  # noqa: E402
-from minigpt.config import UserError, run_command  # noqa: E402
+from minigpt.config import ScriptParser, UserError, run_command  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOAL = 1.50                                                      # issue 24's target (round 1's was 1.80)
@@ -218,13 +218,8 @@ class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaults
     """--help keeps the docstring's lines and shows each option's default."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):                                    # one line from main(), not usage + message
-        raise UserError(f"{message}; see --help")
-
-
 def main(argv):
-    ap = _Parser(prog="speedrun.py", description=__doc__, formatter_class=_Formatter)
+    ap = ScriptParser(prog="speedrun.py", description=__doc__, formatter_class=_Formatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[1337, 1338, 1339],
                     help="one run of everything per seed, in turn; the recipes were chosen on "
                          f"{', '.join(map(str, SELECTION_SEEDS))} (rounds 1-3 on {SELECTION_SEEDS[0]} alone), other "

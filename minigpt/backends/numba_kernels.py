@@ -1,4 +1,5 @@
-"""numba kernels for the non-matmul ops of the numba backend, and the zeroing of a causal product's future (native has its own, in C: native/mgk_ops.c).
+"""numba kernels for the non-matmul ops of the numba backend, and the zeroing of a causal product's future (native
+has its own, in C: native/mgk_ops.c).
 numpy_ops.py holds the NumPy specification of each one (tests/test_ops.py compares them); numba_ops.py calls
 these with contiguous arrays. The first module of the backend to import numba: it sets numba's environment first.
 

@@ -5,9 +5,9 @@ Ops._contiguous: copied into a scratch array kept per shape, and an output's res
 takes views like every other one and still allocates nothing of activation size per step (only (B*T,) int64
 copies of the token ids and targets, and a row's worth of scratch in the LayerNorm and softmax backwards). The
 small arrays (a LayerNorm's w, b, mean, rstd; the bias sums) go to the kernels as they are: numba compiles a
-strided version for a view of one. Ops has checked every shape, id and offset before these run. The products are the specification's (np.matmul: numpy_ops.product). A model runs
-float32 here (dtypes), as on native; the kernels also compile for float64, which tests/test_ops.py holds to the
-float64 specification.
+strided version for a view of one. Ops has checked every shape, id and offset before these run. The products
+are the specification's (np.matmul: numpy_ops.product). A model runs float32 here (dtypes), as on native; the
+kernels also compile for float64, which tests/test_ops.py holds to the float64 specification.
 
 Until 2026-11-27 a numba GEMM ran the products: a config M step's products took 2.2x OpenBLAS's time on it, and
 the step is 1.9x as fast without it (reports/benchmarks.md, its notes).
