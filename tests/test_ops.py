@@ -487,7 +487,8 @@ def test_dropout_is_a_fair_fresh_draw():
 def test_every_backend_refuses_bad_arguments_alike(use, name):
     """Ops checks each op's arguments once for every backend, before a kernel that trusts them runs: ids and
     targets outside [0, V) (numba's scatter-add wrote outside dW, its loss read outside the row), arrays of
-    the wrong shape (a short w or g), a 1-D x, a negative start. The same error, whichever backend."""
+    the wrong shape (a short w or g), a 1-D x, a negative start, a loss over no rows (nan on numpy, 0 in C). The
+    same error, whichever backend."""
     if REASONS[name] is not None:
         pytest.skip(str(REASONS[name]))
     ops = use(name)
@@ -497,6 +498,7 @@ def test_every_backend_refuses_bad_arguments_alike(use, name):
         (lambda: ops.embedding_backward(dW, np.array([0, -1, 1]), x), r"token ids out of range"),
         (lambda: ops.embedding_backward(dW, np.array([0.0, 1, 1]), x), r"token ids must be integers"),
         (lambda: ops.cross_entropy(logits, np.array([0, 5, 1]), np.empty(3, F32)), r"targets out of range"),
+        (lambda: ops.cross_entropy(logits[:0], np.array([], np.int64), np.empty(0, F32)), r"no rows"),
         (lambda: ops.cross_entropy_backward(logits, np.array([0, -1, 1]), np.zeros(3, F32), 1.0,
                                             np.empty_like(logits)), r"targets out of range"),
         (lambda: ops.layernorm(x, np.ones(3, F32), None, np.empty_like(x), np.empty(3, F32), np.empty(3, F32)),

@@ -199,6 +199,8 @@ class Ops:
         """logits (N, V), targets (N,) ints in [0, V) -> mean loss (a float); writes lse (N,), each row's
         log-sum-exp."""
         N, V = _rows("cross_entropy", logits)
+        if N == 0:                                                  # a mean of nothing: nan on numpy, 0 in C
+            raise ValueError("cross_entropy: logits has no rows; the mean loss needs at least one target")
         check_shapes("cross_entropy", ((N,), targets, lse))
         check_ids("cross_entropy", targets, V, "targets")
         return self._cross_entropy(logits, targets, lse)
