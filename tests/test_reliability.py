@@ -545,9 +545,10 @@ def test_commands_stopped_early_end_in_one_line(raised, status, err, capsys, mon
 
 
 def test_second_signal_stops_at_once():
-    from minigpt.train import StoppedTwice, _StopFlag, exit_code
+    from minigpt.run import StopFlag, StoppedTwice
+    from minigpt.train import exit_code
     before = signal.getsignal(signal.SIGINT)
-    stop = _StopFlag()
+    stop = StopFlag()
     try:
         stop._handle(signal.SIGINT, None)                                 # the first: finish the step, save
         assert stop.signal == "SIGINT"

@@ -668,7 +668,7 @@ def test_a_run_on_a_relative_data_path_resumes_from_another_directory(tmp_path, 
 def test_a_checkpoint_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, what):
     """A full disk or a read-only snapshots/ mid-run: CannotSave (one line, the path and the fix), not a
     traceback; the checkpoints written before stay whole."""
-    import minigpt.train as T
+    from minigpt.run import CannotSave
 
     def full(*a, **k):
         raise OSError(28, "No space left on device")
@@ -676,7 +676,7 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, 
     monkeypatch.setattr(checkpoint, "save_snapshot" if what == "snapshot" else "save", full)
     cfg = parse_args([f"--{k}={v}" for k, v in TINY_TRAIN.items()] + [
         "--data", str(tmp_path / "text.txt"), "--out_dir", str(tmp_path / "out"), "--resume", "--max_iters=4"])
-    with pytest.raises(T.CannotSave, match="cannot write .*No space left on device.*continue with --resume"):
+    with pytest.raises(CannotSave, match="cannot write .*No space left on device.*continue with --resume"):
         train(cfg, given=cfg.given)
     monkeypatch.undo()
     assert checkpoint.load(str(tmp_path / "out" / "ckpt_last.npz"))[0]["iter"] in (2, 4)
@@ -717,11 +717,11 @@ def test_a_run_too_big_for_memory_is_one_line_and_leaves_the_old_run(tmp_path, m
     before = sorted(os.listdir(out)), read_log(os.path.join(out, "log.jsonl"))
     assert _cli(tmp_path, "--out_dir", out, "--n_embd", str(10 ** 6))[0] == 2
     assert (sorted(os.listdir(out)), read_log(os.path.join(out, "log.jsonl"))) == before
-    import minigpt.train as T
+    import minigpt.run
 
     def no_memory(*a, **k):
         raise MemoryError("Unable to allocate 1.00 TiB for an array with shape (4, 12, 4, 65536, 65536)")
-    monkeypatch.setattr(T, "GPT", no_memory)
+    monkeypatch.setattr(minigpt.run, "GPT", no_memory)
     rc, err = _cli(tmp_path, "--out_dir", out)
     assert rc == 2 and len(err) == 1 and err[0].startswith("error: out of memory (Unable to allocate"), err
 

@@ -1,0 +1,451 @@
+"""A training run: what the loop reads and a checkpoint holds (Run), and how it is made (setup, restore).
+
+setup checks the settings, selects the backend and prepares out_dir: a new run clears an old run's files there, and
+the temporaries of a run killed while saving go. It then builds the tokenizer, data, model and optimizer, and on
+--resume restore() puts back the last checkpoint's weights, optimizer state, generators and position, so the loop
+(minigpt/train.py) goes on as if it had never stopped. say() prints on rank 0; StopFlag turns SIGINT/SIGTERM into
+a flag the loop checks between steps. Under mpiexec rank 0 alone reads, writes and prints; every rank builds.
+"""
+import contextlib
+import json
+import math
+import os
+import signal
+import time
+
+import numpy as np
+
+from . import backends, checkpoint, distributed, gpt2
+from .config import PRESETS, ModelShape, UserError, check, default_backend, plot_inside_out_dir, quiet_stdout
+from .bpe import BPETokenizer
+from .tokenizer import tokenizer_from_json
+from .data import CharTokenizer, Dataset, load_text, split_text
+from .model import GPT, activation_shapes, gradient_shapes, parameter_shapes
+from .sample import select_backend
+from .optim import AdamW, Muon
+
+
+class StoppedTwice(UserError):
+    """A second SIGINT/SIGTERM before the step finished: stop at once, without saving."""
+    everywhere = False                          # under mpiexec a rank may meet it alone (distributed.exit_status)
+
+
+class CannotSave(UserError):
+    """A checkpoint or snapshot could not be written (a full disk, a directory made read-only)."""
+    everywhere = False                          # rank 0 alone writes
+
+
+@contextlib.contextmanager
+def _saving(path):
+    """An OSError while writing path (a checkpoint, a snapshot) becomes CannotSave: one line that names the fix."""
+    try:
+        yield
+    except OSError as e:
+        raise CannotSave(f"cannot write {path} ({e.strerror or e}); free space or make its directory writable, "
+                         "then continue with --resume (the checkpoints written before it are whole)") from None
+
+
+# ----------------------------------------------------------------------------
+# the run: what the loop reads and a checkpoint holds
+
+class Run:
+    """What the loop reads and a checkpoint holds: data, model, optimizer, the batch generator, and the
+    position (the next iteration, the best val loss so far). save() writes all of it."""
+
+    def __init__(self, cfg, tok, data, model, opt, world=distributed.World()):
+        self.cfg, self.tok, self.data, self.model, self.opt, self.world = cfg, tok, data, model, opt, world
+        self.batch_rng = np.random.default_rng([cfg.seed, 1])             # the same on every rank
+        self.start, self.best_val = 0, math.inf
+        self.last_path, self.best_path, self.log_path = _last_path(cfg), _best_path(cfg), _log_path(cfg)
+        self.stop = None                                                   # the loop's StopFlag
+        self.elapsed = 0.0                                                 # seconds of training (--max_time)
+        self.stop_agreed = False
+        if world.rank > 0:                 # the same init on every rank, but each its own dropout masks
+            model.rng.bit_generator.state = np.random.default_rng([cfg.seed, 3, world.rank]).bit_generator.state
+
+    def save(self, path, it):
+        """Rank 0 writes; every rank calls it (it gathers each rank's dropout generator)."""
+        states = self.world.allgather(self.model.rng.bit_generator.state)
+        if not self.world.root:
+            return
+        settings = {**self.cfg.to_dict(), "data": os.path.abspath(self.cfg.data)}   # found from any directory
+        meta = {"iter": it, "best_val": self.best_val, "tokenizer": self.tok.to_json(),  # (resume, eval, report)
+                "model_config": self.model.config.to_dict(), "train_config": settings,
+                "rng": {"model": states[0], "batch": self.batch_rng.bit_generator.state}, "elapsed": self.elapsed}
+        if self.world.size > 1:
+            meta["rng"]["model_ranks"], meta["world_size"] = states, self.world.size
+        with _saving(path):
+            checkpoint.save(path, self.model, self.opt, meta)
+
+    def save_snapshot(self, it):
+        """Rank 0: the weights alone into out_dir/snapshots/ (the report's history of the run)."""
+        with _saving(os.path.join(self.cfg.out_dir, checkpoint.SNAPSHOT_DIR)):
+            checkpoint.save_snapshot(self.cfg.out_dir, self.model, it, self.elapsed)
+
+    def sync(self, loss):
+        """Sum the gradients over the ranks (the model's flat buffer, in place), then the loss and whether a
+        signal reached any rank; -> the global loss. Nothing to do in one process."""
+        if self.world.size == 1:
+            return loss
+        self.world.allreduce(self.model.grad_memory)
+        both = self.world.allreduce(np.array([loss, self.stop is not None and self.stop.signal is not None]))
+        self.stop_agreed = both[1] > 0
+        return float(both[0])
+
+    def clock(self, t_start):
+        """Seconds of training since t_start; under mpiexec with --max_time, rank 0's (one lr, one end for all)."""
+        elapsed = time.perf_counter() - t_start
+        return self.world.bcast(elapsed) if self.cfg.max_time and self.world.size > 1 else elapsed
+
+    def schedule(self, it):
+        """Where the lr schedule is: iteration it, or with --max_time the elapsed fraction of the budget laid
+        over the lr_decay_iters iterations of the schedule (so warmup and decay fit the budget on any machine)."""
+        return it if not self.cfg.max_time else self.cfg.lr_decay_iters * self.elapsed / self.cfg.max_time
+
+    def stopping(self):
+        """A signal asks to stop: in one process, as soon as it arrives; under mpiexec, once the ranks agree."""
+        return self.stop_agreed if self.world.size > 1 else self.stop.signal is not None
+
+
+def _last_path(cfg):
+    return os.path.join(cfg.out_dir, "ckpt_last.npz")
+
+
+def _best_path(cfg):
+    return os.path.join(cfg.out_dir, "ckpt_best.npz")
+
+
+def _log_path(cfg):
+    return os.path.join(cfg.out_dir, "log.jsonl")
+
+
+# ----------------------------------------------------------------------------
+# setup: settings, backend, out_dir, data, model, optimizer
+
+def setup(cfg, given=None, fetch=None):
+    """Check cfg, select the backend, make out_dir and build the Run (see train() for given and fetch); only
+    then, with every setting checked, does a new run clear an old one's files from out_dir (_tidy). Under
+    mpiexec rank 0 alone reads the checkpoint, makes out_dir, downloads and tidies; every rank builds the rest.
+    An out_dir this call made is removed again, if still empty, when a setting turns out wrong (or on Ctrl-C)."""
+    world = distributed.world()
+    made = world.root and not os.path.exists(cfg.out_dir)
+    try:
+        ckpt, settings = world.agree(_prepare, cfg, given, fetch)
+        vars(cfg).update(settings)                            # rank 0's settings (the checkpoint's) everywhere
+        run = world.check(_build, cfg, ckpt, world)
+    except (UserError, KeyboardInterrupt):                   # a wrong setting, or Ctrl-C (during a BPE's training)
+        if made and os.path.isdir(cfg.out_dir) and not os.listdir(cfg.out_dir):
+            os.rmdir(cfg.out_dir)
+        raise
+    if world.root:
+        _tidy(cfg, ckpt is None)
+    return run
+
+
+def _prepare(cfg, given, fetch):
+    """The checkpoint to resume from (its settings applied to cfg), a writable out_dir, the data file."""
+    ckpt = _load_resume(cfg, _last_path(cfg), given) if cfg.resume else None   # settings first: they may change cfg
+    if cfg.init_from and not ckpt:
+        _apply_pretrained(cfg, given)
+    check(cfg)
+    if cfg.min_lr > cfg.lr:                                   # a default's or preset's --min_lr above a typed --lr
+        say(f"note: --min_lr {cfg.min_lr:g} (not typed) is above --lr {cfg.lr:g}; the lr decays to --lr instead, "
+            "so it never rises (type --min_lr to set where it ends)")
+        cfg.min_lr = cfg.lr
+    if not cfg.max_time and 0 < cfg.max_iters <= cfg.warmup_iters:     # a trial run shorter than its warmup
+        say(f"note: --warmup_iters {cfg.warmup_iters} is not below --max_iters {cfg.max_iters}: the lr is still "
+            f"rising when the run ends (peak --lr {cfg.lr:g} never reached); lower --warmup_iters for a short run")
+    if given is not None and "vocab_size" in given and cfg.tokenizer != "bpe":
+        raise UserError(f"--vocab_size sets the size of a BPE vocabulary, but this run's tokenizer is "
+                        f"{cfg.tokenizer}; add --tokenizer bpe (a new run) or drop --vocab_size")
+    if fetch is not None and not os.path.exists(cfg.data):
+        fetch(cfg.data)
+    load_text(cfg.data)                                        # a missing or unusable text fails before out_dir
+    checkpoint.ensure_writable(cfg.out_dir)                    # is made (read again by _build, on every rank)
+    return ckpt, dict(vars(cfg))
+
+
+def _tidy(cfg, new_run):
+    """Rank 0, after setup checked everything: the temporary files of a run killed while saving go (checkpoints'
+    with a note; the log's, snapshots', report's and curve's silently), and a new run clears the old one's files
+    (_start_over)."""
+    stale = checkpoint.remove_stale(cfg.out_dir)
+    for path in _partial_files(cfg):
+        if os.path.isfile(path):
+            os.remove(path)
+    if new_run:
+        _start_over(cfg)
+    if stale:
+        say(f"note: removed {len(stale)} temporary checkpoint file(s) that a run killed while saving left in "
+            f"{cfg.out_dir} ({', '.join(n for n, _ in stale)}: {sum(b for _, b in stale) / 2 ** 20:.1f} MB)")
+
+
+def _partial_files(cfg):
+    """The temporary names under which a run writes its other files (the log when it is cut, the report, the
+    curve, the snapshots) before renaming them into place: what a kill mid-write leaves in out_dir."""
+    snaps = os.path.join(cfg.out_dir, checkpoint.SNAPSHOT_DIR)
+    names = os.listdir(snaps) if os.path.isdir(snaps) else ()
+    return [_log_path(cfg) + ".tmp", os.path.join(cfg.out_dir, "report.html.part"), (cfg.plot_path() or "") + ".part",
+            *(os.path.join(snaps, n) for n in names if n.startswith("iter_") and n.endswith(".npz.part"))]
+
+
+def _start_over(cfg):
+    """A new run (no --resume) in an out_dir that holds another (its log, last checkpoint or snapshots): the old
+    log, snapshots, report and loss curve go, as its checkpoints are replaced, so that what the directory shows
+    is this run's alone (also when this run makes no report or plot, or stops before it does). An out_dir that
+    holds no run keeps every file: a report.html or a PNG there is someone else's."""
+    out_dir = cfg.out_dir
+    log = _log_path(cfg)
+    logged = os.path.exists(log) and os.path.getsize(log) > 0
+    if not (logged or os.path.exists(_last_path(cfg)) or checkpoint.snapshot_iters(out_dir)):
+        return
+    gone = checkpoint.remove_snapshots(out_dir)
+    say(f"note: {out_dir} held a run (a log.jsonl, {gone} snapshot(s)): this new run replaces its log, "
+        "snapshots, report, loss curve and checkpoints; --resume would have continued it")
+    made = [os.path.join(out_dir, "report.html"), os.path.join(out_dir, "loss_curve.png"),   # the report, the
+            cfg.plot_path() or ""]                                  # default --plot, this run's
+    for path in [log] + made:
+        if os.path.isfile(path) and not _same_file(path, cfg.data):    # never the text it trains on
+            os.remove(path)
+
+
+def _same_file(a, b):
+    try:
+        return os.path.samefile(a, b)
+    except OSError:                                                  # b is gone (or a): not the same
+        return False
+
+
+def _typed(v):
+    """A setting's value as the command line spells it: booleans lower-case (--bias false)."""
+    return str(v).lower() if isinstance(v, bool) else v
+
+
+def _apply_pretrained(cfg, given):
+    """--init_from: the model's shape comes from the GPT-2 directory's config.json; a typed model setting that
+    differs, or a tokenizer setting, is an error (the tokenizer is the directory's too)."""
+    config, _ = gpt2.read_config(cfg.init_from, cfg.block_size)
+    typed = given if given is not None else frozenset()
+    for k in ("n_layer", "n_head", "n_embd", "bias", "tie_weights", "activation", "qk_norm", "logit_cap"):
+        if k in typed and getattr(cfg, k) != getattr(config, k):
+            raise UserError(f"--{k} {_typed(getattr(cfg, k))} conflicts with {cfg.init_from}'s "
+                            f"{k}={_typed(getattr(config, k))} (config.json); drop --{k}")
+        setattr(cfg, k, getattr(config, k))
+    if typed & {"tokenizer", "vocab_size"}:
+        raise UserError("--tokenizer/--vocab_size: with --init_from the tokenizer is the directory's (GPT-2's); "
+                        "drop them")
+
+
+def _build(cfg, ckpt, world):
+    threads = cfg.threads or (None if world.size == 1 else max(1, backends.cpus() // world.local_size))
+    select_backend(cfg, verbose=world.root, threads=threads)
+    text = load_text(cfg.data)
+    if cfg.init_from and not ckpt:                         # a new fine-tune: GPT-2's shape, weights and tokenizer
+        gpt2_config, gpt2_params, tok = gpt2.load_gpt2(cfg.init_from, cfg.block_size)
+        vocab = gpt2_config.vocab_size
+    else:
+        tok = make_tokenizer(cfg, text, ckpt)
+        vocab = ckpt[0]["model_config"]["vocab_size"] if ckpt else tok.vocab_size    # ckpt: (meta, params, state)
+        gpt2_params = None
+    data = Dataset(text, tok, cfg.block_size, source=cfg.data, fixed_block=bool(ckpt))
+    _check_memory(cfg, vocab, world)
+    model = GPT(cfg.model_config(vocab), np.random.default_rng([cfg.seed, 0]), bf16=cfg.dtype == "bf16")
+    if gpt2_params is not None:
+        checkpoint.load_params(model, gpt2_params, cfg.init_from)
+        say(f"init from {cfg.init_from}: GPT-2 weights and tokenizer")
+    opt = make_optimizer(cfg, model)
+    run = Run(cfg, tok, data, model, opt, world)
+    if ckpt:
+        restore(run, ckpt)
+    ranks = f", {world.size} ranks x {backends.threads()} threads" if world.size > 1 else ""
+    bf16 = ", bf16 products" if model.bf16 else ""
+    say(f"model: {model.num_params():,} parameters, vocab {tok.vocab_size}, "
+        f"backend {backends.label(model.bf16)}{ranks}{bf16}")
+    return run
+
+
+def _check_memory(cfg, vocab, world):
+    """A run that cannot fit is refused before numpy fails halfway through (or Linux kills the process): the
+    weights, gradients and two optimizer moments (float32), and one step's activations and their gradients at
+    (--batch_size, --block_size), times the processes on this machine, against the memory (swap included) that
+    /proc/meminfo says is available. Elsewhere no check."""
+    avail = _available_bytes()
+    if avail is None:
+        return
+    mc = cfg.model_config(vocab)
+    floats = lambda shapes: sum(math.prod(s) for s in shapes.values())             # noqa: E731
+    B, T = cfg.batch_size, cfg.block_size
+    need = 4 * (4 * floats(parameter_shapes(mc)) + floats(activation_shapes(mc, B, T, dropout=cfg.dropout > 0))
+                + floats(gradient_shapes(mc, B, T))
+                + B * mc.n_head * T * T * (2 if cfg.dropout > 0 else 1)) * world.local_size   # attention's d(scores)
+                                                                # and, under dropout, attd: the backend's scratch
+    if need > avail:
+        raise UserError(f"this run needs about {need / 2 ** 30:,.1f} GiB (weights, gradients, optimizer state and "
+                        f"one step's activations at --batch_size {B} --block_size {T}) but {avail / 2 ** 30:,.1f} "
+                        "GiB is available; lower --batch_size, --block_size, --n_embd or --n_layer")
+
+
+def _available_bytes():
+    """MemAvailable + SwapFree of /proc/meminfo in bytes; None where there is no such file."""
+    try:
+        with open("/proc/meminfo") as f:
+            kb = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in f)}
+        return 1024 * (kb["MemAvailable"] + kb.get("SwapFree", 0))
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def make_optimizer(cfg, model):
+    """AdamW over every parameter, or Muon for the blocks' matrices with AdamW for the rest (minigpt/optim.py)."""
+    betas, params = (cfg.beta1, cfg.beta2), model.params()
+    if cfg.optimizer == "muon":
+        opt = Muon(params, lr_ratio=cfg.muon_lr_ratio, betas=betas, weight_decay=cfg.weight_decay,
+                   muon_weight_decay=cfg.weight_decay, momentum_warmup=cfg.muon_momentum_warmup, bf16=model.bf16)
+    else:
+        opt = AdamW(params, betas, weight_decay=cfg.weight_decay)
+    return opt.scale_lr(("wte.weight", "wpe.weight"), cfg.embed_lr_ratio)
+
+
+def make_tokenizer(cfg, text, ckpt=None):
+    """The checkpoint's tokenizer on --resume; else characters of the whole text (as nanoGPT), or a BPE trained
+    on the training split (the same on every rank: training is deterministic)."""
+    if ckpt:
+        return tokenizer_from_json(ckpt[0]["tokenizer"])
+    if cfg.tokenizer == "bpe":
+        t0 = time.perf_counter()
+        tok = BPETokenizer.train(split_text(text)[0], cfg.vocab_size)
+        say(f"BPE: {tok.vocab_size} tokens trained in {time.perf_counter() - t0:.1f} s")
+        if tok.vocab_size < cfg.vocab_size:                  # train() stops when no adjacent pair is left
+            say(f"note: --vocab_size {cfg.vocab_size} asked, but the BPE vocabulary has {tok.vocab_size} tokens: "
+                f"after {len(tok.merges)} merges the training split has no more pairs to merge")
+        return tok
+    return CharTokenizer.from_text(text)
+
+
+# ----------------------------------------------------------------------------
+# --resume: the checkpoint's settings, then its state
+
+def _load_resume(cfg, path, given):
+    best = _best_path(cfg)
+    if not os.path.exists(path):
+        copy = f"copy {best} to {path} to continue from the best one, or " if os.path.exists(best) else ""
+        raise UserError(f"--resume: no checkpoint at {path}; {copy}train without --resume first, or point "
+                        "--out_dir at the directory of an earlier run")
+    fix = "start a new --out_dir"
+    if os.path.exists(best) and os.path.abspath(best) != os.path.abspath(path):
+        fix = f"copy {best} over {path} to resume from the best one, or {fix}"
+    ckpt = checkpoint.load(path, fix=fix)
+    saved = {**ModelShape().model_dict(), **ckpt[0]["model_config"]}   # older checkpoints: today's defaults
+    for k, v in cfg.model_dict().items():
+        if given is not None and k in given and saved[k] != v:
+            preset = PRESETS.get(cfg.preset, {}).get(k) == v               # the preset set it (or a typed twin)
+            fix = f"drop --preset {cfg.preset}, which sets {k}={_typed(v)}" if preset else f"drop --{k}"
+            raise UserError(f"--{k} {_typed(v)} does not match the resumed model's {k}={_typed(saved[k])} "
+                            f"({path}); {fix} or start a new --out_dir")
+        setattr(cfg, k, saved[k])                             # the model's shape comes from the checkpoint
+    trained = ckpt[0]["train_config"]                         # so does the tokenizer (older runs: char)
+    for k in ("tokenizer", "vocab_size") if trained.get("tokenizer", "char") == "bpe" else ("tokenizer",):
+        was = trained.get(k, "char")
+        if given is not None and k in given and getattr(cfg, k) != was:
+            raise UserError(f"--{k} {getattr(cfg, k)} does not match the resumed run's {k}={was} ({path}); "
+                            f"drop --{k} or start a new --out_dir")
+    for k, v in ckpt[0]["train_config"].items():             # every other setting too, unless given again
+        env = k == "backend" and default_backend(unset=None) is not None          # the variable counts as typed
+        # older runs could plot into reports/ or anywhere; now the curve goes inside out_dir
+        legacy = k == "plot" and (os.path.dirname(v) == "reports" or not plot_inside_out_dir(v))
+        if given is not None and k not in given and k not in ("resume", "out_dir") and not env and not legacy \
+                and hasattr(cfg, k):
+            setattr(cfg, k, v)
+    return ckpt
+
+
+def restore(run, ckpt):
+    """Continue where ckpt = checkpoint.load(...) stopped: weights, optimizer state, generators, position, time.
+    The log keeps only the rows before that point, so it ends up equal to an uninterrupted run's."""
+    meta, params, state = ckpt
+    checkpoint.load_params(run.model, params, run.last_path)
+    try:
+        run.opt.load_state(state["t"], state["slots"], state["name"])
+    except ValueError as e:
+        was = meta["train_config"].get("optimizer", "adamw")
+        raise UserError(f"{run.last_path}: {e}; the run used --optimizer {was}: resume with it, or start a new "
+                        "--out_dir") from None
+    dropout = meta["rng"].get("model_ranks", [meta["rng"]["model"]])  # one state per rank that saved it
+    if run.world.rank < len(dropout):                                  # a rank new to the run keeps its fresh seed
+        run.model.rng.bit_generator.state = dropout[run.world.rank]
+    run.batch_rng.bit_generator.state = meta["rng"]["batch"]
+    run.start, run.best_val, run.elapsed = meta["iter"], meta["best_val"], meta.get("elapsed", 0.0)
+    if run.start > run.cfg.max_iters:
+        raise UserError(f"{run.last_path} is at iter {run.start}, past --max_iters {run.cfg.max_iters}; "
+                        "raise --max_iters")
+    if 0 < run.cfg.max_time <= run.elapsed:
+        raise UserError(f"{run.last_path} has spent its time budget ({run.elapsed:.0f} s of --max_time "
+                        f"{run.cfg.max_time:g}); raise --max_time to continue")
+    if run.world.root:
+        _truncate_log(run.log_path, run.start)
+    say(f"resuming from {run.last_path} at iter {run.start}")
+    if run.start == run.cfg.max_iters:
+        say(f"note: iter {run.start} is --max_iters: no steps are left to train, only the final evaluation; raise "
+            "--max_iters to train on")
+    saved, batch = meta.get("world_size", 1), meta["train_config"].get("batch_size", run.cfg.batch_size)
+    if saved != run.world.size:                                # a step draws ranks x B rows from one generator
+        same = saved * batch == run.world.size * run.cfg.batch_size
+        say(f"note: the checkpoint was made by {saved} process(es) and {run.world.size} continue: each step now "
+            f"takes {run.world.size} x {run.cfg.batch_size} sequences (before: {saved} x {batch}), " +
+            ("the same rows as before" if same else "so the data order from here on differs from the run's"))
+
+
+def _truncate_log(log_path, start):
+    """Keep the rows of iterations before `start`, so a resumed log equals an uninterrupted one."""
+    if not os.path.exists(log_path):
+        return
+    rows = []
+    with open(log_path) as f:
+        for line in f:
+            try:
+                if json.loads(line)["iter"] < start:
+                    rows.append(line)
+            except (ValueError, KeyError, TypeError):              # blank, or torn by a kill mid-write
+                pass
+    with open(log_path + ".tmp", "w") as f:                        # rewritten beside it, then renamed:
+        f.writelines(rows)                                         # a crash here leaves the old log whole
+    os.replace(log_path + ".tmp", log_path)
+
+
+# ----------------------------------------------------------------------------
+# messages and signals
+
+def say(msg):
+    """Print on rank 0 only: every rank of a data-parallel run has the same thing to say. If stdout's reader
+    went away (`| head`), the loop stops as on a signal, saving (SIGPIPE); outside the loop the command ends."""
+    if distributed.world().root:
+        try:
+            print(msg, flush=True)
+        except BrokenPipeError:
+            quiet_stdout()
+            if StopFlag.active is None:
+                raise                                        # run_command: exit status 141
+            StopFlag.active.signal = StopFlag.active.signal or "SIGPIPE"
+
+
+class StopFlag:
+    """Turns SIGINT/SIGTERM into a flag the loop checks between steps; a second one stops at once."""
+
+    active = None                                            # the running loop's flag (say() sets SIGPIPE)
+
+    def __init__(self):
+        self.signal = None
+        self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        StopFlag.active = self
+
+    def _handle(self, signum, frame):
+        if self.signal is not None:                          # the second one: the user means now
+            self.restore()
+            raise StoppedTwice(f"second {signal.Signals(signum).name}: stopped at once without saving this step; "
+                               "the checkpoints in --out_dir are intact, continue with --resume")
+        self.signal = signal.Signals(signum).name
+
+    def restore(self):
+        for s, h in self._old.items():
+            signal.signal(s, h)
+        StopFlag.active = None
