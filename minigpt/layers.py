@@ -142,7 +142,7 @@ def attention_forward(y, att, qkv, n_head, start=0, kv=None, drop=None):
     qkv (B, T, 3C); att (B, nh, T, >=Tk) keeps the probabilities. drop = (p, seed), when given, is attention
     dropout: dropout(att) is what multiplies v. Generation passes kv = (k, v) (B, nh, block_size, hs)
     holding the start positions before this call's: the call appends its own and its query i sees keys
-    0..start+i. The products and softmax: Ops.attention (backends/__init__.py)."""
+    0..start+i. The products and softmax: Ops.attention (backends/interface.py)."""
     T = qkv.shape[1]
     q, k, v = heads(qkv, n_head, 3)                               # each (B, nh, T, hs), views of qkv
     if kv is not None:

@@ -15,7 +15,7 @@ import numpy as np
 
 from bench_util import cpu_line, write_keeping_notes
 from minigpt import backends
-from minigpt.backends import ops
+from minigpt.backends import interface, ops
 from minigpt.backends.native import isa as native_isa
 
 
@@ -51,7 +51,7 @@ def time_product(L, M, N, K, ta, tb, min_time=0.2, warmup=2, min_calls=5, rng=No
     a = rng.standard_normal((*lead, K, M) if ta else (*lead, M, K), dtype=np.float32)
     b = rng.standard_normal((*lead, N, K) if tb else (*lead, K, N), dtype=np.float32)
     if causal == "a":
-        a[..., backends.future(*a.shape[-2:], 0)] = 0
+        a[..., interface.future(*a.shape[-2:], 0)] = 0
     out = np.empty((*lead, M, N), np.float32)
     f = functools.partial(ops.bmm, causal=causal) if lead else ops.matmul
     for _ in range(warmup):

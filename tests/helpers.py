@@ -4,6 +4,7 @@ import os
 import numpy as np
 
 from minigpt import backends
+from minigpt.backends import interface
 from minigpt.config import TrainConfig
 from minigpt.layers import heads
 
@@ -60,7 +61,7 @@ def causal_products(ops, rng, bf16=None):
     diagonal) times b, a as is (y = att v, dq = ds k) or transposed (dv = att^T dy, dk = ds^T q)."""
     for lead, T, start, hs in CAUSAL:
         Tk = start + T
-        fut = backends.future(T, Tk, start)
+        fut = interface.future(T, Tk, start)
         if hs == "heads":                                     # q and k heads of one qkv, y's heads written in place
             hs, nh = 6, lead[1]
             qkv = rng.standard_normal((lead[0], Tk, 3 * nh * hs)).astype(np.float32)

@@ -15,7 +15,7 @@ import tempfile
 
 L, MODEL = "minigpt/layers.py", "minigpt/model.py"
 SPEC, NK = "minigpt/backends/numpy_ops.py", "minigpt/backends/numba_kernels.py"
-BK = "minigpt/backends/__init__.py"
+BK = "minigpt/backends/interface.py"
 TL, TM, TO = "tests/test_layers.py", "tests/test_model.py", "tests/test_ops.py"
 TRAIN, RUN, DATA, TD = "minigpt/train.py", "minigpt/run.py", "minigpt/data.py", "tests/test_distributed.py"
 TT, OPT, TMU = "tests/test_train.py", "minigpt/optim.py", "tests/test_muon.py"
@@ -119,7 +119,7 @@ M = [
     # the products' accumulation (numpy and numba), numba's causal zeroing, and the views' copy-back
     (SPEC, "        out += np.matmul(", "        out[...] = np.matmul(", f"{TL}::test_backward_accumulates"),
     ("minigpt/backends/numba_ops.py", "NK.zero_future(c.inout(out)", "(c.inout(out)", CAUSAL),
-    ("minigpt/backends/__init__.py", "            np.copyto(x, s)", "            pass",
+    (BK, "            np.copyto(x, s)", "            pass",
         f"{TO}::test_bmm_on_views_matches_float64"),
     # the arguments Ops checks once for every backend (the numba and C kernels trust them)
     (BK, 'check_ids("embedding_backward", idx, V, "token ids")', "pass",

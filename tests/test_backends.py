@@ -1,4 +1,4 @@
-"""The backend interface as code and the choice of backend by dtype (minigpt/backends/__init__.py).
+"""The backend interface as code (minigpt/backends/interface.py) and the choice of backend by dtype (__init__.py).
 
 Ops declares every op, and every backend implements each one; Ops._contiguous hands kernels C-contiguous
 arrays without allocating per call; each backend names the dtypes a model runs on it, "auto" picks the first

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from minigpt import backends
-from minigpt.backends import numpy_ops
+from minigpt.backends import interface, numpy_ops
 
 F32, F64 = np.float32, np.float64
 SPEC = numpy_ops.NumpyOps()                                      # the specification, run in float64
@@ -231,7 +231,7 @@ def test_embedding_backward_fast_matches_reference_and_spec(lib, isas, N, C):
 
 def dropout(lib, prefix, x, p, seed, in_place=False):
     y = x.copy() if in_place else np.full(x.shape, np.nan, F32)
-    keep_from, scale = backends.dropout_keep_from(p), 1.0 / (1.0 - p)
+    keep_from, scale = interface.dropout_keep_from(p), 1.0 / (1.0 - p)
     assert getattr(lib, prefix + "dropout")(x.size, seed, keep_from, scale, y if in_place else x, y) == 0
     return [y]
 

@@ -27,8 +27,8 @@ import os
 
 import numpy as np
 
-from . import (BackendUnavailable, Ops, _check_bf16, check_dropout, check_float32, check_shapes, dropout_keep_from,
-               gemm_dims)
+from . import BackendUnavailable
+from .interface import Ops, _check_bf16, check_dropout, check_float32, check_shapes, dropout_keep_from, gemm_dims
 
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # minigpt/
 _ERRORS = {-1: "bad argument", -2: "out of memory", -3: "could not start a worker thread"}

@@ -16,7 +16,8 @@ import math
 
 import numpy as np
 
-from . import BackendUnavailable, Ops, check_float32, dropout_keep_from
+from . import BackendUnavailable
+from .interface import Ops, check_float32, dropout_keep_from
 from .numpy_ops import product
 
 try:

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from . import Ops, dropout_keep_from, future
+from .interface import Ops, dropout_keep_from, future
 
 GELU_C, GELU_A = math.sqrt(2.0 / math.pi), 0.044715
 
