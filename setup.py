@@ -15,8 +15,10 @@ from setuptools.command.build_ext import build_ext
 # -fno-math-errno: sqrtf need not set errno, so loops that call it vectorize (AdamW in mgk_ops.c); no value changes.
 MGK = Extension("minigpt._mgk",
                 sources=["native/mgk.c", "native/mgk_pool.c", "native/mgk_ops.c", "native/mgk_attention.c"],
-                depends=["native/mgk.h", "native/mgk_gemm_generic.inc", "native/mgk_amx.inc", "native/mgk_small.inc",
-                         "native/mgk_ops.h", "native/mgk_job.h"],
+                depends=["native/mgk.h", "native/mgk_ops.h", "native/mgk_job.h", "native/mgk_avx512.inc",
+                         "native/mgk_avx512bf16.inc", "native/mgk_avx2.inc", "native/mgk_amx_hw.inc",
+                         "native/mgk_amx_emu.inc", "native/mgk_gemm_generic.inc", "native/mgk_amx.inc",
+                         "native/mgk_small.inc"],
                 include_dirs=["native"], extra_compile_args=["-O3", "-pthread", "-std=gnu11", "-fno-math-errno"],
                 extra_link_args=["-pthread"])
 

@@ -1,4 +1,4 @@
-/* mgk_avx512_emu.h: the AVX-512 and AVX512_BF16 intrinsics that mgk.c uses, written as scalar loops over the
+/* mgk_avx512_emu.h: the AVX-512 and AVX512_BF16 intrinsics that mgk.c's paths use, written as scalar loops over the
    lanes of GCC's own vector types, for a test build only (mgk.c with -DMGK_EMULATE_AVX512; see
    tests/test_native_emulated.py). With it, a CPU that has AVX2 but no AVX-512 runs the avx512 and avx512bf16
    paths' packs, masked tails, micro-kernels and k-pairs. Each function follows the instruction's definition in
