@@ -67,7 +67,6 @@ def write_report(cfg, verbose=False):
     check_ranges(cfg, positive=("val_chars", "sample_tokens"), non_negative=("samples", "seed", "threads"))
     check_backend(cfg.backend, getattr(cfg, "given", None))
     typed = load_text(cfg.data) if cfg.data else None    # a typed --data must be readable: checked before any work
-    select_backend(cfg, verbose=verbose)
     ckpt = cfg.ckpt or checkpoint.in_run(cfg.out_dir)
     loaded = checkpoint.load(ckpt)
     checkpoint.ensure_writable(cfg.out_dir)              # where report.html goes: checked before the work
@@ -78,6 +77,7 @@ def write_report(cfg, verbose=False):
     val_text = _validation_text(typed, meta, notes)
     prompt = cfg.prompt or (val_text[:MAX_T] if val_text else "\n")
     ids = _encode(tok, prompt, "--prompt")
+    select_backend(cfg, verbose=verbose)                 # its "backend" line: once every setting has passed
     bs = model.config.block_size
     keep = min(MAX_T, bs)                                # the maps and the lens draw T x T per head
     context = ids[-bs:]                                  # what the sampler reads after the prompt (section 6)

@@ -238,7 +238,7 @@ def _apply_pretrained(cfg, given):
 
 def _build(cfg, ckpt, world):
     threads = cfg.threads or (None if world.size == 1 else max(1, backends.cpus() // world.local_size))
-    select_backend(cfg, verbose=world.root, threads=threads)
+    select_backend(cfg, verbose=False, threads=threads)     # a --backend that cannot run here: an error first
     text = load_text(cfg.data)
     if cfg.init_from and not ckpt:                         # a new fine-tune: GPT-2's shape, weights and tokenizer
         gpt2_config, gpt2_params, tok = gpt2.load_gpt2(cfg.init_from, cfg.block_size)
@@ -257,6 +257,7 @@ def _build(cfg, ckpt, world):
     run = Run(cfg, tok, data, model, opt, world)
     if ckpt:
         restore(run, ckpt)
+    select_backend(cfg, verbose=world.root, threads=threads)     # says which runs, once every setting has passed
     ranks = f", {world.size} ranks x {backends.threads()} threads" if world.size > 1 else ""
     bf16 = ", bf16 products" if model.bf16 else ""
     say(f"model: {model.num_params():,} parameters, vocab {tok.vocab_size}, "

@@ -19,6 +19,8 @@ import signal
 import sys
 import time
 
+import numpy as np
+
 from . import checkpoint, distributed
 from .config import UserError, parse_args, run_command
 from .evaluate import estimate_loss, whole_split_loss
@@ -56,7 +58,9 @@ def train(cfg, given=None, fetch=None):
     on --resume only the model's shape and tokenizer come from the checkpoint, every other setting is cfg's.
     fetch(path), if given, is called when the data file is missing (the script's download)."""
     try:
-        return loop(setup(cfg, given, fetch))
+        run = setup(cfg, given, fetch)
+        with np.errstate(over="ignore", invalid="ignore"):  # a run that diverges says so once (Diverged below), not
+            return loop(run)                                # in a warning of numpy's (numpy backend) per overflow
     except MemoryError as e:                   # past run._check_memory's estimate: one line, not a traceback
         raise OutOfMemory(f"out of memory ({e}); lower --batch_size, --block_size, --n_embd or --n_layer") from None
 

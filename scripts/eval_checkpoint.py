@@ -59,13 +59,13 @@ def main(argv):
         if not a.data and not os.path.isfile(text):
             raise UserError(f"the run's training text {text!r} (its --data, from the checkpoint) is not here; "
                             "pass --data PATH")
-        select_backend(a)
         model, tok = load_model(path, loaded)
         model.bf16 = a.dtype == "bf16"
         if a.context > model.config.block_size:
             raise UserError(f"--context {a.context} is longer than the model's block_size {model.config.block_size}, "
                             "the positions it learned: pass at most that, or 0 for all of it")
         data = Dataset(load_text(text), tok, model.config.block_size, source=text, fixed_block=True)
+        select_backend(a)                                   # its "backend" line: once every setting has passed
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -27,9 +27,13 @@ def sample_cli(*args):
                           capture_output=True, text=True, timeout=60)
 
 
-def assert_clear_error(r, *needles, code=2):
+def assert_clear_error(r, *needles, code=2, started=False):
+    """r failed with one line on stderr, holding every needle. started: the command got as far as its work (a run
+    that diverged), so the line naming its backend comes first; before that, the error is the only line."""
     assert r.returncode == code, (r.returncode, r.stdout[-500:], r.stderr[-2000:])
     assert "Traceback" not in r.stderr and "usage:" not in r.stderr, r.stderr    # our message, not argparse's
+    lines = r.stderr.splitlines()
+    assert len([x for x in lines if not (started and x.startswith("minigpt: backend"))]) == 1, r.stderr
     for n in needles:
         assert n in r.stderr, (n, r.stderr)
 
@@ -153,6 +157,7 @@ def test_sample_range_checks_name_the_setting(trained, args, needle):
     (["--draws", "-1"], "error: --draws must be zero or more, got -1"),
     (["--context", "-3"], "error: --context must be zero or more, got -3"),
     (["--context", "17"], "--context 17 is longer than the model's block_size 16, the positions it learned"),
+    (["--context", "17", "--backend", "auto"], "--context 17 is longer"),     # auto says what it chose: not here
     (["--splits", "val,test"], "--splits 'val,test': name train, val or both"),
 ])
 def test_eval_checkpoint_bad_settings(trained, args, needle):
@@ -590,7 +595,8 @@ def test_divergence_stops_with_message_and_keeps_checkpoint(tmp_path, text):
     out = tmp_path / "run"
     r = train_cli("--data", str(text), "--out_dir", str(out), "--lr=1e9", "--warmup_iters=0", "--grad_clip=0",
                   "--max_iters=200", "--eval_interval=1")
-    assert_clear_error(r, "non-finite", "at iter", "last finite loss", "ckpt_last.npz", "--resume", code=3)
+    assert_clear_error(r, "non-finite", "at iter", "last finite loss", "ckpt_last.npz", "--resume", code=3,
+                       started=True)
     meta, params, _ = checkpoint.load(str(out / "ckpt_last.npz"))
     assert all(np.isfinite(p).all() for p in params.values())
 
