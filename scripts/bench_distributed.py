@@ -157,8 +157,10 @@ def write_report(a, results, sizes, allreduce, exact):
           " on 2 ranks here, and with every core computing there is no idle one to move the bytes meanwhile. "
           "Across machines it is worth doing where t_ar below approaches t_c.", "",
           "## Bytes allreduced per step", "",
-          "One Allreduce per step (not per micro-batch) of one float32 buffer: every gradient plus two slots (the "
-          "loss and whether a rank got a signal).", "",
+          "Per step (not per micro-batch) the ranks sum their gradients in one Allreduce of one float32 buffer, "
+          "then, in a second one, two numbers (the loss and whether a rank got a signal). The table times one "
+          "buffer of the gradients plus two slots: the second call's own latency (a few microseconds on one "
+          "machine) is not in it.", "",
           "| config | parameters | bytes per step | Allreduce on 2 local ranks (shared memory) |", "|---|---:|---:|---:|"]
     for name in CONFIGS:
         L.append(f"| {name} | {sizes[name] - 2:,} | {4 * sizes[name]:,} ({4 * sizes[name] / 2 ** 20:.1f} MiB) | "
