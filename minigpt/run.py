@@ -123,10 +123,10 @@ def _log_path(cfg):
 # setup: settings, backend, out_dir, data, model, optimizer
 
 def setup(cfg, given=None, fetch=None):
-    """Check cfg, select the backend, make out_dir and build the Run (see train() for given and fetch); only
-    then, with every setting checked, does a new run clear an old one's files from out_dir (_tidy). Under
-    mpiexec rank 0 alone reads the checkpoint, makes out_dir, downloads and tidies; every rank builds the rest.
-    An out_dir this call made is removed again, if still empty, when a setting turns out wrong (or on Ctrl-C)."""
+    """Check cfg, select the backend, make out_dir and build the Run (see minigpt/train.py's train() for given
+    and fetch); only then, with every setting checked, does a new run clear an old one's files from out_dir
+    (_tidy). Under mpiexec rank 0 alone reads the checkpoint, makes out_dir, downloads and tidies; every rank
+    builds the rest. An out_dir this call made is removed again, if still empty, when a setting turns out wrong (or on Ctrl-C)."""
     world = distributed.world()
     made = world.root and not os.path.exists(cfg.out_dir)
     try:
@@ -191,8 +191,9 @@ def _partial_files(cfg):
 
 def _start_over(cfg):
     """A new run (no --resume) in an out_dir that holds another (its log, last checkpoint or snapshots): the old
-    log, snapshots, report and loss curve go, as its checkpoints are replaced, so that what the directory shows
-    is this run's alone (also when this run makes no report or plot, or stops before it does). An out_dir that
+    log, snapshots, checkpoints, report and loss curve go, so that what the directory shows is this run's alone
+    (also when this run makes no report or plot, or stops before its first checkpoint: --resume must not continue
+    the old run under the new one's log). An out_dir that
     holds no run keeps every file: a report.html or a PNG there is someone else's."""
     out_dir = cfg.out_dir
     log = _log_path(cfg)
@@ -204,7 +205,7 @@ def _start_over(cfg):
         "snapshots, report, loss curve and checkpoints; --resume would have continued it")
     made = [os.path.join(out_dir, "report.html"), os.path.join(out_dir, "loss_curve.png"),   # the report, the
             cfg.plot_path() or ""]                                  # default --plot, this run's
-    for path in [log] + made:
+    for path in [log, _last_path(cfg), _best_path(cfg)] + made:
         if os.path.isfile(path) and not _same_file(path, cfg.data):    # never the text it trains on
             os.remove(path)
 

@@ -61,7 +61,7 @@ def train(cfg, given=None, fetch=None):
         run = setup(cfg, given, fetch)
         with np.errstate(over="ignore", invalid="ignore"):  # a run that diverges says so once (Diverged below), not
             return loop(run)                                # in a warning of numpy's (numpy backend) per overflow
-    except MemoryError as e:                   # past run._check_memory's estimate: one line, not a traceback
+    except MemoryError as e:                   # past run.py's _check_memory estimate: one line, not a traceback
         raise OutOfMemory(f"out of memory ({e}); lower --batch_size, --block_size, --n_embd or --n_layer") from None
 
 

@@ -4,7 +4,7 @@
    ..., and runs one item's products and softmax back to back, so its probabilities, and the backward's d(scores) in
    the thread's own scratch, stay in L2 between them. Every product is the batched products' own block of the item
    (mgk_item_block, lent by mgk.c through mgk_job.h) and the softmax mgk_ops.c's (mgk_softmax_item): the same bits
-   as the ops called one by one (minigpt/backends/__init__.py's Ops.attention, the composition). The two products
+   as the ops called one by one (minigpt/backends/interface.py's Ops.attention, the composition). The two products
    into T x T (scores, d(scores)) leave the entries past the diagonal as their tiles left them, unlike the batched
    products, which zero them: the softmax after each writes every column, those with 0. Under dropout the
    item's probabilities are multiplied by its mask there too, the mask drawn from the seed as they are (attd, in

@@ -614,7 +614,7 @@ def test_checkpoints_from_before_the_speedrun_options_still_resume(tmp_path):
 
 def test_a_new_run_in_a_used_out_dir_replaces_the_old_runs_log_and_snapshots(tmp_path, capsys):
     """Without --resume, a run in an out_dir that holds another starts over there: its log and snapshots are
-    its own (the old run's go, as its checkpoints are replaced), and it says so."""
+    its own (the old run's go, its checkpoints too), and it says so."""
     first = train(tiny_cfg(tmp_path, max_iters=12, eval_interval=4, snapshots=3))
     assert checkpoint.snapshot_iters(str(tmp_path / "out")) == [0, 8, 12]
     capsys.readouterr()
@@ -627,6 +627,9 @@ def test_a_new_run_in_a_used_out_dir_replaces_the_old_runs_log_and_snapshots(tmp
         (tmp_path / "out" / name).write_text("the old run's")       # too, though this run (--plot '') makes none
     train(tiny_cfg(tmp_path, max_iters=2, eval_interval=2))
     assert sorted(os.listdir(tmp_path / "out")) == ["ckpt_best.npz", "ckpt_last.npz", "log.jsonl", "snapshots"]
+    from minigpt.run import _start_over                              # a new run stopped before its first
+    _start_over(tiny_cfg(tmp_path))                                  # checkpoint leaves no old one to --resume
+    assert sorted(os.listdir(tmp_path / "out")) == ["snapshots"]
 
 
 def test_a_new_run_in_a_directory_without_a_run_deletes_nothing(tmp_path, capsys):

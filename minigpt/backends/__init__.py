@@ -1,4 +1,4 @@
-"""The backend interface: the fixed set of ops a training step needs, and the one place that chooses who runs them.
+"""The backends: the one place that chooses who runs the ops a training step needs (declared in interface.py).
 
 Every layer calls `ops.<op>(...)` (ops forwards to the selected backend) and never asks which backend it is:
   numpy  - numpy_ops.py: the executable specification in plain NumPy; float32 and float64 (gradient tests)
