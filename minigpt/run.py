@@ -126,7 +126,8 @@ def setup(cfg, given=None, fetch=None):
     """Check cfg, select the backend, make out_dir and build the Run (see minigpt/train.py's train() for given
     and fetch); only then, with every setting checked, does a new run clear an old one's files from out_dir
     (_tidy). Under mpiexec rank 0 alone reads the checkpoint, makes out_dir, downloads and tidies; every rank
-    builds the rest. An out_dir this call made is removed again, if still empty, when a setting turns out wrong (or on Ctrl-C)."""
+    builds the rest. An out_dir this call made is removed again, if still empty, when a setting turns out wrong
+    (or on Ctrl-C)."""
     world = distributed.world()
     made = world.root and not os.path.exists(cfg.out_dir)
     try:
