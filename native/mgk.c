@@ -1,4 +1,6 @@
-/* mgk.c: float32 GEMM for minigpt, C = op(A) @ op(B) + beta*C, row-major (API in mgk.h).
+/* mgk.c: float32 GEMM for minigpt, C = op(A) @ op(B) + beta*C, row-major (API in mgk.h). This file holds the
+   shared pack and causal helpers, bf16 rounding, the scalar reference, the generic instance, the path table,
+   threading, the choice of path and the API; each ISA's code is in the .inc files it includes.
    The plain scalar loops (mgk_sgemm_ref) are the reference. The fast paths pack op(A) into MR-row panels and
    op(B) into NR-column panels (transposes happen while packing, so ta/tb cost no copies of the caller's arrays),
    then run a register-blocked micro-kernel; tails are zero-padded in the packs, so every shape takes them.
@@ -38,7 +40,7 @@
 #include "mgk.h"
 #include "mgk_job.h"   /* job_t, and what this file lends the fused attention (mgk_attention.c) */
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(MGK_NO_SIMD)
-#include <immintrin.h>     /* each intrinsic carries its own target attribute; used only under the pragmas below */
+#include <immintrin.h>     /* each intrinsic carries its own target attribute: used only under target pragmas */
 #ifdef MGK_EMULATE_AVX512  /* the test build (tests/test_native_emulated.py): AVX-512 intrinsics as scalar lanes */
 #include "mgk_avx512_emu.h"
 #endif
@@ -300,7 +302,8 @@ int mgk_bgemm_ref(int ta, int tb, int M, int N, int K, const float *A, int lda, 
 #endif
 
 /* ----------------------------------------------------------------------------
-   packing. The 8x8 transposes of the AVX-512 and AVX2 packs, in place, up to their 128-bit halves: r[i] = row
+   8x8 register transposes shared by the ISA files' packs (AVX-512's, AVX2's tr6x8, avx512bf16's pair_rows8,
+   amx's TRANSPOSE8), in place, up to their 128-bit halves: r[i] = row
    i -> r[c] holds rows 0-3 of column c in its low half and of column c+4 in its high half, r[4+c] rows 4-7 (c < 4) */
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")

@@ -3,9 +3,9 @@
    tests/test_native_emulated.py). With it, a CPU that has AVX2 but no AVX-512 runs the avx512 and avx512bf16
    paths' packs, masked tails, micro-kernels and k-pairs. Each function follows the instruction's definition in
    Intel's SDM (reduce_add, a sequence rather than one instruction, adds the lanes in order: GCC's adds halves, so
-   the same value up to summation order); the regions of mgk.c that call them then compile for AVX2+FMA, so
+   the same value up to summation order); the regions of mgk_avx512*.inc that call them then compile for AVX2+FMA, so
    fmadd below is one vfmadd per lane, as a zmm FMA lane is (the same rounding and the same MXCSR flush-to-zero).
-   Included after <immintrin.h>: the macros at the end send mgk.c's calls here, and the types stay GCC's. */
+   Included after <immintrin.h>: the macros at the end send those files' calls here, and the types stay GCC's. */
 #ifndef MGK_AVX512_EMU_H
 #define MGK_AVX512_EMU_H
 #include <stdint.h>
