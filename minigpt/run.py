@@ -102,9 +102,15 @@ class Run:
         over the lr_decay_iters iterations of the schedule (so warmup and decay fit the budget on any machine)."""
         return it if not self.cfg.max_time else self.cfg.lr_decay_iters * self.elapsed / self.cfg.max_time
 
-    def stopping(self):
-        """A signal asks to stop: in one process, as soon as it arrives; under mpiexec, once the ranks agree."""
-        return self.stop_agreed if self.world.size > 1 else self.stop.signal is not None
+    def stopping(self, ask=False):
+        """A signal asks to stop: in one process, as soon as it arrives; under mpiexec, once the ranks agree,
+        which they do in sync() or, with ask=True, in an Allreduce of their own (after the final evaluation,
+        which no step's sync follows)."""
+        if self.world.size == 1:
+            return self.stop.signal is not None
+        if ask:
+            self.stop_agreed = self.world.allreduce(np.array([self.stop.signal is not None], float))[0] > 0
+        return self.stop_agreed
 
 
 def _last_path(cfg):

@@ -89,7 +89,7 @@ def loop(run):
             lr = get_lr(run.schedule(it), cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters, cfg.cooldown)
             if it % cfg.eval_interval == 0 or last:
                 losses = evaluate_and_checkpoint(run, it, log, final=last)
-            if last and run.stopping():                      # a signal during the final evaluation: saved
+            if last and run.stopping(ask=True):              # a signal during the final evaluation: saved
                 name = stop.signal or "a signal to another rank"
                 say(f"\n{name} during the final evaluation: saved {run.last_path} at iter {it}, the run's end")
                 return {"iter": it, "interrupted": name, "best_val": run.best_val}

@@ -161,6 +161,26 @@ def test_sigint_saves_once_and_resume_continues_exactly_then_with_one_process(tm
 
 
 @needs_mpi
+def test_a_signal_to_one_rank_during_the_final_evaluation_stops_every_rank(tmp_path):
+    """No step's Allreduce follows the final evaluation, so the ranks agree on a signal that arrived during it in
+    one of their own: every rank stops there, rank 0 says so, and the job's status is 130."""
+    write_text(tmp_path / "text.txt", n_chars=20000)
+    code = ("import os, signal, sys; from minigpt import distributed; import minigpt.train as T\n"
+            "whole = T.whole_split_loss\n"
+            "def ctrl_c(*a, **k):\n"
+            "    if distributed.world().rank == 1: os.kill(os.getpid(), signal.SIGINT)\n"
+            "    return whole(*a, **k)\n"
+            "T.whole_split_loss = ctrl_c\n"
+            f"sys.exit(T.main(['--data', {str(tmp_path / 'text.txt')!r}, '--out_dir', {str(tmp_path / 'out')!r}, "
+            "'--max_iters=4', '--eval_interval=2', *" + repr(MODEL[:4] + MODEL[6:]) + "]))")
+    r = subprocess.run([distributed.find_mpiexec(), "-n", "2", sys.executable, "-c", code], cwd=ROOT,
+                       env=_env(PYTHONPATH=ROOT), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 130, (r.stdout, r.stderr)
+    assert r.stdout.count("a signal to another rank during the final evaluation") == 1, r.stdout
+    assert checkpoint.load(str(tmp_path / "out" / "ckpt_last.npz"))[0]["iter"] == 4
+
+
+@needs_mpi
 def test_two_ranks_with_a_time_budget_muon_and_bpe(tmp_path, text):
     """The paths with collectives of their own: rank 0's clock for --max_time, BPE trained on every rank."""
     out = tmp_path / "run"
