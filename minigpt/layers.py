@@ -17,7 +17,9 @@ from .backends import ops
 
 
 def flat(a):
-    """(B, T, C) -> (B*T, C), a view of a contiguous array: products and row ops see a 2-D matrix."""
+    """(B, T, C) -> (B*T, C), a view of a contiguous array: products and row ops see a 2-D matrix. (A strided
+    array would reshape into a copy, and an out= written into a copy is lost: hence the assert.)"""
+    assert a.flags.c_contiguous, f"flat() of a strided {a.shape} array would copy it"
     return a.reshape(-1, a.shape[-1])
 
 

@@ -297,3 +297,10 @@ def test_backward_accumulates(rng):
     L.linear_backward(dx, dw, db, dy, x, w)
     np.testing.assert_allclose(dw, 2 * once)
     np.testing.assert_allclose(db, 2 * once_b)
+
+
+def test_flat_is_a_view_and_refuses_a_strided_array():
+    a = np.zeros((2, 3, 4))
+    assert np.shares_memory(L.flat(a), a) and L.flat(a).shape == (6, 4)
+    with pytest.raises(AssertionError, match="strided"):         # its reshape would copy: an out= would be lost
+        L.flat(a[:, ::2])
