@@ -234,6 +234,15 @@ static int n_threads;                  /* 0 = not set yet -> number of online CP
 static pthread_mutex_t call_mu = PTHREAD_MUTEX_INITIALIZER;  /* one GEMM (or fused attention: mgk_call_lock) at a time:
                                                                 buffers are per thread id */
 
+/* the child of a fork() has only the thread that forked: call_mu, held by another thread of the parent that was
+   inside a product, starts free there (as the pool's locks do: mgk_pool.c) */
+static void free_call_mu_after_fork(void)
+{
+    pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
+    call_mu = m;
+}
+__attribute__((constructor)) static void at_load(void) { pthread_atfork(NULL, NULL, free_call_mu_after_fork); }
+
 static int bad_args(int ta, int tb, int M, int N, int K, const void *A, int lda, const void *B, int ldb,
                     const void *C, int ldc)
 {
@@ -340,15 +349,6 @@ static inline __attribute__((always_inline)) void tr8x8(const float *src, long l
 #include "mgk_avx2.inc"       /* AVX2+FMA: mgk_gemm_generic.inc on ymm, the few-rows product */
 
 #include "mgk_amx_hw.inc"     /* amx: mgk_amx.inc on the CPU's tiles */
-
-/* the few-rows path of the ISA that runs (AVX-512 or AVX2; generic has none: choose_path() keeps packing there) */
-static void small_any(const job_t *g, const float *A, const float *B, float *C, int n0, int n1)
-{
-    if (mgk_isa() >= MGK_ISA_AVX512)
-        small_block_avx512(g, A, B, C, n0, n1);
-    else
-        small_block_avx2(g, A, B, C, n0, n1);
-}
 #endif
 
 #define GV(name) name##_generic
@@ -367,6 +367,7 @@ static void small_any(const job_t *g, const float *A, const float *B, float *C, 
 
 typedef void block_fn(const job_t *g, const float *A, const float *B, float *C, int m0, int m1, int n0, int n1,
                       float *ap, float *bp);
+typedef void small_fn(const job_t *g, const float *A, const float *B, float *C, int n0, int n1);
 typedef void peak_fn(void *arg, int tid, int nt);
 struct isa_gemm {
     const char *name;
@@ -374,20 +375,23 @@ struct isa_gemm {
     int bf16_mr, bf16_nr;      /* ... of bf16 products (amx: 32 x 32) */
     block_fn *block;           /* float32 products */
     block_fn *bf16_block;      /* bf16 products (mgk_bgemm*) */
+    small_fn *small;           /* the few-rows product, unpacked (mgk_small.inc); NULL: packed blocks always */
     peak_fn *peak, *bf16_peak;
     int peak_flops;            /* flops of one iteration of the peak loop: 2 x chains x floats per vector */
     int bf16_peak_flops;       /* ... of the bf16 peak loop (0: bf16 products run on the fp32 FMAs) */
 };
 static const struct isa_gemm ISA_GEMM[] = {
-    {"generic", 4, 16, 4, 16, gemm_block_generic, gemm_block_generic, peak_job_generic, NULL, 2 * 12 * 4, 0},
+    {"generic", 4, 16, 4, 16, gemm_block_generic, gemm_block_generic, NULL, peak_job_generic, NULL, 2 * 12 * 4, 0},
 #ifdef MGK_X86
-    {"avx2", AVX2_MR, AVX2_NR, AVX2_MR, AVX2_NR, gemm_block_avx2, gemm_block_avx2, peak_job_avx2, NULL, 2 * 12 * 8, 0},
-    {"avx512", MR, NR, MR, NR, gemm_block, gemm_block, peak_job, NULL, 2 * 16 * 16, 0},
+    {"avx2", AVX2_MR, AVX2_NR, AVX2_MR, AVX2_NR, gemm_block_avx2, gemm_block_avx2, small_block_avx2, peak_job_avx2, NULL,
+     2 * 12 * 8, 0},
+    {"avx512", MR, NR, MR, NR, gemm_block, gemm_block, small_block_avx512, peak_job, NULL, 2 * 16 * 16, 0},
 #ifdef MGK_BF16
-    {"avx512bf16", MR, NR, MR, NR, gemm_block, gemm_block_dp, peak_job, peak_job_dp, 2 * 16 * 16, 2 * 16 * 32},
+    {"avx512bf16", MR, NR, MR, NR, gemm_block, gemm_block_dp, small_block_avx512, peak_job, peak_job_dp, 2 * 16 * 16,
+     2 * 16 * 32},
 #endif
 #ifdef MGK_AMX
-    {"amx", MR, NR, 32, 32, gemm_block, gemm_block_amx_amx, peak_job, peak_job_amx, 2 * 16 * 16,
+    {"amx", MR, NR, 32, 32, gemm_block, gemm_block_amx_amx, small_block_avx512, peak_job, peak_job_amx, 2 * 16 * 16,
      4 * 2 * 16 * 16 * 32 / 8},
 #endif
 #endif
@@ -396,7 +400,7 @@ static const struct isa_gemm ISA_GEMM[] = {
 /* mgk_emulate_amx(1): bf16 products on the amx path's code with the tiles emulated (its thread grid, no few-rows
    path; choose_path() keeps fp32 products on the path in use, so the entry's fp32 fields are never used) */
 static const struct isa_gemm AMX_EMULATED = {"amx (emulated tiles)", 4, 16, 32, 32, gemm_block_generic,
-                                             gemm_block_amx_amxemu, peak_job_generic, NULL, 2 * 12 * 4, 0};
+                                             gemm_block_amx_amxemu, NULL, peak_job_generic, NULL, 2 * 12 * 4, 0};
 static int amx_emulation;
 
 /* the unit of the thread grid: a block edge between threads falls on a micro-tile edge */
@@ -428,29 +432,25 @@ static void zero_future(const job_t *g, float *C, int m0, int m1, int n0, int n1
    product's future is left as the tiles wrote it (mgk_job.h) */
 void mgk_item_block(const job_t *g, const float *A, const float *B, float *C, int m0, int m1, int n0, int n1, int tid)
 {
-#ifdef MGK_X86
     if (g->small)
-        small_any(g, A, B, C, n0, n1);       /* all rows; no causal skipping there */
+        g->isa->small(g, A, B, C, n0, n1);   /* all rows; no causal skipping there */
     else
-#endif
-    (g->bf16 ? g->isa->bf16_block : g->isa->block)(g, A, B, C, m0, m1, n0, n1, bufs[tid][0], bufs[tid][1]);
+        (g->bf16 ? g->isa->bf16_block : g->isa->block)(g, A, B, C, m0, m1, n0, n1, bufs[tid][0], bufs[tid][1]);
 }
 
 static void run_job(void *arg, int tid, int nt)
 {
     job_t *g = arg;
     if (!bufs[tid][0]) return;
-#ifdef MGK_X86
     if (g->ksplit) {                                       /* one product, rows k0..k1 of B into this thread's sum */
         job_t h = *g;
         int k0, k1;
         split(g->K, 16, nt, tid, &k0, &k1);
         h.K = k1 > k0 ? k1 - k0 : 0;
         if (tid > 0) { h.C = bufs[tid][1]; h.ldc = g->N; h.beta = 0.0f; }   /* added into C by run() */
-        small_any(&h, g->A + (long)k0 * (g->ta ? g->lda : 1), g->B + (long)k0 * g->ldb, h.C, 0, g->N);
+        g->isa->small(&h, g->A + (long)k0 * (g->ta ? g->lda : 1), g->B + (long)k0 * g->ldb, h.C, 0, g->N);
         return;
     }
-#endif
     for (int l = 0; l < g->L; l++) {
         int m0 = 0, m1 = g->M, n0 = 0, n1 = g->N;
         if (g->pm == 0) {                                  /* batch split: items tid, tid+nt, ... */
@@ -610,7 +610,7 @@ static int plan(job_t *g)
 static void choose_path(job_t *g)
 {
     g->isa = amx_emulation && g->bf16 ? &AMX_EMULATED : &ISA_GEMM[mgk_isa()];
-    g->small = g->small && mgk_isa() >= MGK_ISA_AVX2 && g->isa != &AMX_EMULATED;
+    g->small = g->small && g->isa->small != NULL;         /* the job's own path, read once: not mgk_isa() again */
 }
 
 /* the pack buffers of threads 0..nt-1 (under call_mu), allocated on first use (mgk_job.h) */

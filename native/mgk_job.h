@@ -19,7 +19,7 @@ typedef struct {
     int L2;                      /* inner batch size: item l is (l / L2, l % L2), e.g. (batch, head) */
     long long sA2, sB2, sC2;     /* strides of the inner index l % L2 */
     int pm, pn;    /* thread grid over (M, N); pm*pn == threads, or 0 when threads split the batch */
-    int small;     /* AVX-512 or AVX2, few rows, A not transposed with B: the unpacked path (small_any) */
+    int small;     /* AVX-512 or AVX2, few rows, A not transposed with B: the unpacked path (isa->small) */
     int ksplit;    /* small, one product, op(B) = B: threads split K, each its own partial sum (see run) */
     int bf16;      /* round both operands to bfloat16 while packing, or reading on the few rows path (mgk_bgemm*) */
     int causal, start;   /* 0, or MGK_CAUSAL_OUT / MGK_CAUSAL_A with the diagonal's offset (mgk_gemm_causal) */

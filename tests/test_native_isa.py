@@ -200,3 +200,41 @@ def test_gpt_step_every_path_matches_numpy():
                 np.testing.assert_allclose(got[k], g, rtol=1e-3, atol=1e-4 * np.abs(g).max(), err_msg=f"{isa} {k}")
     finally:
         native._lib().mgk_set_isa(saved)
+
+
+def test_a_forked_child_runs_products_while_a_parent_thread_is_in_one():
+    """fork() copies the library's call lock as it is: held, when another of the parent's threads is inside a
+    product (here one thread runs them back to back, so a fork nearly always lands inside one). The child has no
+    such thread, so the lock must start free there, or the child's first product waits forever."""
+    import os
+    import signal
+    import threading
+    import time
+    backends.select("native", verbose=False)
+    big = np.ones((1024, 1024), np.float32)
+    a = np.random.default_rng(0).standard_normal((64, 48)).astype(np.float32)
+    done, started = threading.Event(), threading.Event()
+
+    def products():
+        while not done.is_set():
+            backends.ops.matmul(big, big)
+            started.set()
+    worker = threading.Thread(target=products)
+    worker.start()
+    try:
+        started.wait(30)
+        pid = os.fork()
+        if pid == 0:                                      # the child: one product, then out (no pytest teardown)
+            ok = np.allclose(backends.ops.matmul(a, a.T), a.astype(np.float64) @ a.T, atol=1e-3)
+            os._exit(0 if ok else 1)
+        t0 = time.time()
+        while (status := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.time() - t0 < 10:
+            time.sleep(0.01)
+        if status[0] == 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    finally:
+        done.set()
+        worker.join()
+    assert status[0] == pid, "the child's product waited for a lock that no thread of its own held"
+    assert os.waitstatus_to_exitcode(status[1]) == 0
