@@ -145,11 +145,11 @@ static inline void causal_k(const job_t *g, int i0, int mr, int pc, int kc, int 
     *k1 = kc;
     if (g->causal != MGK_CAUSAL_A) return;
     if (g->ta) {                                          /* op(A)[i, k] = A[k, i]: zero for k < i - start */
-        int lo = i0 - g->start - pc;
-        *k0 = lo <= 0 ? 0 : lo < kc ? lo & ~1 : kc;
+        long long lo = (long long)i0 - g->start - pc;     /* long long: start may be any int */
+        *k0 = lo <= 0 ? 0 : lo < kc ? (int)lo & ~1 : kc;
     } else {                                              /* op(A)[i, k] = A[i, k]: zero for k > i + start */
-        int hi = i0 + mr + g->start - pc;
-        *k1 = hi <= 0 ? 0 : hi + 1 < kc ? (hi + 1) & ~1 : kc;
+        long long hi = (long long)i0 + mr + g->start - pc;
+        *k1 = hi <= 0 ? 0 : hi + 1 < kc ? (int)(hi + 1) & ~1 : kc;
     }
 }
 
@@ -157,7 +157,7 @@ static inline void causal_k(const job_t *g, int i0, int mr, int pc, int kc, int 
    product zeroes them after the product, by zero_future; the fused attention's softmax writes them) */
 static inline int causal_past(const job_t *g, int i0, int mr, int j0)
 {
-    return g->causal == MGK_CAUSAL_OUT && j0 > i0 + mr - 1 + g->start;
+    return g->causal == MGK_CAUSAL_OUT && j0 > (long long)i0 + mr - 1 + g->start;
 }
 
 /* causal_k for amx's tiles: k0 down and k1 up to multiples of 32 (k1 at most kc rounded up to 32); empty stays
@@ -383,8 +383,8 @@ struct isa_gemm {
 static const struct isa_gemm ISA_GEMM[] = {
     {"generic", 4, 16, 4, 16, gemm_block_generic, gemm_block_generic, NULL, peak_job_generic, NULL, 2 * 12 * 4, 0},
 #ifdef MGK_X86
-    {"avx2", AVX2_MR, AVX2_NR, AVX2_MR, AVX2_NR, gemm_block_avx2, gemm_block_avx2, small_block_avx2, peak_job_avx2, NULL,
-     2 * 12 * 8, 0},
+    {"avx2", AVX2_MR, AVX2_NR, AVX2_MR, AVX2_NR, gemm_block_avx2, gemm_block_avx2, small_block_avx2, peak_job_avx2,
+     NULL, 2 * 12 * 8, 0},
     {"avx512", MR, NR, MR, NR, gemm_block, gemm_block, small_block_avx512, peak_job, NULL, 2 * 16 * 16, 0},
 #ifdef MGK_BF16
     {"avx512bf16", MR, NR, MR, NR, gemm_block, gemm_block_dp, small_block_avx512, peak_job, peak_job_dp, 2 * 16 * 16,

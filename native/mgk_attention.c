@@ -165,8 +165,8 @@ int mgk_attention_fwd(int bf16, int L1, int L2, int T, int Tk, int hs, int start
                       float *y, int ldy, long long sy1, long long sy2,
                       int drop, unsigned long long seed, unsigned int keep_from, float drop_scale)
 {
-    if (L1 < 0 || L2 < 1 || (long long)L1 * L2 > 0x7fffffff || T < 0 || hs < 1 || start < 0 || Tk < start + T ||
-        (drop && too_many(L1 * L2, T, Tk)))
+    if (L1 < 0 || L2 < 1 || (long long)L1 * L2 > 0x7fffffff || T < 0 || hs < 1 || start < 0 ||
+        Tk < (long long)start + T || (drop && too_many(L1 * L2, T, Tk)))
         return MGK_EBADARG;
     attn_t a = {.L = L1 * L2, .L2 = L2, .T = T, .Tk = Tk, .scale = scale, .start = start,
                 .q = VIEW(q), .k = VIEW(k), .v = VIEW(v), .att = VIEW(att), .y = VIEW(y), .drop = drop != 0,

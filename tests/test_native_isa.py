@@ -136,6 +136,18 @@ def test_causal_products_every_path(path):
         close(got, want, a.shape[-2] if ta else a.shape[-1])
 
 
+
+@pytest.mark.parametrize("start", [37, 2 ** 31 - 10])
+def test_a_causal_product_with_a_start_past_every_column_masks_nothing_every_path(path, start):
+    """causal="a" with start past A's last column: no entry of A is in the future, so the product is the plain one,
+    however large start is (the k range start + row is counted past the int range)."""
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((2, 40, 36)).astype(np.float32), rng.standard_normal((2, 40, 24)).astype(np.float32)
+    for ta in (False, True):
+        a64 = a.astype(np.float64)
+        close(path.bmm(a, b[:, :36] if not ta else b, ta=ta, causal="a", start=start),
+              (a64.swapaxes(-1, -2) if ta else a64) @ (b[:, :36] if not ta else b), 40 if ta else 36)
+
 @pytest.mark.parametrize("bf16", [False, True])
 def test_fused_attention_is_the_composed_ops_every_path(path, bf16):
     """mgk_attention_fwd/bwd give the bits of the products and softmaxes they fuse (helpers.check_fused_attention),
