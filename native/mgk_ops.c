@@ -1,9 +1,9 @@
 /* mgk_ops.c: the non-matmul ops of a training step (API in mgk_ops.h; semantics: minigpt/backends/numpy_ops.py):
    LayerNorm, bias + GELU, causal softmax and softmax cross-entropy (forward and backward each), AdamW, the
-   embedding scatter-add and dropout, float32. Each op has a plain scalar reference, mgk_ref_<op> (simple
-   loops and libm: the algorithmic reference), and a fast path, mgk_<op>: ONE C body per op, compiled three times
-   (no target: any x86-64 or other CPU; AVX2+FMA; AVX-512) and picked at run time by mgk_isa(), so the file needs
-   no -march flag.
+   embedding scatter-add and dropout, float32. Each op has a fast path, mgk_<op>: ONE C body per op, compiled three
+   times (no target: any x86-64 or other CPU; AVX2+FMA; AVX-512) and picked at run time by mgk_isa(), so the file
+   needs no -march flag. Right after it comes its scalar reference, mgk_ref_<op>: numpy_ops.py's formula in plain
+   loops, one thread, libm, sums in index order (the algorithmic reference the tests hold the fast path to).
    The bodies are plain loops for the auto-vectorizer (no -ffast-math): exp is an inline polynomial instead of a
    libm call, and row sums and maxima run in 16 independent lanes (GNU vectors of 4 floats) folded in a fixed
    order. FMA contraction is off in this file, so the three paths give the same bits; rows (or, for the parameter
@@ -310,6 +310,22 @@ int mgk_layernorm_fwd(long long N, int C, const float *x, const float *w, const 
     return MGK_OK;
 }
 
+int mgk_ref_layernorm_fwd(long long N, int C, const float *x, const float *w, const float *b, double eps,
+                          float *y, float *mean, float *rstd)
+{
+    if (N < 0 || C < 0 || (N && C && (!x || !w || !y)) || (N && (!mean || !rstd))) return MGK_EBADARG;
+    for (long long i = 0; i < N; i++, x += C, y += C) {
+        float m = 0.0f, v = 0.0f;
+        for (int j = 0; j < C; j++) m += x[j];
+        m /= C;
+        for (int j = 0; j < C; j++) v += (x[j] - m) * (x[j] - m);
+        float r = 1.0f / sqrtf(v / C + (float)eps);
+        for (int j = 0; j < C; j++) y[j] = (x[j] - m) * r * w[j] + (b ? b[j] : 0.0f);
+        mean[i] = m, rstd[i] = r;
+    }
+    return MGK_OK;
+}
+
 /* rows: dx (each row needs its own two sums); cols: dw, db, each column summed over the rows in order by one
    thread, so dw and db do not depend on the thread count */
 typedef struct {
@@ -375,6 +391,25 @@ int mgk_layernorm_bwd(long long N, int C, const float *dy, const float *x, const
     return MGK_OK;
 }
 
+int mgk_ref_layernorm_bwd(long long N, int C, const float *dy, const float *x, const float *w, const float *mean,
+                          const float *rstd, float *dx, float *dw, float *db)
+{
+    if (N < 0 || C < 0 || (N && C && (!dy || !x || !w || !mean || !rstd || !dx || !dw))) return MGK_EBADARG;
+    for (long long i = 0; i < N; i++, dy += C, x += C, dx += C) {
+        float m = mean[i], r = rstd[i], ma = 0.0f, mc = 0.0f;
+        for (int j = 0; j < C; j++) {
+            float xhat = (x[j] - m) * r;
+            dw[j] += dy[j] * xhat;
+            if (db) db[j] += dy[j];
+            ma += dy[j] * w[j];
+            mc += dy[j] * w[j] * xhat;
+        }
+        ma /= C, mc /= C;
+        for (int j = 0; j < C; j++) dx[j] = r * (dy[j] * w[j] - ma - (x[j] - m) * r * mc);
+    }
+    return MGK_OK;
+}
+
 /* ----------------------------------------------------------------------------
    GELU (tanh form) of x + b: rows; backward: columns when db is summed, else flat */
 
@@ -417,6 +452,18 @@ int mgk_gelu_fwd(long long N, int H, const float *x, const float *b, float *y, f
     return MGK_OK;
 }
 
+int mgk_ref_gelu_fwd(long long N, int H, const float *x, const float *b, float *y, float *dgelu)
+{
+    if (N < 0 || H < 0 || (N && H && (!x || !y || !dgelu))) return MGK_EBADARG;
+    for (long long i = 0; i < N * H; i++) {
+        float v = b ? x[i] + b[i % H] : x[i];
+        float t = tanhf(GELU_C * (v + GELU_A * v * v * v));
+        dgelu[i] = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * GELU_C * (1.0f + 3.0f * GELU_A * v * v);
+        y[i] = 0.5f * v * (1.0f + t);
+    }
+    return MGK_OK;
+}
+
 typedef struct { long long N; int H; const float *dout, *dg; float *dx, *db; } gelu_bwd_t;
 
 BODY void gelu_bwd_body(const gelu_bwd_t *a, int tid, int nt)
@@ -454,6 +501,16 @@ int mgk_gelu_bwd(long long N, int H, const float *dout, const float *dgelu, floa
     if (N < 0 || H < 0 || (N && H && (!dout || !dgelu || !dx))) return MGK_EBADARG;
     gelu_bwd_t a = {N, H, dout, dgelu, dx, db};
     run(gelu_bwd_fns, &a, N * H * PS_GELU_BWD, db ? (H + LANES - 1) / LANES : (N * H + LANES - 1) / LANES);
+    return MGK_OK;
+}
+
+int mgk_ref_gelu_bwd(long long N, int H, const float *dout, const float *dgelu, float *dx, float *db)
+{
+    if (N < 0 || H < 0 || (N && H && (!dout || !dgelu || !dx))) return MGK_EBADARG;
+    for (long long i = 0; i < N * H; i++) {
+        dx[i] = dout[i] * dgelu[i];
+        if (db) db[i % H] += dx[i];
+    }
     return MGK_OK;
 }
 
@@ -519,12 +576,38 @@ int mgk_causal_softmax_fwd(long long L, int T, int Tk, int start, float scale, f
     return MGK_OK;
 }
 
+int mgk_ref_causal_softmax_fwd(long long L, int T, int Tk, int start, float scale, float *att)
+{
+    if (L < 0 || T < 0 || Tk < 0 || start < 0 || (L && T && Tk && !att)) return MGK_EBADARG;
+    for (long long i = 0; i < L * T && Tk; i++) {
+        float *r = att + i * Tk, m = -INFINITY, s = 0.0f;
+        long long n = start + i % T + 1 < Tk ? start + i % T + 1 : Tk;
+        for (long long j = 0; j < n; j++) m = fmaxf(m, r[j] * scale);
+        for (long long j = 0; j < n; j++) s += r[j] = expf(r[j] * scale - m);
+        for (long long j = 0; j < Tk; j++) r[j] = j < n ? r[j] / s : 0.0f;
+    }
+    return MGK_OK;
+}
+
 int mgk_causal_softmax_bwd(long long L, int T, int Tk, int start, float scale, const float *att, float *datt)
 {
     if (L < 0 || T < 0 || Tk < 0 || start < 0 || (L && T && Tk && (!att || !datt))) return MGK_EBADARG;
     if (Tk == 0) return MGK_OK;
     sm_t a = {L, T, Tk, start, scale, att, datt, Tk, Tk};
     run(sm_bwd_fns, &a, L * T * Tk * PS_SM_BWD, L * T);
+    return MGK_OK;
+}
+
+int mgk_ref_causal_softmax_bwd(long long L, int T, int Tk, int start, float scale, const float *att, float *datt)
+{
+    if (L < 0 || T < 0 || Tk < 0 || start < 0 || (L && T && Tk && (!att || !datt))) return MGK_EBADARG;
+    for (long long i = 0; i < L * T && Tk; i++) {
+        const float *p = att + i * Tk;
+        float *g = datt + i * Tk, d = 0.0f;
+        long long n = start + i % T + 1 < Tk ? start + i % T + 1 : Tk;
+        for (long long j = 0; j < n; j++) d += g[j] * p[j];
+        for (long long j = 0; j < Tk; j++) g[j] = j < n ? scale * p[j] * (g[j] - d) : 0.0f;
+    }
     return MGK_OK;
 }
 
@@ -598,6 +681,23 @@ int mgk_xent_fwd(long long N, int V, const float *logits, const long long *targe
     return MGK_OK;
 }
 
+int mgk_ref_xent_fwd(long long N, int V, const float *logits, const long long *targets, float *lse,
+                     double *loss_sum)
+{
+    if (N < 0 || V < 1 || !loss_sum || (N && (!logits || !targets || !lse)) || bad_ids(N, targets, V))
+        return MGK_EBADARG;
+    *loss_sum = 0.0;
+    for (long long i = 0; i < N; i++) {
+        const float *r = logits + i * V;
+        float m = -INFINITY, s = 0.0f;
+        for (int j = 0; j < V; j++) m = fmaxf(m, r[j]);
+        for (int j = 0; j < V; j++) s += expf(r[j] - m);
+        lse[i] = m + logf(s);
+        *loss_sum += (double)lse[i] - (double)r[targets[i]];
+    }
+    return MGK_OK;
+}
+
 int mgk_xent_bwd(long long N, int V, const float *logits, const long long *targets, const float *lse, float scale,
                  float *dlogits)
 {
@@ -605,6 +705,18 @@ int mgk_xent_bwd(long long N, int V, const float *logits, const long long *targe
         return MGK_EBADARG;
     xent_t a = {N, V, logits, targets, lse, NULL, scale, dlogits};
     run(xent_bwd_fns, &a, N * V * PS_XENT, N);
+    return MGK_OK;
+}
+
+int mgk_ref_xent_bwd(long long N, int V, const float *logits, const long long *targets, const float *lse,
+                     float scale, float *dlogits)
+{
+    if (N < 0 || V < 1 || (N && (!logits || !targets || !lse || !dlogits)) || bad_ids(N, targets, V))
+        return MGK_EBADARG;
+    for (long long i = 0; i < N; i++) {
+        for (int j = 0; j < V; j++) dlogits[i * V + j] = expf(logits[i * V + j] - lse[i]) * scale;
+        dlogits[i * V + targets[i]] -= scale;
+    }
     return MGK_OK;
 }
 
@@ -647,6 +759,19 @@ int mgk_adamw(long long n, float *p, const float *g, float *m, float *v, double 
     return MGK_OK;
 }
 
+int mgk_ref_adamw(long long n, float *p, const float *g, float *m, float *v, double lr, double b1, double b2,
+                  double eps, double wd, double bc1, double bc2)
+{
+    if (n < 0 || (n && (!p || !g || !m || !v))) return MGK_EBADARG;
+    adam_t a = adam_args(n, p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2);
+    for (long long i = 0; i < n; i++) {
+        m[i] = a.b1 * m[i] + a.c1 * g[i];
+        v[i] = a.b2 * v[i] + a.c2 * (g[i] * g[i]);
+        p[i] = p[i] * a.decay - a.a * m[i] / (sqrtf(v[i]) * a.rb + a.eps);
+    }
+    return MGK_OK;
+}
+
 typedef struct { long long N; int C; float *dW; const long long *idx; const float *dout; } emb_t;
 
 BODY void emb_body(const emb_t *a, int tid, int nt)
@@ -668,6 +793,15 @@ int mgk_embedding_bwd(long long N, int V, int C, float *dW, const long long *idx
         return MGK_EBADARG;
     emb_t a = {N, C, dW, idx, dout};
     run(emb_fns, &a, N * C * PS_EMB, (C + LANES - 1) / LANES);
+    return MGK_OK;
+}
+
+int mgk_ref_embedding_bwd(long long N, int V, int C, float *dW, const long long *idx, const float *dout)
+{
+    if (N < 0 || V < 0 || C < 0 || (N && C && (!dW || !dout)) || (N && !idx) || bad_ids(N, idx, V))
+        return MGK_EBADARG;
+    for (long long n = 0; n < N; n++)
+        for (int j = 0; j < C; j++) dW[idx[n] * C + j] += dout[n * C + j];
     return MGK_OK;
 }
 
@@ -715,6 +849,17 @@ int mgk_dropout(long long n, unsigned long long seed, unsigned int keep_from, fl
     drop_t a = {n, 0, 0, keep_from, scale, x, y};
     drop_keys(seed, &a.k1, &a.k2);
     run(drop_fns, &a, n * PS_DROPOUT, (n + LANES - 1) / LANES);
+    return MGK_OK;
+}
+
+int mgk_ref_dropout(long long n, unsigned long long seed, unsigned int keep_from, float scale, const float *x,
+                    float *y)
+{
+    if (n < 0 || n > 0xffffffffLL || (n && (!x || !y))) return MGK_EBADARG;
+    uint32_t k1, k2;
+    drop_keys(seed, &k1, &k2);
+    for (long long i = 0; i < n; i++)
+        y[i] = x[i] * ((mix32(mix32((uint32_t)i ^ k1) ^ k2) >> 8) >= keep_from ? scale : 0.0f);
     return MGK_OK;
 }
 
@@ -770,153 +915,5 @@ int mgk_exp(long long n, const float *x, float *y)
     if (n < 0 || (n && (!x || !y))) return MGK_EBADARG;
     exp_t a = {n, x, y};
     run(exp_fns, &a, n * PS_EXP, (n + LANES - 1) / LANES);
-    return MGK_OK;
-}
-
-/* ----------------------------------------------------------------------------
-   scalar references: the formulas of numpy_ops.py in plain loops, one thread, libm, sums in index order */
-
-int mgk_ref_layernorm_fwd(long long N, int C, const float *x, const float *w, const float *b, double eps,
-                          float *y, float *mean, float *rstd)
-{
-    if (N < 0 || C < 0 || (N && C && (!x || !w || !y)) || (N && (!mean || !rstd))) return MGK_EBADARG;
-    for (long long i = 0; i < N; i++, x += C, y += C) {
-        float m = 0.0f, v = 0.0f;
-        for (int j = 0; j < C; j++) m += x[j];
-        m /= C;
-        for (int j = 0; j < C; j++) v += (x[j] - m) * (x[j] - m);
-        float r = 1.0f / sqrtf(v / C + (float)eps);
-        for (int j = 0; j < C; j++) y[j] = (x[j] - m) * r * w[j] + (b ? b[j] : 0.0f);
-        mean[i] = m, rstd[i] = r;
-    }
-    return MGK_OK;
-}
-
-int mgk_ref_layernorm_bwd(long long N, int C, const float *dy, const float *x, const float *w, const float *mean,
-                          const float *rstd, float *dx, float *dw, float *db)
-{
-    if (N < 0 || C < 0 || (N && C && (!dy || !x || !w || !mean || !rstd || !dx || !dw))) return MGK_EBADARG;
-    for (long long i = 0; i < N; i++, dy += C, x += C, dx += C) {
-        float m = mean[i], r = rstd[i], ma = 0.0f, mc = 0.0f;
-        for (int j = 0; j < C; j++) {
-            float xhat = (x[j] - m) * r;
-            dw[j] += dy[j] * xhat;
-            if (db) db[j] += dy[j];
-            ma += dy[j] * w[j];
-            mc += dy[j] * w[j] * xhat;
-        }
-        ma /= C, mc /= C;
-        for (int j = 0; j < C; j++) dx[j] = r * (dy[j] * w[j] - ma - (x[j] - m) * r * mc);
-    }
-    return MGK_OK;
-}
-
-int mgk_ref_gelu_fwd(long long N, int H, const float *x, const float *b, float *y, float *dgelu)
-{
-    if (N < 0 || H < 0 || (N && H && (!x || !y || !dgelu))) return MGK_EBADARG;
-    for (long long i = 0; i < N * H; i++) {
-        float v = b ? x[i] + b[i % H] : x[i];
-        float t = tanhf(GELU_C * (v + GELU_A * v * v * v));
-        dgelu[i] = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * GELU_C * (1.0f + 3.0f * GELU_A * v * v);
-        y[i] = 0.5f * v * (1.0f + t);
-    }
-    return MGK_OK;
-}
-
-int mgk_ref_gelu_bwd(long long N, int H, const float *dout, const float *dgelu, float *dx, float *db)
-{
-    if (N < 0 || H < 0 || (N && H && (!dout || !dgelu || !dx))) return MGK_EBADARG;
-    for (long long i = 0; i < N * H; i++) {
-        dx[i] = dout[i] * dgelu[i];
-        if (db) db[i % H] += dx[i];
-    }
-    return MGK_OK;
-}
-
-int mgk_ref_causal_softmax_fwd(long long L, int T, int Tk, int start, float scale, float *att)
-{
-    if (L < 0 || T < 0 || Tk < 0 || start < 0 || (L && T && Tk && !att)) return MGK_EBADARG;
-    for (long long i = 0; i < L * T && Tk; i++) {
-        float *r = att + i * Tk, m = -INFINITY, s = 0.0f;
-        long long n = start + i % T + 1 < Tk ? start + i % T + 1 : Tk;
-        for (long long j = 0; j < n; j++) m = fmaxf(m, r[j] * scale);
-        for (long long j = 0; j < n; j++) s += r[j] = expf(r[j] * scale - m);
-        for (long long j = 0; j < Tk; j++) r[j] = j < n ? r[j] / s : 0.0f;
-    }
-    return MGK_OK;
-}
-
-int mgk_ref_causal_softmax_bwd(long long L, int T, int Tk, int start, float scale, const float *att, float *datt)
-{
-    if (L < 0 || T < 0 || Tk < 0 || start < 0 || (L && T && Tk && (!att || !datt))) return MGK_EBADARG;
-    for (long long i = 0; i < L * T && Tk; i++) {
-        const float *p = att + i * Tk;
-        float *g = datt + i * Tk, d = 0.0f;
-        long long n = start + i % T + 1 < Tk ? start + i % T + 1 : Tk;
-        for (long long j = 0; j < n; j++) d += g[j] * p[j];
-        for (long long j = 0; j < Tk; j++) g[j] = j < n ? scale * p[j] * (g[j] - d) : 0.0f;
-    }
-    return MGK_OK;
-}
-
-int mgk_ref_xent_fwd(long long N, int V, const float *logits, const long long *targets, float *lse,
-                     double *loss_sum)
-{
-    if (N < 0 || V < 1 || !loss_sum || (N && (!logits || !targets || !lse)) || bad_ids(N, targets, V))
-        return MGK_EBADARG;
-    *loss_sum = 0.0;
-    for (long long i = 0; i < N; i++) {
-        const float *r = logits + i * V;
-        float m = -INFINITY, s = 0.0f;
-        for (int j = 0; j < V; j++) m = fmaxf(m, r[j]);
-        for (int j = 0; j < V; j++) s += expf(r[j] - m);
-        lse[i] = m + logf(s);
-        *loss_sum += (double)lse[i] - (double)r[targets[i]];
-    }
-    return MGK_OK;
-}
-
-int mgk_ref_xent_bwd(long long N, int V, const float *logits, const long long *targets, const float *lse,
-                     float scale, float *dlogits)
-{
-    if (N < 0 || V < 1 || (N && (!logits || !targets || !lse || !dlogits)) || bad_ids(N, targets, V))
-        return MGK_EBADARG;
-    for (long long i = 0; i < N; i++) {
-        for (int j = 0; j < V; j++) dlogits[i * V + j] = expf(logits[i * V + j] - lse[i]) * scale;
-        dlogits[i * V + targets[i]] -= scale;
-    }
-    return MGK_OK;
-}
-
-int mgk_ref_adamw(long long n, float *p, const float *g, float *m, float *v, double lr, double b1, double b2,
-                  double eps, double wd, double bc1, double bc2)
-{
-    if (n < 0 || (n && (!p || !g || !m || !v))) return MGK_EBADARG;
-    adam_t a = adam_args(n, p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2);
-    for (long long i = 0; i < n; i++) {
-        m[i] = a.b1 * m[i] + a.c1 * g[i];
-        v[i] = a.b2 * v[i] + a.c2 * (g[i] * g[i]);
-        p[i] = p[i] * a.decay - a.a * m[i] / (sqrtf(v[i]) * a.rb + a.eps);
-    }
-    return MGK_OK;
-}
-
-int mgk_ref_embedding_bwd(long long N, int V, int C, float *dW, const long long *idx, const float *dout)
-{
-    if (N < 0 || V < 0 || C < 0 || (N && C && (!dW || !dout)) || (N && !idx) || bad_ids(N, idx, V))
-        return MGK_EBADARG;
-    for (long long n = 0; n < N; n++)
-        for (int j = 0; j < C; j++) dW[idx[n] * C + j] += dout[n * C + j];
-    return MGK_OK;
-}
-
-int mgk_ref_dropout(long long n, unsigned long long seed, unsigned int keep_from, float scale, const float *x,
-                    float *y)
-{
-    if (n < 0 || n > 0xffffffffLL || (n && (!x || !y))) return MGK_EBADARG;
-    uint32_t k1, k2;
-    drop_keys(seed, &k1, &k2);
-    for (long long i = 0; i < n; i++)
-        y[i] = x[i] * ((mix32(mix32((uint32_t)i ^ k1) ^ k2) >> 8) >= keep_from ? scale : 0.0f);
     return MGK_OK;
 }
