@@ -365,6 +365,9 @@ static inline __attribute__((always_inline)) void tr8x8(const float *src, long l
 
 #include "mgk_amx_emu.inc"    /* amx: mgk_amx.inc on emulated tiles (the tests, any CPU) */
 
+/* ----------------------------------------------------------------------------
+   the paths: one entry per ISA, in mgk.h's MGK_ISA_* order (mgk_isa() indexes it): its tile, its blocked products
+   (fp32, bf16), its few-rows product and its peak loops; a job reads only the entry choose_path() gave it */
 typedef void block_fn(const job_t *g, const float *A, const float *B, float *C, int m0, int m1, int n0, int n1,
                       float *ap, float *bp);
 typedef void small_fn(const job_t *g, const float *A, const float *B, float *C, int n0, int n1);
@@ -487,6 +490,9 @@ int mgk_get_num_threads(void) { return threads_now(); }
 
 int mgk_abi(void) { return MGK_ABI; }
 
+/* ----------------------------------------------------------------------------
+   the choice of path: the best the CPU runs (cpuid, and a measured rate for avx512bf16), once; mgk_set_isa
+   (MINIGPT_ISA, the tests) forces a lower one */
 #ifdef MGK_BF16
 /* the CPU has AMX-BF16 tiles and Linux lets this process use them (asked once; see mgk_amx_hw.inc) */
 static int amx_allowed(void)
