@@ -19,11 +19,12 @@ import numpy as np
 
 from . import backends, checkpoint, lens
 from . import report_page as P
-from .config import UserError, check_backend, check_ranges, default_backend, parse_args, run_command, setting
+from .config import (UserError, check_backend, check_ranges, default_backend, parse_args, run_command,
+                     select_backend, setting)
 from .data import load_text, split_text
 from .loss_curves import NEEDS
 from .model import GPT, GPTConfig
-from .sample import generate, load_model, select_backend, start_text
+from .sample import generate, load_model, start_text
 
 MAX_T = 64                  # prompt tokens drawn: attention maps are T x T per head
 MAX_SNAPSHOTS = 6           # snapshots shown side by side (spread over those the run kept)

@@ -16,12 +16,12 @@ import time
 import numpy as np
 
 from . import backends, checkpoint, distributed, gpt2
-from .config import PRESETS, ModelShape, UserError, check, default_backend, plot_inside_out_dir, quiet_stdout
+from .config import (PRESETS, ModelShape, UserError, check, default_backend, plot_inside_out_dir, quiet_stdout,
+                     select_backend)
 from .bpe import BPETokenizer
 from .tokenizer import tokenizer_from_json
 from .data import CharTokenizer, Dataset, load_text, split_text
 from .model import GPT, activation_shapes, gradient_shapes, parameter_shapes
-from .sample import select_backend
 from .optim import AdamW, Muon
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from . import backends, checkpoint
 from .tokenizer import tokenizer_from_json
 from .config import (UserError, check_backend, check_dtype, check_ranges, default_backend, parse_args,
-                     run_command, setting)
+                     run_command, select_backend, setting)
 from .model import GPT, GPTConfig, KVCache
 
 
@@ -205,16 +205,6 @@ def _settings(argv):
         where = f"--prompt_file {cfg.prompt_file!r} is empty" if cfg.prompt_file else "the prompt is empty"
         raise UserError(f"{where}; pass at least one character (--prompt TEXT, or a file that holds some)")
     return cfg, prompt
-
-
-def select_backend(cfg, verbose=None, threads=None):
-    """backends.select for cfg.backend and threads (default: cfg.threads, 0 for every CPU); a UserError if it
-    cannot run here, worded "--backend NAME: why" (the reason names the backend once)."""
-    try:
-        backends.select(cfg.backend, threads=threads or cfg.threads or None, verbose=verbose)
-    except backends.BackendUnavailable as e:
-        why = str(e).removeprefix(f"{cfg.backend}: ")
-        raise UserError(f"--backend {cfg.backend}: {why}") from None
 
 
 if __name__ == "__main__":
