@@ -151,7 +151,9 @@ def setup(cfg, given=None, fetch=None):
 
 def _prepare(cfg, given, fetch):
     """The checkpoint to resume from (its settings applied to cfg), a writable out_dir, the data file."""
-    ckpt = _load_resume(cfg, _last_path(cfg), given) if cfg.resume else None   # settings first: they may change cfg
+    ckpt = _load_resume(cfg) if cfg.resume else None
+    if ckpt is not None:
+        _resume_settings(cfg, ckpt, given)                    # first: the checkpoint's settings may change cfg
     if cfg.init_from and not ckpt:
         _apply_pretrained(cfg, given)
     check(cfg)
@@ -334,8 +336,10 @@ def make_tokenizer(cfg, text, ckpt=None):
 # ----------------------------------------------------------------------------
 # --resume: the checkpoint's settings, then its state
 
-def _load_resume(cfg, path, given):
-    best = _best_path(cfg)
+def _load_resume(cfg):
+    """--resume's checkpoint, out_dir/ckpt_last.npz; a UserError naming ckpt_best.npz, if there is one, when it is
+    missing or unreadable."""
+    path, best = _last_path(cfg), _best_path(cfg)
     if not os.path.exists(path):
         copy = f"copy {best} to {path} to continue from the best one, or " if os.path.exists(best) else ""
         raise UserError(f"--resume: no checkpoint at {path}; {copy}train without --resume first, or point "
@@ -343,7 +347,13 @@ def _load_resume(cfg, path, given):
     fix = "start a new --out_dir"
     if os.path.exists(best) and os.path.abspath(best) != os.path.abspath(path):
         fix = f"copy {best} over {path} to resume from the best one, or {fix}"
-    ckpt = checkpoint.load(path, fix=fix)
+    return checkpoint.load(path, fix=fix)
+
+
+def _resume_settings(cfg, ckpt, given):
+    """The resumed run's settings into cfg: its model shape and tokenizer always (a typed one that differs is a
+    UserError), every other setting unless typed again (given; None: a config built in code keeps its own)."""
+    path = _last_path(cfg)
     saved = {**ModelShape().model_dict(), **ckpt[0]["model_config"]}   # older checkpoints: today's defaults
     for k, v in cfg.model_dict().items():
         if given is not None and k in given and saved[k] != v:
@@ -365,7 +375,6 @@ def _load_resume(cfg, path, given):
         if given is not None and k not in given and k not in ("resume", "out_dir") and not env and not legacy \
                 and hasattr(cfg, k):
             setattr(cfg, k, v)
-    return ckpt
 
 
 def restore(run, ckpt):
