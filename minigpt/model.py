@@ -94,7 +94,7 @@ def gradient_shapes(cfg, B, T):
     C, V = cfg.n_embd, cfg.vocab_size
     return {
         "dresid":  (B, T, C),             # d loss / d the residual stream, carried down through the layers
-        "dx":      (B, T, C),             # a LayerNorm's input gradient, before it is added into dresid
+        "dln_in":  (B, T, C),             # d loss / d a LayerNorm's input, its own part (added into dresid)
         "dln":     (B, T, C),             # d loss / d a LayerNorm's output
         "dproj":   (B, T, C),             # d loss / d an output projection, under dropout
         "datty":   (B, T, C),
@@ -186,9 +186,9 @@ class Block:
             L.qk_norm_backward(d.dqkv, d.datty, a.qkv, a.qk_rstd, self.n_head)
         L.linear_backward(d.dln, g["attn.c_attn.weight"], gb("attn.c_attn.bias"), d.dqkv, a.ln1,
                           p["attn.c_attn.weight"])
-        L.layernorm_backward(d.dx, g["ln_1.weight"], gb("ln_1.bias"), d.dln, x, p["ln_1.weight"],
+        L.layernorm_backward(d.dln_in, g["ln_1.weight"], gb("ln_1.bias"), d.dln, x, p["ln_1.weight"],
                              a.ln1_mean, a.ln1_rstd)
-        dx += d.dx                                                 # fwd: x_attn = x + attn(ln_1(x))
+        dx += d.dln_in                                             # fwd: x_attn = x + attn(ln_1(x))
         return dx
 
     # ---- the MLP half
@@ -208,9 +208,9 @@ class Block:
         L.linear_backward(d.dfc, g["mlp.c_proj.weight"], gb("mlp.c_proj.bias"), dy, a.fc, p["mlp.c_proj.weight"])
         act_backward = L.linear_relu2_backward if self.relu2 else L.linear_gelu_backward
         act_backward(d.dln, g["mlp.c_fc.weight"], gb("mlp.c_fc.bias"), d.dfc, a.fc_dact, a.ln2, p["mlp.c_fc.weight"])
-        L.layernorm_backward(d.dx, g["ln_2.weight"], gb("ln_2.bias"), d.dln, x, p["ln_2.weight"],
+        L.layernorm_backward(d.dln_in, g["ln_2.weight"], gb("ln_2.bias"), d.dln, x, p["ln_2.weight"],
                              a.ln2_mean, a.ln2_rstd)
-        dx += d.dx                                                 # fwd: x_mlp = x + mlp(ln_2(x))
+        dx += d.dln_in                                             # fwd: x_mlp = x + mlp(ln_2(x))
         return dx
 
 
