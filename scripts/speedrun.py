@@ -35,6 +35,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_util import command, cpu_line, flag, revision, write_keeping_notes  # noqa: E402
 from minigpt.config import ScriptParser, UserError, run_command  # noqa: E402
+from train_shakespeare import download  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOAL = 1.50                                                      # issue 24's target (round 1's was 1.80)
@@ -247,8 +248,8 @@ def main(argv):
                     "relative path from where you run this; the default in the repository)")
     ap.add_argument("--nanogpt_child", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    for k in ("data", "out"):                              # the runs start in the repository (which downloads the
-        if getattr(a, k) != ap.get_default(k):             # default text there); a path you type is from your
+    for k in ("data", "out"):                              # the runs start in the repository (where the default
+        if getattr(a, k) != ap.get_default(k):             # text is kept); a path you type is from your
             setattr(a, k, os.path.abspath(getattr(a, k)))  # directory (the defaults' strings stay the repository's)
     if a.nanogpt_child is not None:
         return nanogpt_child(a.nanogpt_child, a.threads, a.data)
@@ -256,7 +257,10 @@ def main(argv):
         raise UserError(f"--budget must be positive seconds (0: nanoGPT's time), got {a.budget}")
     if a.threads < 1:
         raise UserError(f"--threads must be at least 1, got {a.threads}")
-    if a.data != ap.get_default("data") and not os.path.isfile(a.data):   # the default: downloaded by the runs
+    if a.data == ap.get_default("data"):
+        if not os.path.isfile(os.path.join(ROOT, a.data)):     # tiny Shakespeare: fetched once, before any run,
+            download(os.path.join(ROOT, a.data))               # so a failed download is its own one-line error
+    elif not os.path.isfile(a.data):
         raise UserError(f"--data {a.data!r} is not a file; pass a UTF-8 text file (or leave --data out for tiny "
                         "Shakespeare)")
     if not a.budget:
@@ -264,11 +268,11 @@ def main(argv):
             import torch  # noqa: F401
         except ImportError:
             raise UserError("nanoGPT's side needs PyTorch, which minigpt does not depend on: pip install torch "
-                     "(or pass --budget SECONDS to run minigpt alone)")
+                            "(or pass --budget SECONDS to run minigpt alone)")
 
     if a.bf16 and a.dtype == "bf16":
         raise UserError("--bf16 true runs the recipes in float32 and again in bf16, --dtype bf16 runs everything in "
-                 "bf16: pass one of the two")
+                        "bf16: pass one of the two")
     a.candidates = pick_candidates(a.candidates)
     a.revision = revision(ROOT)                        # the code the runs use (write_report's plot makes it dirty)
     plan = plan_of(a.ablations, nanogpt=not a.budget, candidates=a.candidates, round1=a.round1, bf16=a.bf16,

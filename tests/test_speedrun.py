@@ -182,3 +182,20 @@ def test_the_second_score_runs_on_the_runs_backend_and_dtype():
     assert cmd[1:] == ["scripts/eval_checkpoint.py", "--ckpt", os.path.join("/o", "ckpt_last.npz"), "--data", "t.txt",
                        "--threads=2", "--backend=numba", "--dtype=bf16", "--context=64", "--splits=val", "--draws=0"]
     assert "--dtype=float32" in speedrun.rescore_command(["--preset=speedrun"], "/o", "t.txt", 2)
+
+
+def test_the_default_text_is_downloaded_once_before_any_run(tmp_path, monkeypatch, capsys):
+    """Without data/tinyshakespeare.txt, speedrun.py downloads it itself (train_shakespeare.py's download) before
+    the first run: offline, that is one line of error and status 2, not a child run's error inside a "failed:"."""
+    shakespeare = sys.modules[speedrun.download.__module__]
+    monkeypatch.setattr(speedrun, "ROOT", str(tmp_path))                   # a checkout without the text
+    monkeypatch.setattr(speedrun, "minigpt", lambda *a, **k: pytest.fail("a run started"))
+    monkeypatch.setattr(shakespeare, "URL", (tmp_path / "offline.txt").as_uri())   # a URL that cannot be read
+    assert speedrun._main(["--budget=1", "--seeds", "1", "--ablations=false", "--out", str(tmp_path / "r.md")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: could not download") and err.count("\n") == 1, err
+    assert not (tmp_path / "data").exists()                                # nothing half-written
+    (tmp_path / "offline.txt").write_text("some text\n")                   # the URL answers now
+    with pytest.raises(pytest.fail.Exception, match="a run started"):
+        speedrun._main(["--budget=1", "--seeds", "1", "--ablations=false", "--out", str(tmp_path / "r.md")])
+    assert (tmp_path / "data" / "tinyshakespeare.txt").read_text() == "some text\n"
