@@ -301,10 +301,13 @@ M = [
     ("native/mgk.c", "r[i + 2 * h + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(x, y));",
         "r[i + 2 * h + 1] = _mm256_castpd_ps(_mm256_unpacklo_pd(x, y));", EMU),
     # causal products: the k ranges and tiles a causal bmm skips (the C code), and the specification's zeroing
-    ("native/mgk.c", "int hi = i0 + mr + g->start - pc;", "int hi = i0 + mr - 1 + g->start - pc;", CAUSAL),
-    ("native/mgk.c", "int lo = i0 - g->start - pc;", "int lo = i0 + 1 - g->start - pc;", CAUSAL),
-    ("native/mgk.c", "j0 > i0 + mr - 1 + g->start;", "j0 >= i0 + mr - 1 + g->start;", CAUSAL),
-    ("native/mgk.c", "*k0 = lo <= 0 ? 0 : lo < kc ? lo & ~1 : kc;", "*k0 = lo <= 0 ? 0 : lo < kc ? lo : kc;", EMU),
+    ("native/mgk.c", "long long hi = (long long)i0 + mr + g->start - pc;",
+     "long long hi = (long long)i0 + mr - 1 + g->start - pc;", CAUSAL),
+    ("native/mgk.c", "long long lo = (long long)i0 - g->start - pc;",
+     "long long lo = (long long)i0 + 1 - g->start - pc;", CAUSAL),
+    ("native/mgk.c", "j0 > (long long)i0 + mr - 1 + g->start;", "j0 >= (long long)i0 + mr - 1 + g->start;", CAUSAL),
+    ("native/mgk.c", "*k0 = lo <= 0 ? 0 : lo < kc ? (int)lo & ~1 : kc;",
+     "*k0 = lo <= 0 ? 0 : lo < kc ? (int)lo : kc;", EMU),
     (BK, "np.copyto(out, 0, where=future(M, N, start))", "pass", CAUSAL),
     # Muon's momentum warm-up and the embeddings' lr (issue 24)
     (OPT, "return (1.0 - frac) * 0.85 + frac * self.momentum", "return self.momentum",
