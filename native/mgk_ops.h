@@ -12,8 +12,9 @@
 /* LayerNorm over rows: x (N, C) -> y (N, C), mean and rstd (N,) kept for backward; b may be NULL (no bias) */
 int mgk_layernorm_fwd(long long N, int C, const float *x, const float *w, const float *b, double eps,
                       float *y, float *mean, float *rstd);
-/* dy, x (N, C) -> dx (N, C) written (dx may be dy or x); dw, db (C,) += over the rows (db NULL: no bias); xhat
-   recomputed */
+/* dy, x (N, C) -> dx (N, C) written (dx may be dy or x, but not overlap them otherwise: MGK_EBADARG); dw, db (C,)
+   += over the rows (db NULL: no bias), in row blocks fixed by N (a scratch of at most 64 x 2C floats: MGK_ENOMEM
+   if it cannot be had); xhat recomputed */
 int mgk_layernorm_bwd(long long N, int C, const float *dy, const float *x, const float *w, const float *mean,
                       const float *rstd, float *dx, float *dw, float *db);
 /* y = gelu(x + b), dgelu = gelu'(x + b), tanh form, x (N, H), b (H,) or NULL; y or dgelu may be x itself */

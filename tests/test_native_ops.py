@@ -17,7 +17,7 @@ from minigpt.backends import interface, numpy_ops
 F32, F64 = np.float32, np.float64
 SPEC = numpy_ops.NumpyOps()                                      # the specification, run in float64
 ROWS = (1, 7, 17, 65, 129)
-COLS = ROWS + (8300,)               # 8300: column sums (dw, db) over more than one of mgk_ops.c's COL_BLOCKs a thread
+COLS = ROWS + (8300,)               # 8300: column sums (GELU's db) over more than one of mgk_ops.c's COL_BLOCKs a thread
 
 
 REASON = backends.why_unavailable("native")
@@ -257,8 +257,9 @@ def test_dropout_fast_matches_reference_and_spec(lib, isas, n, p, seed):
 def test_same_bits_for_1_and_2_threads(lib, isas, spin_us):
     # shapes above each op's threading threshold (mgk_ops.c: ~100 us of work on one thread while the pool's
     # workers sleep between calls, spin 0; ~5 us a thread while they spin, as the native backend sets it): rows
-    # split over threads, and dw, db, dW split by columns, each summed in row order by one thread (the 8300-wide
-    # LayerNorm and GELU: more than one COL_BLOCK a thread)
+    # split over threads; LayerNorm's dw and db summed in row blocks that N alone fixes, added in block order; GELU's
+    # db and the scatter-add's dW split by columns, each summed in row order by one thread (the 8300-wide GELU:
+    # more than one COL_BLOCK a thread)
     saved_spin = lib.mgk_pool_spin_us()
     assert lib.mgk_set_spin_us(spin_us) == 0
     try:
@@ -387,6 +388,10 @@ def test_native_ops_reject_float64_and_bad_arguments(ops):
         ops.cross_entropy_backward(logits, np.array([0, -1, 1]), np.zeros(3, F32), 1.0, np.empty_like(logits))
     ids, dW = np.array([0, 4], np.int64), np.zeros((4, 2), F32)          # the C scatter-add, called directly
     assert ops.lib.mgk_embedding_bwd(2, 4, 2, dW, ids, np.zeros((2, 2), F32)) == -1
+    buf, w, dw = np.zeros((5, 4), F32), np.ones(4, F32), np.zeros(4, F32)   # LayerNorm backward's dx: in place over
+    stats = np.ones(4, F32)                                                # dy, or apart from it, not half over it
+    assert ops.lib.mgk_layernorm_bwd(4, 4, buf[1:], buf[1:], w, stats, stats, buf[:4], dw, None) == -1
+    assert ops.lib.mgk_layernorm_bwd(4, 4, buf[1:], buf[1:], w, stats, stats, buf[1:], dw, None) == 0
     with pytest.raises(ValueError, match="shape"):
         ops.layernorm(logits, np.ones(4, F32), None, np.empty_like(logits), np.empty(3, F32), np.empty(3, F32))
     with pytest.raises(ValueError, match="read-only"):
