@@ -141,18 +141,14 @@ class Muon(Optimizer):
     """Muon for muon_params(params), AdamW (Optimizer.adamw, as AdamW's) for the rest.
 
     step(params, grads, lr) takes the schedule's lr: AdamW's params move with lr (times their scale_lr ratio:
-    --embed_lr_ratio for wte and wpe), the Muon matrices with lr_ratio * lr times muon_scale(shape), so one
-    lr schedule (get_lr) drives both. The scale is the reference Muon's (not an RMS match to AdamW,
-    0.2 sqrt(max(rows, cols)), which would make the ratio ~1), so lr_ratio * lr is the "Muon lr" the speedruns
-    quote (0.02-0.05): the default 20 makes config S's lr 1e-3 a Muon lr of 0.02, the best of 0.01-0.05 there
-    (val 1.68 against AdamW's 1.93 at 2000 iterations).
+    --embed_lr_ratio for wte and wpe), the Muon matrices with lr_ratio * lr * muon_scale(shape), so one schedule
+    (get_lr) drives both. muon_scale is the reference Muon's (not an RMS match to AdamW), so lr_ratio * lr is the
+    "Muon lr" the speedruns quote (0.02-0.05): the default 20 makes config S's lr 1e-3 a Muon lr of 0.02, the best
+    of 0.01-0.05 there.
     Weight decay is decoupled: AdamW's as in AdamW, the Muon matrices' p *= 1 - lr_ratio * lr * muon_weight_decay.
     State (Optimizer): momentum[k] for the Muon matrices; m[k], v[k] (AdamW's moments) for the rest.
-    Cost: Newton-Schulz runs the backend's batched products over each stack of same-shaped matrices; at config S
-    on 2 cores a Muon step (reports/muon.md) takes about as long as a forward+backward of batch 12, and about a
-    third of one of batch 32 (the speedrun's until round 4, which takes 24 blocks of 128 tokens, 1.5 times those).
-    bf16=True (a --dtype bf16 model's) runs those products on bfloat16 operands, as the model's own: faster where
-    bf16 products are (AVX512_BF16, AMX)."""
+    Newton-Schulz runs the backend's batched products over each stack of same-shaped matrices, on bfloat16
+    operands with bf16=True (a --dtype bf16 model's); what it costs: reports/muon.md."""
 
     name = "muon"
 

@@ -54,16 +54,14 @@ def future(T, Tk, start):
 
 
 class Ops:
-    """The ops of a training step; numpy_ops.py is the specification of each, but attention's, which Ops composes
-    of the others here (a backend may fuse it). Every array argument may be a strided view (but adamw's p, m, v);
-    outputs are written (or, where it says +=, added into) in place, and an op with an output array returns it.
-    Transposes are flags, not copies. Every op checks its arguments here, once for all backends (shapes, ids in
-    range, attention's offset), then calls the backend's own: what a backend writes is _matmul, _bmm and the
-    _<op> of every op under "the other ops" below, each with the op's arguments. What Ops gives every backend
-    besides: attention/attention_backward, composed of the products and softmaxes (a backend may override them
-    with a fused kernel).
-    Argument order: as numpy's, inputs first and outputs last (out=); layers.py's functions take their outputs
-    first. embedding_backward(dW, idx, dout) keeps np.add.at(dW, idx, dout)'s order."""
+    """The ops of a training step. numpy_ops.py is the specification of each but attention, which Ops composes
+    here of the products and softmaxes (a backend may override it with a fused kernel). Every op checks its
+    arguments here, once for all backends (shapes, ids in range, attention's offset), then calls the backend's
+    own: a backend writes _matmul, _bmm and the _<op> of each op under "the other ops" below.
+    Any array argument may be a strided view (but adamw's p, m, v); outputs are written in place (added into,
+    where it says +=) and returned. Transposes are flags, not copies. Argument order: numpy's, inputs first and
+    outputs last (out=); layers.py's functions take their outputs first. embedding_backward(dW, idx, dout) keeps
+    np.add.at(dW, idx, dout)'s order."""
     name = "?"
     dtypes = frozenset()         # the dtypes a model runs on this backend (select and ensure check it)
     own_causal = False           # True: _bmm takes causal= and start= (native skips the zeros, numba zeroes the future)
