@@ -4,8 +4,7 @@ The defaults are config S, nanoGPT's documented CPU Shakespeare-char run (config
 with the README's CPU overrides). Each field carries its one-line help (setting(...)), and parse_args makes
 the argparse parser, --help included, from the fields, so the command line and the dataclass cannot drift.
 Unknown keys and wrong types are UserErrors that name the fix; run_command is how every command ends when it is
-stopped early (Ctrl-C, a closed pipe); select_backend is how every command loads its --backend. Nothing here
-trains, and numpy comes in only with the backend select_backend loads.
+stopped early (Ctrl-C, a closed pipe). Nothing here trains or imports numpy.
 """
 import argparse
 import difflib
@@ -267,18 +266,6 @@ def check_backend(name, given=None):
                         "or unset it")
     source = "" if given is not None else " (from --backend, else MINIGPT_BACKEND)"
     raise UserError(f"--backend must be one of auto, numpy, numba, native; got {name!r}{source}")
-
-
-def select_backend(cfg, verbose=None, threads=None):
-    """Load and select cfg.backend with threads (default: cfg.threads, 0 for every CPU), the one call every command
-    makes; a UserError if it cannot run here, worded "--backend NAME: why" (the reason names the backend once).
-    (The one function here that imports numpy: through the backends package, when it is called.)"""
-    from . import backends
-    try:
-        backends.select(cfg.backend, threads=threads or cfg.threads or None, verbose=verbose)
-    except backends.BackendUnavailable as e:
-        why = str(e).removeprefix(f"{cfg.backend}: ")
-        raise UserError(f"--backend {cfg.backend}: {why}") from None
 
 
 def check_dtype(dtype):

@@ -19,8 +19,8 @@ import numpy as np
 
 from . import backends, checkpoint, lens
 from . import report_page as P
-from .config import (UserError, check_backend, check_ranges, default_backend, parse_args, run_command,
-                     select_backend, setting)
+from .backends import select_backend
+from .config import UserError, check_backend, check_ranges, default_backend, parse_args, run_command, setting
 from .data import load_text, split_text
 from .loss_curves import NEEDS
 from .model import GPT, GPTConfig

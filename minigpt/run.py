@@ -16,8 +16,8 @@ import time
 import numpy as np
 
 from . import backends, checkpoint, distributed, gpt2
-from .config import (PRESETS, ModelShape, UserError, check, default_backend, plot_inside_out_dir, quiet_stdout,
-                     select_backend)
+from .backends import select_backend
+from .config import PRESETS, ModelShape, UserError, check, default_backend, plot_inside_out_dir, quiet_stdout
 from .bpe import BPETokenizer
 from .tokenizer import tokenizer_from_json
 from .data import CharTokenizer, Dataset, load_text, split_text

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import backends, checkpoint
+from .backends import select_backend
 from .tokenizer import tokenizer_from_json
 from .config import (UserError, check_backend, check_dtype, check_ranges, default_backend, parse_args,
-                     run_command, select_backend, setting)
+                     run_command, setting)
 from .model import GPT, GPTConfig, KVCache
 
 

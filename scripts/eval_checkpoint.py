@@ -19,8 +19,9 @@ import numpy as np
 
 from minigpt import checkpoint
 from minigpt.config import (UserError, check_backend, check_dtype, check_ranges, default_backend, parse_args,
-                            run_command, select_backend, setting)
+                            run_command, setting)
 from minigpt.data import Dataset, load_text
+from minigpt.backends import select_backend
 from minigpt.sample import load_model
 from minigpt.evaluate import whole_split_loss
 

@@ -118,6 +118,17 @@ def select(name="auto", threads=None, verbose=None, dtype=None):
     return impl.name
 
 
+def select_backend(cfg, verbose=None, threads=None):
+    """select() as every command calls it: cfg.backend with threads (default: cfg.threads, 0 for every CPU); a
+    UserError if it cannot run here, worded "--backend NAME: why" (the reason names the backend once)."""
+    from ..config import UserError
+    try:
+        select(cfg.backend, threads=threads or cfg.threads or None, verbose=verbose)
+    except BackendUnavailable as e:
+        why = str(e).removeprefix(f"{cfg.backend}: ")
+        raise UserError(f"--backend {cfg.backend}: {why}") from None
+
+
 def ensure(dtype):
     """The model calls this at the start of each forward with its dtype. Nothing happens when the current
     backend runs dtype and was not chosen by "auto" for another dtype (_keeps). Else a backend "auto" chose (or
