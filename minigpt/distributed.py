@@ -17,7 +17,8 @@ else: a bad setting, anything agree() or check() settled (such as a data file mi
 raises it as "on rank N: ..."). Any other exception on one rank is printed there and aborts the whole job
 (MPI_Abort), because the others would wait forever for it in the next collective. A SIGINT/SIGTERM, which mpiexec
 forwards to every rank, rides along in the step's second Allreduce (the loss's), so all ranks stop after the same
-step and rank 0 saves once.
+step and rank 0 saves once; after the final evaluation, which no step follows, the ranks agree on it in an
+Allreduce of its own (Run.stopping).
 """
 import os
 import shutil
