@@ -396,3 +396,21 @@ def test_native_ops_reject_float64_and_bad_arguments(ops):
         ops.layernorm(logits, np.ones(4, F32), None, np.empty_like(logits), np.empty(3, F32), np.empty(3, F32))
     with pytest.raises(ValueError, match="read-only"):
         ops.gelu(logits, None, np.broadcast_to(np.zeros(5, F32), (3, 5)), np.empty_like(logits))
+
+
+def test_the_c_librarys_out_of_memory_is_a_memoryerror(ops, monkeypatch):
+    """-2 from the C library (a pack buffer or scratch it could not allocate) raises MemoryError, which training
+    turns into its one-line out-of-memory error; -1 (a bad argument) stays a ValueError."""
+    class Failing:
+        def __init__(self, rc):
+            self.rc = rc
+
+        def __getattr__(self, name):
+            return lambda *args: self.rc
+    x, w, stats = np.ones((4, 8), F32), np.ones(8, F32), np.ones(4, F32)
+    for rc, kind in ((-2, MemoryError), (-1, ValueError)):
+        monkeypatch.setattr(ops, "lib", Failing(rc))
+        with pytest.raises(kind, match=f"rc={rc}"):
+            ops.matmul(x, x, tb=True)
+        with pytest.raises(kind, match=f"rc={rc}"):
+            ops.layernorm_backward(x, x, w, stats, stats, np.empty_like(x), np.zeros(8, F32), None)

@@ -164,7 +164,13 @@ def _lib():
 
 def _check(rc, what, a, b):
     if rc != 0:
-        raise RuntimeError(f"native {what}: {_ERRORS.get(rc, rc)} (rc={rc}) for {a.shape} x {b.shape}")
+        raise _error(rc)(f"native {what}: {_ERRORS.get(rc, rc)} (rc={rc}) for {a.shape} x {b.shape}")
+
+
+def _error(rc):
+    """The exception for a C call's error: MemoryError when out of memory (training turns it into its one-line
+    OutOfMemory), ValueError for a bad argument, RuntimeError for a worker thread that could not start."""
+    return {-1: ValueError, -2: MemoryError}.get(rc, RuntimeError)
 
 
 # ----------------------------------------------------------------------------
@@ -245,7 +251,7 @@ class NativeOps(Ops):
     def _done(rc, what, c):
         """Raise for a failed C call, else copy the results of scratch outputs back (Contiguous.back)."""
         if rc != 0:
-            raise ValueError(f"native {what}: {_ERRORS.get(rc, rc)} (rc={rc})")
+            raise _error(rc)(f"native {what}: {_ERRORS.get(rc, rc)} (rc={rc})")
         c.back()
 
     def _layernorm(self, x, w, b, out, mean, rstd, eps=1e-5):               # x (N, C) -> out (N, C)
