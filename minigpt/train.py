@@ -5,8 +5,8 @@ and the evaluation one, re-created at every eval so that curves are comparable b
 carry every state that the next step reads, so a resumed run is bit-identical to an uninterrupted one (with
 --max_time the lr follows the clock, so only the budget carries over). The last evaluation also scores the whole
 validation split (whole_split_loss), in nats per token and bits per character.
-This file is the loop (with evaluate_and_checkpoint and step); what it runs on, the Run, is made in minigpt/run.py
-(setup: settings, backend, out_dir, tokenizer, data, model, optimizer; restore: --resume).
+This file is the loop (with evaluate_and_checkpoint and step); what it runs on, the Run (minigpt/run.py), is made by
+minigpt/prepare.py (setup: settings, backend, out_dir, tokenizer, data, model, optimizer; --resume).
 Run it with scripts/train_shakespeare.py (which also downloads the text, plots the loss curve, samples and writes
 report.html) or `python -m minigpt.train --data PATH ...` (training only); --help lists every setting. Under
 `mpiexec -n N` it trains data-parallel (minigpt/distributed.py): each rank takes its slice of every batch, one
@@ -25,7 +25,8 @@ from . import checkpoint, distributed
 from .config import UserError, parse_args, run_command
 from .evaluate import estimate_loss, whole_split_loss
 from .optim import clip_grad_norm, get_lr
-from .run import StopFlag, StoppedTwice, say, setup
+from .prepare import setup
+from .run import StopFlag, StoppedTwice, say
 
 
 class Diverged(UserError):
@@ -61,7 +62,7 @@ def train(cfg, given=None, fetch=None):
         run = setup(cfg, given, fetch)
         with np.errstate(over="ignore", invalid="ignore"):  # a run that diverges says so once (Diverged below), not
             return loop(run)                                # in a warning of numpy's (numpy backend) per overflow
-    except MemoryError as e:                   # past run.py's _check_memory estimate: one line, not a traceback
+    except MemoryError as e:                   # past prepare.py's _check_memory estimate: one line, not a traceback
         raise OutOfMemory(f"out of memory ({e}); lower --batch_size, --block_size, --n_embd or --n_layer") from None
 
 

@@ -627,7 +627,7 @@ def test_a_new_run_in_a_used_out_dir_replaces_the_old_runs_log_and_snapshots(tmp
         (tmp_path / "out" / name).write_text("the old run's")       # too, though this run (--plot '') makes none
     train(tiny_cfg(tmp_path, max_iters=2, eval_interval=2))
     assert sorted(os.listdir(tmp_path / "out")) == ["ckpt_best.npz", "ckpt_last.npz", "log.jsonl", "snapshots"]
-    from minigpt.run import _start_over                              # a new run stopped before its first
+    from minigpt.prepare import _start_over                              # a new run stopped before its first
     _start_over(tiny_cfg(tmp_path))                                  # checkpoint leaves no old one to --resume
     assert sorted(os.listdir(tmp_path / "out")) == ["snapshots"]
 
@@ -721,11 +721,11 @@ def test_a_run_too_big_for_memory_is_one_line_and_leaves_the_old_run(tmp_path, m
     before = sorted(os.listdir(out)), read_log(os.path.join(out, "log.jsonl"))
     assert _cli(tmp_path, "--out_dir", out, "--n_embd", str(10 ** 6))[0] == 2
     assert (sorted(os.listdir(out)), read_log(os.path.join(out, "log.jsonl"))) == before
-    import minigpt.run
+    import minigpt.prepare
 
     def no_memory(*a, **k):
         raise MemoryError("Unable to allocate 1.00 TiB for an array with shape (4, 12, 4, 65536, 65536)")
-    monkeypatch.setattr(minigpt.run, "GPT", no_memory)
+    monkeypatch.setattr(minigpt.prepare, "GPT", no_memory)
     rc, err = _cli(tmp_path, "--out_dir", out)
     assert rc == 2 and len(err) == 1 and err[0].startswith("error: out of memory (Unable to allocate"), err
 
