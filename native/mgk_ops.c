@@ -6,8 +6,9 @@
    loops, one thread, libm, sums in index order (the algorithmic reference the tests hold the fast path to).
    The bodies are plain loops for the auto-vectorizer (no -ffast-math): exp is an inline polynomial instead of a
    libm call, and row sums and maxima run in 16 independent lanes (GNU vectors of 4 floats) folded in a fixed
-   order. FMA contraction is off in this file, so the three paths give the same bits; rows (or, for the parameter
-   gradients, columns) are split over the thread pool so that no result depends on the thread count either.
+   order. FMA contraction is off in this file, so the three paths give the same bits; rows (or, for a bias's
+   gradient, columns; for LayerNorm's dw and db, row blocks that N alone fixes) are split over the thread pool so
+   that no result depends on the thread count either.
    Not here: the GEMM (mgk.c). minigpt/backends/native.py calls every op of this file, AdamW and the scatter-add
    included (memory-bound: ctypes' ~3 us per call costs about 0.1 ms of a config S step, the price of one backend). */
 #include <math.h>
