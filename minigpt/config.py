@@ -227,7 +227,7 @@ def check(cfg):
     for k in ("beta1", "beta2"):
         if not 0.0 <= getattr(cfg, k) < 1.0:
             raise UserError(f"--{k} must lie in [0, 1), got {getattr(cfg, k)}")
-    if cfg.min_lr > cfg.lr and "min_lr" in getattr(cfg, "given", {"min_lr"}):   # typed (else: run._prepare's note)
+    if cfg.min_lr > cfg.lr and "min_lr" in getattr(cfg, "given", {"min_lr"}):   # typed (else: prepare._prepare's note)
         raise UserError(f"--min_lr {cfg.min_lr:g} is above --lr {cfg.lr:g}, so the decay would raise the learning "
                         "rate; pass a --min_lr at most --lr (e.g. --lr / 10)")
     if not 0.0 <= cfg.cooldown <= 1.0:

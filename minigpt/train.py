@@ -34,7 +34,8 @@ class Diverged(UserError):
 
 
 class OutOfMemory(UserError):
-    """numpy could not allocate an array of the model, its optimizer state or a step's activations."""
+    """numpy or the C library could not allocate an array of the model, its optimizer state or a step's activations
+    (or the C library a buffer of its own)."""
     everywhere = False                          # under mpiexec a rank may meet it alone
 
 

@@ -7,8 +7,8 @@
    The bodies are plain loops for the auto-vectorizer (no -ffast-math): exp is an inline polynomial instead of a
    libm call, and row sums and maxima run in 16 independent lanes (GNU vectors of 4 floats) folded in a fixed
    order. FMA contraction is off in this file, so the three paths give the same bits; rows (or, for a bias's
-   gradient, columns; for LayerNorm's dw and db, row blocks that N alone fixes) are split over the thread pool so
-   that no result depends on the thread count either.
+   gradient and the embedding's dW, columns; for LayerNorm's dw and db, row blocks that N alone fixes) are split
+   over the thread pool so that no result depends on the thread count either.
    Not here: the GEMM (mgk.c). minigpt/backends/native.py calls every op of this file, AdamW and the scatter-add
    included (memory-bound: ctypes' ~3 us per call costs about 0.1 ms of a config S step, the price of one backend). */
 #include <math.h>
@@ -114,7 +114,7 @@ static void run(const job_fn *fns, const void *args, long long ps, long long uni
     if (rc != MGK_OK) fn(args, 0, 1);         /* no worker could start: the caller does it all */
 }
 
-/* [lo, hi) of n items for thread tid of nt, in blocks of `block` items (16 floats: one cache line of dw per thread) */
+/* [lo, hi) of n items for thread tid of nt, in blocks of `block` items (16 floats: one cache line of a column sum) */
 BODY void span(long long n, int tid, int nt, long long block, long long *lo, long long *hi)
 {
     long long nb = (n + block - 1) / block;
@@ -331,7 +331,8 @@ int mgk_ref_layernorm_fwd(long long N, int C, const float *x, const float *w, co
 /* One pass over dy and x: a row's dw and db terms go into the sums of its row block (pw, pb: one row of C floats
    per block), and its dx follows from the same row while it is in cache. The blocks depend on N alone (at most
    LN_BLOCKS, of at least LN_BLOCK_ROWS rows), each summed in row order by the one thread that takes it;
-   mgk_layernorm_bwd then adds them into dw and db in block order, so no result depends on the thread count.
+   mgk_layernorm_bwd then adds them into dw and db in block order, so no result depends on the thread count (and
+   at most LN_BLOCKS threads share a call).
    (Summing each column over all rows on one thread instead read dy and x twice: 4% of a bf16 step of config M.) */
 #define LN_BLOCKS 64
 #define LN_BLOCK_ROWS 16

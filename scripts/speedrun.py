@@ -257,10 +257,7 @@ def main(argv):
         raise UserError(f"--budget must be positive seconds (0: nanoGPT's time), got {a.budget}")
     if a.threads < 1:
         raise UserError(f"--threads must be at least 1, got {a.threads}")
-    if a.data == ap.get_default("data"):
-        if not os.path.isfile(os.path.join(ROOT, a.data)):     # tiny Shakespeare: fetched once, before any run,
-            download(os.path.join(ROOT, a.data))               # so a failed download is its own one-line error
-    elif not os.path.isfile(a.data):
+    if a.data != ap.get_default("data") and not os.path.isfile(a.data):
         raise UserError(f"--data {a.data!r} is not a file; pass a UTF-8 text file (or leave --data out for tiny "
                         "Shakespeare)")
     if not a.budget:
@@ -274,6 +271,9 @@ def main(argv):
         raise UserError("--bf16 true runs the recipes in float32 and again in bf16, --dtype bf16 runs everything in "
                         "bf16: pass one of the two")
     a.candidates = pick_candidates(a.candidates)
+    if a.data == ap.get_default("data") and not os.path.isfile(os.path.join(ROOT, a.data)):
+        download(os.path.join(ROOT, a.data))     # tiny Shakespeare, once, after every check and before any run:
+                                                 # a failed download is its own one-line error
     a.revision = revision(ROOT)                        # the code the runs use (write_report's plot makes it dirty)
     plan = plan_of(a.ablations, nanogpt=not a.budget, candidates=a.candidates, round1=a.round1, bf16=a.bf16,
                    dtype=a.dtype)

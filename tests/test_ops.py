@@ -532,7 +532,8 @@ def test_dropout_refuses_bad_arguments():
 @pytest.mark.parametrize("name,dt", KERNELS)
 def test_in_place_forms_match(use, rng, name, dt):
     """The aliasing the interface allows: gelu's out may be x, gelu_backward's dx may be dout, and
-    layernorm_backward's dx may be dy; each gives what the separate arrays give."""
+    layernorm_backward's dx may be dy; each gives what the separate arrays give. A dx that overlaps x, or dy without
+    being it, is refused, alike on every backend."""
     ops = use(name)
     x, b, dout = randn(rng, (5, 7, 33), dt, 3), randn(rng, 33, dt), randn(rng, (5, 7, 33), dt)
     y, d = np.empty_like(x), np.empty_like(x)
@@ -557,6 +558,10 @@ def test_in_place_forms_match(use, rng, name, dt):
     assert ops.layernorm_backward(dy2, x, w, mean, rstd, dy2, dw2, db2) is dy2
     for got, want in ((dy2, dx), (dw2, dw1), (db2, db1)):
         np.testing.assert_array_equal(got, want)
+    buf = np.concatenate([dy, dy[:1]])
+    for dy4, x4, dx4 in ((buf[1:], x, buf[:21]), (dy, buf[1:], buf[:21]), (dy, buf[:21], buf[:21])):
+        with pytest.raises(ValueError, match="overlaps"):                        # half over dy or x, or dx is x
+            ops.layernorm_backward(dy4, x4, w, mean, rstd, dx4, np.zeros(33, dt), None)
 
 
 # ----------------------------------------------------------------------------

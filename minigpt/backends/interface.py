@@ -40,9 +40,13 @@ def check_dropout(x, seed, out):
         raise ValueError(f"dropout: seed {seed} is outside [0, 2**64)")
     if out.shape != x.shape or out.dtype != x.dtype:
         raise ValueError(f"dropout: out is {out.shape} {out.dtype}, x {x.shape} {x.dtype}: pass an out like x")
-    same = out.__array_interface__["data"][0] == x.__array_interface__["data"][0] and out.strides == x.strides
-    if not same and np.may_share_memory(out, x):
+    if not _same(out, x) and np.may_share_memory(out, x):
         raise ValueError("dropout: out overlaps x without being x: pass x itself (in place) or a separate array")
+
+
+def _same(a, b):
+    """a and b are one array: the same first element and the same strides (an op's in-place form)."""
+    return a.__array_interface__["data"][0] == b.__array_interface__["data"][0] and a.strides == b.strides
 
 
 @functools.lru_cache(maxsize=64)
@@ -116,9 +120,13 @@ class Ops:
         return self._layernorm(x, w, b, out, mean, rstd, eps)
 
     def layernorm_backward(self, dy, x, w, mean, rstd, dx, dw, db):
-        """dy, x (N, C) -> dx (N, C) written (dx may be dy); dw, db (C,) +=; db is None without a bias."""
+        """dy, x (N, C) -> dx (N, C) written (dx may be dy, and must not overlap x); dw, db (C,) +=; db is None
+        without a bias."""
         N, C = _rows("layernorm_backward", x)
         check_shapes("layernorm_backward", (x.shape, dy, dx), ((C,), w, dw, db), ((N,), mean, rstd))
+        if (not _same(dx, dy) and np.may_share_memory(dx, dy)) or np.may_share_memory(dx, x):
+            raise ValueError("layernorm_backward: dx overlaps x, or dy without being it: pass dy itself (in place) "
+                             "or a separate array")
         return self._layernorm_backward(dy, x, w, mean, rstd, dx, dw, db)
 
     def gelu(self, x, b, out, dgelu):
