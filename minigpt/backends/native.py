@@ -31,7 +31,10 @@ from . import BackendUnavailable
 from .interface import Ops, _check_bf16, check_dropout, check_float32, check_shapes, dropout_keep_from, gemm_dims
 
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # minigpt/
-_ERRORS = {-1: "bad argument", -2: "out of memory", -3: "could not start a worker thread"}
+# the C library's error codes (mgk.h): what each means, and the exception it raises here (out of memory: MemoryError,
+# which training turns into its one-line OutOfMemory)
+_ERRORS = {-1: ("bad argument", ValueError), -2: ("out of memory", MemoryError),
+           -3: ("could not start a worker thread", RuntimeError)}
 _i, _ll = ctypes.c_int, ctypes.c_longlong
 _ABI = 10                                                 # MGK_ABI in native/mgk.h
 _CAUSAL = {"out": 1, "a": 2}                              # MGK_CAUSAL_OUT, MGK_CAUSAL_A in native/mgk.h
@@ -164,13 +167,13 @@ def _lib():
 
 def _check(rc, what, a, b):
     if rc != 0:
-        raise _error(rc)(f"native {what}: {_ERRORS.get(rc, rc)} (rc={rc}) for {a.shape} x {b.shape}")
+        raise _error(rc, what, f" for {a.shape} x {b.shape}")
 
 
-def _error(rc):
-    """The exception for a C call's error: MemoryError when out of memory (training turns it into its one-line
-    OutOfMemory), ValueError for a bad argument, RuntimeError for a worker thread that could not start."""
-    return {-1: ValueError, -2: MemoryError}.get(rc, RuntimeError)
+def _error(rc, what, detail=""):
+    """The exception for a C call that returned rc (_ERRORS)."""
+    meaning, kind = _ERRORS.get(rc, (str(rc), RuntimeError))
+    return kind(f"native {what}: {meaning} (rc={rc}){detail}")
 
 
 # ----------------------------------------------------------------------------
@@ -251,7 +254,7 @@ class NativeOps(Ops):
     def _done(rc, what, c):
         """Raise for a failed C call, else copy the results of scratch outputs back (Contiguous.back)."""
         if rc != 0:
-            raise _error(rc)(f"native {what}: {_ERRORS.get(rc, rc)} (rc={rc})")
+            raise _error(rc, what)
         c.back()
 
     def _layernorm(self, x, w, b, out, mean, rstd, eps=1e-5):               # x (N, C) -> out (N, C)
