@@ -105,7 +105,8 @@ def main():
              + f"` on {cpu_line()}, "
              f"{time.strftime('%Y-%m-%d %H:%M')}. Threads: {args.threads} for every backend. "
              "fp32 FMA peak (register-only loop on the same threads), GFLOP/s: {PEAK}."
-             + (f" bf16 peak, GFLOP/s: {{PEAK16}} on native's {native_isa()} path ({BF16_ON.get(native_isa(), BF16_ELSE)})."
+             + (f" bf16 peak on native's {native_isa()} path ({BF16_ON.get(native_isa(), BF16_ELSE)}), "
+                "GFLOP/s: {PEAK16}."
                 if "native bf16" in names else ""),
              "Each entry: median over rounds of the median call time (after warm-up calls; at least 5 calls, 3 for "
              "products over 1 GFLOP); GFLOP/s = 2·L·M·N·K / t. 'best calls': the fastest call of each, less hit by noise. "
@@ -152,7 +153,7 @@ def main():
                   " | ".join(f"{best[b] / best['numpy']:.2f}" for b in names if b != "numpy") + " |",
                   "| one step's matmuls (ms, x count) | | " + " | ".join(f"{step[b]:.1f}" for b in names) + " | " +
                   " | ".join(f"{step['numpy'] / step[b]:.2f}x faster" for b in names if b != "numpy") + " |", ""]
-    after, bf16_after = peak(names, args.threads), peak(names, args.threads, bf16=True)
+    after, bf16_after = peak(names, args.threads), peak(names, args.threads, bf16=True) if args.bf16 else None
     if "native bf16" in names:                    # against the larger reading of each peak: a busy moment of the
         top, top16 = max(peak_before, after), max(bf16_peak, bf16_after)    # shared host can halve one
         lines += ["native bf16 against the peaks (one step's matmul-weighted GFLOP/s: all its products' flops over "
