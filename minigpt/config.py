@@ -16,9 +16,7 @@ import sys
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
 
-class UserError(Exception):
-    """A problem with the user's input: the scripts print the message (no traceback) and exit with status 2
-    (training's subclasses: 3 for a diverged run, 130 for a second signal; train.exit_code)."""
+from .errors import UserError
 
 
 def run_command(main, argv=None):

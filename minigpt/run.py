@@ -15,17 +15,8 @@ import time
 import numpy as np
 
 from . import checkpoint, distributed
-from .config import UserError, quiet_stdout
-
-
-class StoppedTwice(UserError):
-    """A second SIGINT/SIGTERM before the step finished: stop at once, without saving."""
-    everywhere = False                          # under mpiexec a rank may meet it alone (distributed.exit_status)
-
-
-class CannotSave(UserError):
-    """A checkpoint or snapshot could not be written (a full disk, a directory made read-only)."""
-    everywhere = False                          # rank 0 alone writes
+from .config import quiet_stdout
+from .errors import CannotSave, StoppedTwice, UserError
 
 
 @contextlib.contextmanager

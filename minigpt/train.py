@@ -22,26 +22,12 @@ import time
 import numpy as np
 
 from . import checkpoint, distributed
-from .config import UserError, parse_args, run_command
+from .config import parse_args, run_command
+from .errors import Diverged, OutOfMemory, UserError, exit_code
 from .evaluate import estimate_loss, whole_split_loss
 from .optim import clip_grad_norm, get_lr
 from .prepare import setup
 from .run import StopFlag, StoppedTwice, say
-
-
-class Diverged(UserError):
-    """The loss or gradient norm stopped being finite."""
-
-
-class OutOfMemory(UserError):
-    """numpy or the C library could not allocate an array of the model, its optimizer state or a step's activations
-    (or the C library a buffer of its own)."""
-    everywhere = False                          # under mpiexec a rank may meet it alone
-
-
-def exit_code(e):
-    """The command's exit status for a UserError: 3 diverged, 130 stopped by a second signal, else 2."""
-    return 3 if isinstance(e, Diverged) else 130 if isinstance(e, StoppedTwice) else 2
 
 
 def interrupted_status(result):
