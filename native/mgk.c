@@ -59,7 +59,7 @@
 #endif
 #ifndef AVX2_KC
 #define AVX2_KC 384  /* AVX2's depth: a 16-wide B panel is 24 KB, and a K of 384 or 1536 makes fewer passes over C
-                        than with 256 (on Zen 3, config M's products with op(A) = A 4-14% faster) */
+                        than with 256 (reports/benchmarks.md: the AVX2 packs and k blocks) */
 #endif
 #define KC_MAX (KC > AVX2_KC ? KC : AVX2_KC)   /* the deepest fp32 k block */
 #define KC_DP (2 * KC)   /* avx512bf16's and amx's depth: k-pairs of bf16 fill a B panel's 32 KB at twice KC (a
@@ -70,9 +70,8 @@
 #endif
 #define MC_TA (2 * MC)   /* ... on the AVX-512 paths' gemm_loops where op(A) = A^T, not causal (the weight
                             gradients x^T dy, K = the batch's tokens; ~390 KB packed): the pack reads whole
-                            384-float rows of x, and each packed k block of op(B) serves twice the rows (config M's
-                            four x^T dy 1.00-1.09x in bf16 on AMD Zen 5, 1.00-1.03x in fp32). AVX2, generic and amx
-                            keep MC */
+                            384-float rows of x, and each packed k block of op(B) serves twice the rows
+                            (reports/benchmarks.md: MC_TA). AVX2, generic and amx keep MC */
 #ifndef NC
 #define NC 2048    /* columns of B packed at once */
 #endif
@@ -80,8 +79,7 @@
                         (AVX-512 paths: 64 bytes more per 8-row panel of op(A), 256 per 32-column panel of op(B);
                         AVX2 and generic: op(A)'s panels): at 2^n bytes apart (8 KB, 32 KB), the packs that write
                         a row of every panel in turn (pack_at, pack_at_pairs, pack_b_pairs) stored into one set
-                        of L1 and missed on each store (AMD Zen 5: pack_at_pairs 0.27 -> 0.10 ns an element, with
-                        its rounding then written in C) */
+                        of L1 and missed on each store (reports/benchmarks.md: PANEL_PAD) */
 #define BUF_K (KC_MAX + 2 * PANEL_PAD)   /* the depth of the per-thread pack buffers (A_BUF for op(A), BUF_K
                                            x NC for op(B)): the deepest block, and the pads of two (a K of two fp32
                                            k blocks, as config M's 384, keeps its whole op(B) of 1536 columns) */
@@ -117,7 +115,7 @@ static inline __attribute__((always_inline)) void prefetch_rows(const float *p, 
 /* rows i0..i0+mc of op(A) = A^T (ta), k0..k0+kc -> every row panel (mr rows each: the path's tile) at once, panel
    ir at ap + ir*d with d = kc + PANEL_PAD, as each path's pack_a lays one out (ap[k*mr + i]); reading A a row
    (one k) at a time, its mc floats in order. A pack_a of A^T reads a column strip of A per panel instead (mr
-   floats of each of kc rows), which at config M's x^T dy products took about 40% of their time. The row PF_ROWS
+   floats of each of kc rows: a new cache line each; reports/benchmarks.md: pack_at). The row PF_ROWS
    ahead is prefetched: the rows are short pieces of a long stride, which the hardware's prefetchers miss. Plain
    C, inlined into every ISA path with its mr a constant */
 static inline __attribute__((always_inline)) void pack_at(const job_t *g, const float *A, int i0, int mc, int k0,
@@ -551,11 +549,11 @@ static double peak_once(peak_fn *fn, int flops, long long iters)   /* GFLOP/s of
 #endif
 
 /* the fastest path: the highest the CPU runs, except that a bf16 path must beat fp32 FMAs on rounded operands
-   by its own measured rate (vdpbf16ps: 2x an FMA on AMD Zen 5, about 2x on Zen 4, 0.5x on Intel Xeons): the best of
-   3 register-only loops each (about 0.4 ms each on Zen 5) */
+   by its own measured rate (vdpbf16ps does twice an FMA's work on some CPUs and half of it on others): the best
+   of 3 short register-only loops each */
 static int best_isa(void)
 {
-    int isa = mgk_cpu_isa();                   /* amx: taken without a rate check (tiles: 6.7-15x the FMAs) */
+    int isa = mgk_cpu_isa();                   /* amx: taken without a rate check (the tiles outrun the FMAs) */
 #ifdef MGK_BF16
     if (isa == MGK_ISA_AVX512BF16) {
         const struct isa_gemm *b = &ISA_GEMM[MGK_ISA_AVX512BF16];
@@ -591,7 +589,7 @@ static int plan(job_t *g)
 {
     int nt = threads_now();
     double flops = 2.0 * g->M * g->N * (g->K + 1) * g->L;
-    if (flops < 4e5) nt = 1;                   /* below ~4 us of work, waking a thread costs more than it saves */
+    if (flops < 4e5) nt = 1;                   /* this little work: waking a thread costs more than it saves */
     g->pm = 0; g->pn = 1;
     if (g->L >= nt && (g->L % nt == 0 || g->L >= 4 * nt)) return nt;
     if (g->small) {                            /* few rows: split K (each thread streams its own rows of B), */

@@ -125,8 +125,9 @@ static int bad_view(const view_t *x, int cols)
     return !x->p || x->ld < (cols > 1 ? cols : 1) || x->s1 < 0 || x->s2 < 0;
 }
 
-/* run fn over the items on min(threads, L) threads (one below ~4 us of work), with the GEMM's FP mode; scratch:
-   floats of each thread's item_scratch[0] (ds) and item_scratch[1] (attd) (grown, never shrunk) */
+/* run fn over the items on min(threads, L) threads (one for work too small to split, as mgk.c's plan), with the
+   GEMM's FP mode; scratch: floats of each thread's item_scratch[0] (ds) and item_scratch[1] (attd) (grown, never
+   shrunk) */
 static int run_attention(attn_t *a, void (*fn)(void *, int, int), double flops, long long ds_floats,
                          long long attd_floats)
 {

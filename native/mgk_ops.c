@@ -10,7 +10,8 @@
    gradient and the embedding's dW, columns; for LayerNorm's dw and db, row blocks that N alone fixes) are split
    over the thread pool so that no result depends on the thread count either.
    Not here: the GEMM (mgk.c). minigpt/backends/native.py calls every op of this file, AdamW and the scatter-add
-   included (memory-bound: ctypes' ~3 us per call costs about 0.1 ms of a config S step, the price of one backend). */
+   included (memory-bound, they gain little from C, and a ctypes call costs more than a numba one: the price of
+   one backend that needs neither numba nor BLAS). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -35,11 +36,11 @@
 #define LANES 16           /* independent partial sums of a row sum (below: four vectors of 4 floats) */
 /* Threads: an op runs on the calling thread alone unless its work, estimated as elements times the cost of one
    element on one AVX-512 thread (the PS_* below, in picoseconds, measured at config-S sizes), passes a threshold.
-   Waking the pool's sleeping workers costs ~50 us on the machine this was tuned on (a VM), so an op must take
-   ~100 us on one thread before a second one pays (PAR_MIN_PS). While mgk_set_spin_us is > 0 (the native backend
-   sets it), workers wait awake between back-to-back calls and handing them work costs about a microsecond, so
-   each thread that gets ~5 us of work pays (PAR_SPIN_PS; config S's ops all cross it: a step 6-9% faster on AMD
-   Zen 5 than at 100 us). A call after a longer pause still wakes sleeping workers. */
+   Waking the pool's sleeping workers is slow, so an op must take PAR_MIN_PS on one thread before a second one
+   pays. While mgk_set_spin_us is > 0 (the native backend sets it), workers wait awake between back-to-back calls
+   and handing them work is cheap, so each thread that gets PAR_SPIN_PS of work pays (config S's ops all cross it;
+   the thresholds tried: reports/benchmarks.md, PAR_SPIN_PS). A call after a longer pause still wakes sleeping
+   workers. */
 #define PAR_MIN_PS 100000000LL
 #define PAR_SPIN_PS 5000000LL
 enum { PS_LN_FWD = 300, PS_LN_BWD = 400, PS_GELU_FWD = 700, PS_GELU_BWD = 150, PS_SM_FWD = 450, PS_SM_BWD = 250,
@@ -50,9 +51,9 @@ typedef void (*job_fn)(const void *args, int tid, int nt);
 
 /* A bias's gradient summed over rows (GELU backward's db) sums a thread's columns into a local array, COL_BLOCK
    columns at a time: summed straight into db[j], whose stores the compiler must assume may change the inputs, the
-   loop did not vectorize (LayerNorm backward's column pass, when it had one, took twice its row pass at config M).
-   Each column still adds its rows in order, from its old value, on one thread. A block as wide as a row keeps one
-   sequential pass over the rows (GELU backward on 1 thread with 1024-column blocks: 0.63x). */
+   loop would not vectorize. Each column still adds its rows in order, from its old value, on one thread. A block
+   as wide as a row keeps one sequential pass over the rows (narrower blocks make strided passes, which are
+   slower). */
 #define COL_BLOCK 4096
 
 /* VARIANTS(op, args_t) compiles op##_body three times and makes op##_fns[isa]; the body is always_inline, so
@@ -237,7 +238,7 @@ BODY float pick(int c, float a, float b)
    e**r = 1 + r + r^2 q(r), q of degree 4 fitted (least squares, Lawson-reweighted to the minimax relative error
    3.1e-9) on [-ln2/2, ln2/2]. 2**n is two exponent-field factors, so n = 128 works. Below ln(FLT_MIN) the result
    is 0 (-inf -> exactly 0) and above ln(FLT_MAX) inf, both by a select on an in-range dummy: results that would
-   be subnormal cost a microcode assist per vector here (4x the time), and very negative arguments (scores far
+   be subnormal cost a microcode assist per vector here, and very negative arguments (scores far
    below a row's max) are common.
    NaN stays NaN. */
 #define EXP_SHIFT 12582912.0f             /* 1.5 * 2**23: adding it rounds x / ln2 to an integer in the low bits */
@@ -333,7 +334,7 @@ int mgk_ref_layernorm_fwd(long long N, int C, const float *x, const float *w, co
    LN_BLOCKS, of at least LN_BLOCK_ROWS rows), each summed in row order by the one thread that takes it;
    mgk_layernorm_bwd then adds them into dw and db in block order, so no result depends on the thread count (and
    at most LN_BLOCKS threads share a call).
-   (Summing each column over all rows on one thread instead read dy and x twice: 4% of a bf16 step of config M.) */
+   (Summing each column over all rows on one thread instead would read dy and x twice.) */
 #define LN_BLOCKS 64
 #define LN_BLOCK_ROWS 16
 typedef struct {
