@@ -1,8 +1,8 @@
 """The native backend: every op in the C library native/mgk*.c (built as minigpt/_mgk*.so), through ctypes: the
 products (mgk.c), the fused attention (mgk_attention.c), and LayerNorm, GELU, causal softmax, cross-entropy,
 the embedding scatter-add, AdamW and dropout (mgk_ops.c), float32 only. It needs neither numba nor
-BLAS. (AdamW and the scatter-add are memory-bound, and ctypes costs ~3 us a call against numba's ~0.5 us: about
-0.1 ms of a config S step, the price of one backend.)
+BLAS. (AdamW and the scatter-add are memory-bound, and a ctypes call costs more than a numba one: the price of
+one backend.)
 
 The only module of the package that uses ctypes. Loads the library once and declares every signature it calls.
 Transposes are flags. The products and the fused attention walk strided views in place (rows of contiguous floats,
@@ -43,8 +43,8 @@ _ndf32 = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
 
 class _f32(_ndf32):
     """ndpointer(float32, C_CONTIGUOUS) with a cheaper conversion: numpy's from_param goes through
-    arr.ctypes and ctypes.cast (~3-4 us per array here, most of a small call's overhead); byref of a
-    buffer view is ~0.5 us. Anything unusual (wrong dtype/layout, read-only, empty) takes numpy's path,
+    arr.ctypes and ctypes.cast (most of a small call's overhead); byref of a buffer view costs a fraction
+    of that. Anything unusual (wrong dtype/layout, read-only, empty) takes numpy's path,
     which performs the same dtype and layout checks and raises the same errors; it lets a read-only array
     through, as inputs may be (the ops' outputs are arrays the layers and the Ops own)."""
 
@@ -348,8 +348,8 @@ class NativeOps(Ops):
         self.lib.mgk_set_num_threads(max(1, int(n)))
 
     SPIN_US = 100       # a training step's calls come back to back: waiting 100 us on the CPU before sleeping
-                        # saves a wake-up per call (S step -15% here) and costs at most 100 us after the last one;
-                        # with the workers awake, ops of ~5 us split over the threads too (mgk_ops.c: run)
+                        # saves a wake-up per call and costs at most 100 us after the last one; with the workers
+                        # awake, small ops split over the threads too (mgk_ops.c: PAR_SPIN_PS)
 
     def spin(self, us=None):
         self.lib.mgk_set_spin_us(self.SPIN_US if us is None else max(0, int(us)))

@@ -25,8 +25,8 @@ def _configure_numba():
     # GNU OpenMP (numba's default threading layer here) spin-waits by default and steals the cores that the
     # products' BLAS, the native pool and other processes need; PASSIVE makes idle workers sleep.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    # LLVM tunes AVX-512 CPUs to prefer 256-bit vectors; with 512-bit ones config S's GELU and softmax kernels ran
-    # 1.2-1.6x as fast (Intel Xeon family 6 model 207; at config M, memory-bound, within noise). Same host features
+    # LLVM tunes AVX-512 CPUs to prefer 256-bit vectors; with 512-bit ones config S's GELU and softmax kernels run
+    # faster (at config M they are memory-bound: reports/benchmarks.md, numba's LLVM flags). Same host features
     # numba would use, minus that tuning flag.
     if "NUMBA_CPU_FEATURES" not in os.environ and "NUMBA_CPU_NAME" not in os.environ:
         try:
@@ -216,7 +216,7 @@ def gelu_fwd(x, b, y, dydx):                                # x, y, dydx (N, H),
 @njit(parallel=True, **_JIT)
 def gelu_fwd_inplace(y, b, dydx):                           # y (N, H): x in, gelu(x + b) out; dydx (N, H)
     N, H = y.shape                                          # its own kernel: with x and y one array, gelu_fwd's
-    for i in prange(N):                                     # loop cannot prove them apart and runs ~5x slower
+    for i in prange(N):                                     # loop cannot prove them apart and runs much slower
         yi, di = y[i], dydx[i]
         for j in range(H):
             yi[j], di[j] = _gelu(yi[j] + b[j])
@@ -322,7 +322,7 @@ def adamw(p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2):     # all flat (n,), updat
     a, rb, decay = f(lr / bc1), f(1.0 / math.sqrt(bc2)), f(1.0 - lr * wd)
     b1, c1, b2, c2, eps = f(b1), f(1.0 - b1), f(b2), f(1.0 - b2), f(eps)
     for i in range(p.size):                                 # serial: memory-bound, and a parallel launch costs
-        gi = g[i]                                           # ~20 us, more than most parameters take
+        gi = g[i]                                           # more than most parameters take
         m[i] = b1 * m[i] + c1 * gi                          # m = b1 m + (1 - b1) g
         v[i] = b2 * v[i] + c2 * (gi * gi)                   # v = b2 v + (1 - b2) g^2
         p[i] = p[i] * decay - a * m[i] / (np.sqrt(v[i]) * rb + eps)   # decoupled decay, then Adam

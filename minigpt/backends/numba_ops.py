@@ -7,10 +7,9 @@ copies of the token ids and targets, and a row's worth of scratch in the LayerNo
 small arrays (a LayerNorm's w, b, mean, rstd; the bias sums) go to the kernels as they are: numba compiles a
 strided version for a view of one. Ops has checked every shape, id and offset before these run. The products
 are the specification's (np.matmul: numpy_ops.product). A model runs float32 here (dtypes), as on native; the
-kernels also compile for float64, which tests/test_ops.py holds to the float64 specification.
-
-Until 2026-11-27 a numba GEMM ran the products: a config M step's products took 2.2x OpenBLAS's time on it, and
-the step is 1.9x as fast without it (reports/benchmarks.md, its notes).
+kernels also compile for float64, which tests/test_ops.py holds to the float64 specification. The products run
+on BLAS, not on a numba GEMM, which is much slower than BLAS (reports/benchmarks.md: the numba backend's products
+on BLAS).
 """
 import math
 
@@ -27,7 +26,7 @@ except ImportError as e:                           # reported by backend(), so "
     numba, _IMPORT_ERROR = None, e
 
 SERIAL_BELOW = 16384     # elements of work: below this a kernel runs on one thread (waking numba's other threads
-                         # costs ~17 us here, more than the one-row LayerNorms and GELUs of decoding take)
+                         # costs more than the one-row LayerNorms and GELUs of decoding take)
 
 
 class NumbaOps(Ops):
@@ -65,8 +64,8 @@ class NumbaOps(Ops):
         check_float32(a, b, out, backend=self.name)
         return product(self, a, b, ta, tb, out, acc, bf16)
 
-    own_causal = True            # causal "out": the future zeroed by a kernel (numpy's np.copyto with a mask ran
-                                 # config M's causal q k^T at 62 GFLOP/s against 90 plain: reports/kernels.md)
+    own_causal = True            # causal "out": the future zeroed by a kernel (numpy's np.copyto with a mask is
+                                 # slow enough to show in the causal q k^T)
 
     def _bmm(self, a, b, ta, tb, out, acc, bf16, causal=None, start=0):   # a (..., M, K), b (..., K, N) -> (..., M, N)
         check_float32(a, b, out, backend=self.name)
