@@ -2,7 +2,7 @@
 same global batch, for configs S and M; the Allreduce's time for each config's gradient; and, on paper, the
 scaling to 8 and 64 machines. Writes reports/distributed.md.
 
-    python scripts/bench_distributed.py                    # about 6 minutes on 2 cores
+    python scripts/bench_distributed.py                    # the full report
     python scripts/bench_distributed.py --rounds 1 --steps_S 60 --steps_M 3 --out /tmp/d.md   # a quick look
 
 Every arrangement is one train_shakespeare.py run (its log.jsonl has each step's ms); the rounds alternate the

@@ -124,11 +124,11 @@ def main():
             for _ in range(args.rounds):
                 for b in names:
                     backends.select(b.split()[0], threads=args.threads, verbose=False)
-                    big = L * M * N * Kd > 5e8                         # config M: a few calls of ~0.1 s each suffice
+                    big = L * M * N * Kd > 5e8                         # config M: a few long calls suffice
                     runs[b].append(time_product(L, M, N, Kd, ta, tb, args.min_time, 1 if big else 2, 3 if big else 5,
                                                 bf16=b.endswith("bf16"), causal=causal))
                     if b == "numpy":
-                        time.sleep(0.3)        # OpenBLAS workers spin ~0.1 s after a call: let them sleep first
+                        time.sleep(0.3)        # OpenBLAS workers spin a while after a call: let them sleep first
             for b in names:
                 t[b].append(float(np.median([np.median(r) for r in runs[b]])))
                 tmin[b].append(float(min(r.min() for r in runs[b])))

@@ -1,7 +1,7 @@
 """Characters against byte-level BPE (two vocabulary sizes) on tiny Shakespeare at equal training wall time,
 compared in bits per character over the same validation text. Writes reports/tokenizers.md.
 
-    python scripts/bench_tokenizers.py                  # 3 tokenizers x 2 seeds x 60 s: about 7 minutes
+    python scripts/bench_tokenizers.py                  # 3 tokenizers x 2 seeds x 60 s
     python scripts/bench_tokenizers.py --seconds 20 --seeds 1 --out /tmp/t.md     # a quick look
 
 Every run is train_shakespeare.py with config S, --max_time SECONDS (the lr schedule is laid over the budget)

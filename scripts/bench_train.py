@@ -9,8 +9,8 @@ LayerNorm / GELU / loss / optimizer / other (exclusive times). PyTorch is option
 --baseline: a checkout of an older commit (its native library built in place: `python setup.py build_ext
 --inplace`); every round then also runs that tree's own children ("native@base", "native bf16@base", ...: each
 dtype, on the default ISA path), so before and after are measured side by side, in the same invocation. The
-child protocol (--child/--config/--steps/--threads/--profile in, one JSON line {median, shares, rss} out) is the
-one this script has had since b972235; --dtype bf16 is passed to bf16 children only, --dropout P to every
+child protocol (--child/--config/--steps/--threads/--profile in, one JSON line {median, shares, rss} out) must
+be the same in the baseline tree's script; --dtype bf16 is passed to bf16 children only, --dropout P to every
 child when P > 0. --dtypes float32,bf16 runs every implementation in both (PyTorch's bf16 is its autocast);
 --isas adds native rows on lower ISA paths (MINIGPT_ISA in the child). --dropout trains every model with
 dropout (reports/dropout.md is its report: --out).
@@ -326,7 +326,7 @@ def main():
         results[cfg_name] = rows
     parent_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if peak:                                       # the peaks again, after the rounds: a busy moment of the
-        try:                                       # shared host can halve one reading (it did, on a Zen 4)
+        try:                                       # shared host can halve one reading
             again = probe(ROOT, a.threads)
         except SystemExit as e:                    # keep the rounds' report: the readings before them stand
             print(f"warning: the peaks after the rounds: {e}", file=sys.stderr)

@@ -29,7 +29,7 @@ def cpu():
                 flags = set(val.split())
             elif key.strip() in ("Vendor ID", "CPU family", "Model") and key.strip() not in ids:
                 ids[key.strip()] = val.strip()
-        if len(ids) == 3:                                   # "AMD EPYC" alone does not say Zen 3, 4 or 5
+        if len(ids) == 3:                                   # a model name alone may not say the generation
             model += f" ({ids['Vendor ID']} family {ids['CPU family']} model {ids['Model']})"
     except (OSError, subprocess.CalledProcessError):       # no lscpu: /proc/cpuinfo has the same fields
         try:
@@ -49,7 +49,8 @@ def cpu():
 
 
 def cpu_line():
-    """One line for a report, e.g. 'AMD EPYC, 2 CPUs, avx512f yes, avx2 yes, fma yes (lscpu)'."""
+    """One line for a report: '<model name> (<vendor> family <n> model <n>), 2 CPUs, avx512f yes, avx2 yes, ...
+    (lscpu)'."""
     c = cpu()
     return f"{c['model']}, {c['cpus']} CPUs, " + ", ".join(f"{f} {'yes' if v else 'no'}" for f, v in c["flags"].items()) \
         + " (lscpu)"

@@ -5,7 +5,7 @@ the whole-split validation loss at the end; writes reports/bf16.md.
 
 Recipes: config S as `scripts/train_shakespeare.py` runs it by default (2000 iterations), and the speedrun's two
 recipes, round 1 (Muon, batch 32) and round 3 (+ the embeddings' lr x 10; the preset until round 4), over a fixed
-1219 iterations (what round 1 reached in nanoGPT's wall time on a Zen 5 EPYC, reports/speedrun.md at 232a1ad): a
+1219 iterations (what round 1 reached in nanoGPT's wall time in one speedrun invocation, reports/speedrun.md): a
 fixed count, not a time budget, so that both dtypes take the same steps on any CPU and only the precision
 differs. A run whose work_dir already holds a finished log is read, not trained again.
 

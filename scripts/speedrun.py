@@ -1,15 +1,15 @@
 r"""minigpt's speedrun recipes against nanoGPT in nanoGPT's own wall time, with ablations. Writes
 reports/speedrun.md (text below its notes marker is kept) and reports/speedrun.png.
 
-    python scripts/speedrun.py                                  # 3 seeds with the ablations: 85-130 minutes
-    python scripts/speedrun.py --seeds 1337 --ablations false   # nanoGPT and the two recipes: about 4 minutes
+    python scripts/speedrun.py                                  # 3 seeds with the ablations (time: reports/speedrun.md)
+    python scripts/speedrun.py --seeds 1337 --ablations false   # nanoGPT and the two recipes
     python scripts/speedrun.py --ablations false --bf16 true --out reports/speedrun_bf16.md
-        # the two recipes in float32 and in bf16 (--dtype bf16), 3 seeds: about 20 minutes on AMD Zen 5
-    python scripts/speedrun.py --candidates qk-norm,embedding --round1 false   # round 2's two: about 30 minutes
+        # the two recipes in float32 and in bf16 (--dtype bf16), 3 seeds
+    python scripts/speedrun.py --candidates qk-norm,embedding --round1 false   # round 2's two
     python scripts/speedrun.py --dtype bf16 --candidates trapezoid,evaluations --round1 false \
-        --out /tmp/candidates_bf16.md           # two candidates, every run in bf16: about 30 minutes on AMD Zen 5
+        --out /tmp/candidates_bf16.md           # two candidates, every run in bf16
     python scripts/speedrun.py --budget 3 --seeds 1337 --ablations false --out /tmp/smoke.md
-        # a smoke test: the two recipes for 3 s each, no nanoGPT (2 runs, about half a minute)
+        # a smoke test: the two recipes for 3 s each, no nanoGPT (2 runs)
 
 For each seed in turn: nanoGPT's procedure trains config S for 2000 iterations (scripts/torch_twin.py's
 train_like_nanogpt, PyTorch on --threads threads) and its training loop is timed, evaluations included; then every
@@ -18,7 +18,7 @@ the preset's recipe (--preset speedrun, round 6) and the round-1 recipe (with --
 --ablations, config S alone in the budget, config S with each round-1 change alone, and each candidate (CANDIDATES)
 alone on the round-1 recipe and toggled in the preset's recipe. --dtype bf16 runs every one of these in bf16
 instead of float32. Every run, nanoGPT's too, is scored the same way at its end: the mean loss over the whole
-validation split (minigpt.evaluate.whole_split_loss), with the context of its own block (64 tokens in config S,
+validation split (minigpt.train.whole_split_loss), with the context of its own block (64 tokens in config S,
 128 from round 4 on); a run whose block is longer than nanoGPT's 64 is scored once more with at most 64
 (scripts/eval_checkpoint.py --context 64), so that the context's share of its gain shows.
 Needs PyTorch for nanoGPT's side (pip install torch).
@@ -35,6 +35,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_util import command, cpu_line, flag, revision, write_keeping_notes  # noqa: E402
 from minigpt.config import ScriptParser, UserError, run_command  # noqa: E402
+from minigpt.outdir import OutDir  # noqa: E402
 from train_shakespeare import download  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -65,14 +66,14 @@ CANDIDATES = {
     # 10 x); round 6 added it to round 5 (SELECTION). Alone on round 1 it did not gain
     "untied head": (["--tie_weights=false"], ["--tie_weights=true"]),
     # a shape: twice the context at three quarters of the batch (1,024 more tokens a step); round 4 added it to round
-    # 3, where in float32 on AMD Zen 5 it gained on six seeds of six (SELECTION); alone on round 1 it did not
+    # 3, where in float32 it gained on six seeds of six (SELECTION); alone on round 1 it did not
     "context 128, batch 24": (["--block_size=128", "--batch_size=24"], ["--block_size=64", "--batch_size=32"]),
     # the schedule: the modded-nanogpt speedruns' trapezoid, the peak lr held and then a straight line down over
     # the last 40% (of the budget, as --max_time lays the schedule), instead of a cosine from the end of warmup
     "trapezoid lr (cooldown 0.4)": (["--cooldown=0.4"], ["--cooldown=0"]),
-    # not learning but the budget: the evaluations every 250 steps (40 forward batches each) take about 5% of it in
-    # bf16 on AMD Zen 5; a quarter of the batches keeps the curve, noisier, and gives the steps the rest. Round 5
-    # added it to round 4 (SELECTION)
+    # not learning but the budget: the evaluations every 250 steps (40 forward batches each) take part of it; a
+    # quarter of the batches keeps the curve, noisier, and gives the steps the rest. Round 5 added it to round 4
+    # (SELECTION)
     "evaluations of 5 batches": (["--eval_iters=5"], ["--eval_iters=20"]),
 }
 NOTES = "<!-- notes: hand-written text below this line is kept when the script rewrites the report -->"
@@ -138,7 +139,7 @@ def nanogpt_child(seed, threads, data):
     from torch_twin import train_like_nanogpt
     from minigpt.config import parse_args
     from minigpt.data import CharTokenizer, Dataset, load_text
-    from minigpt.evaluate import whole_split_loss
+    from minigpt.train import whole_split_loss
     torch.set_num_threads(threads)
     cfg = parse_args(["--data", data])                                 # config S
     text = load_text(data)
@@ -186,7 +187,7 @@ def rescore_command(args, out, data, threads):
     """eval_checkpoint.py's command that scores the run of settings `args` (its last checkpoint in out) over the
     whole val split with at most CONTEXT tokens of context, on the run's backend and dtype."""
     cfg = settings_of(args)
-    return [sys.executable, "scripts/eval_checkpoint.py", "--ckpt", os.path.join(out, "ckpt_last.npz"), "--data",
+    return [sys.executable, "scripts/eval_checkpoint.py", "--ckpt", OutDir(out).last, "--data",
             data, f"--threads={threads}", f"--backend={cfg.backend}", f"--dtype={cfg.dtype}",
             f"--context={CONTEXT}", "--splits=val", "--draws=0"]
 
@@ -202,7 +203,7 @@ def minigpt(args, seed, seconds, threads, data, tmp):
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if r.returncode:
         sys.exit(f"error: {' '.join(cmd)} failed:\n{r.stderr[-3000:]}")
-    with open(os.path.join(out, "log.jsonl")) as f:
+    with open(OutDir(out).log) as f:
         evals = [row for row in map(json.loads, f) if row["kind"] == "eval"]
     res = {"wall": evals[-1]["elapsed"], "curve": [[e["iter"], e["elapsed"], e["val_loss"]] for e in evals],
            "val_full": evals[-1]["val_loss_full"], "iters": evals[-1]["iter"]}
