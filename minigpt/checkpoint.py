@@ -4,7 +4,8 @@ the optimizers named their state ("adam_m/", "adam_v/") still load.
 
 save() writes a temporary file (.tmp-*.npz) in the same directory, fsyncs it, and renames it into place (then
 fsyncs the directory), so a crash at any moment leaves the previous checkpoint intact and loadable. The writer
-holds a lock on its temporary until the rename: remove_stale() deletes the ones a killed writer left behind.
+holds a lock on its temporary until the rename: outdir.remove_stale() deletes the ones a killed writer left behind.
+Where a run's checkpoints and snapshots go, and their names, is minigpt/outdir.py's.
 """
 import json
 import os
@@ -13,31 +14,11 @@ import zipfile
 
 import numpy as np
 
-from .config import UserError
-
-try:
-    import fcntl                                               # POSIX: flock on the temporaries
-except ImportError:                                            # elsewhere: no locks, and no clean-up either
-    fcntl = None
+from .errors import UserError
+from .outdir import CKPT_FIX, PART, TMP_PREFIX, TMP_SUFFIX, fcntl, snapshot_fix
 
 FORMAT = "minigpt-checkpoint-1"
-TMP_PREFIX, TMP_SUFFIX = ".tmp-", ".npz"                       # save()'s temporaries: mkstemp(prefix, suffix)
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")                   # an .npz is a zip archive (the second: empty)
-
-
-def ensure_writable(out_dir):
-    """Make out_dir if missing and check that a file can be written there: a UserError naming the fix before a
-    command does its work, not a traceback after it."""
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise UserError(f"--out_dir {out_dir!r} is a file, not a directory; pass a directory (made if missing)")
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        probe = os.path.join(out_dir, ".write-test")
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.unlink(probe)
-    except OSError as e:
-        raise UserError(f"cannot write to --out_dir {out_dir!r} ({e.strerror}); pass a writable directory") from None
 
 
 def save(path, model, opt, meta):
@@ -77,50 +58,10 @@ def _locked_temporary(d):
         fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=TMP_SUFFIX, dir=d)
         if fcntl is None:
             return fd, tmp
-        fcntl.flock(fd, fcntl.LOCK_EX)                         # waits while remove_stale holds it
+        fcntl.flock(fd, fcntl.LOCK_EX)                         # waits while outdir.remove_stale holds it
         if os.fstat(fd).st_nlink:                              # still named tmp: ours
             return fd, tmp
         os.close(fd)
-
-
-def remove_stale(directory):
-    """Delete the temporaries save() left in directory when its process was killed mid-write; -> [(name, bytes)].
-    Only files named .tmp-*.npz whose lock is free: a live save() holds its temporary's until the rename (the
-    kernel drops a killed process's locks). Meant for the one process that writes checkpoints there (rank 0)."""
-    removed = []
-    if fcntl is None or not os.path.isdir(directory):
-        return removed
-    for name in sorted(os.listdir(directory)):
-        if not (name.startswith(TMP_PREFIX) and name.endswith(TMP_SUFFIX)):
-            continue
-        path = os.path.join(directory, name)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:                                        # renamed into place meanwhile, or not a file
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)     # fails while a live save() writes it
-            os.unlink(path)
-            removed.append((name, os.fstat(fd).st_size))
-        except OSError:                                        # locked (BlockingIOError), or already gone
-            pass
-        finally:
-            os.close(fd)
-    return removed
-
-
-# what the commands that read a checkpoint (--ckpt FILE, else in_run(--out_dir)) advise instead of a bad one
-CKPT_FIX = ("pass --ckpt FILE (a checkpoint that training wrote), or an --out_dir that holds ckpt_best.npz or "
-            "ckpt_last.npz")
-
-
-def in_run(out_dir):
-    """The checkpoint of a run that the reading commands use: out_dir/ckpt_best.npz, else ckpt_last.npz."""
-    for name in ("ckpt_best.npz", "ckpt_last.npz"):
-        if os.path.exists(os.path.join(out_dir, name)):
-            return os.path.join(out_dir, name)
-    raise UserError(f"no checkpoint in --out_dir {out_dir!r} (no ckpt_best.npz or ckpt_last.npz); pass the "
-                    "--out_dir of a training run, or --ckpt FILE")
 
 
 def load(path, fix=None):
@@ -152,7 +93,7 @@ def load(path, fix=None):
     if meta.get("format") != FORMAT:
         if _is_snapshot(meta, files):
             raise UserError(f"{path!r} is a report snapshot (float16 weights), not a checkpoint; "
-                            f"{fix or _snapshot_fix(path)}")
+                            f"{fix or snapshot_fix(path)}")
         raise UserError(f"{path!r} is not a minigpt checkpoint (no {FORMAT} metadata); {use}")
     params, slots = {}, {}
     for k, v in files.items():
@@ -179,15 +120,6 @@ def _is_snapshot(meta, files):
     """save_snapshot's files: a meta with model_config and no format, and float16 parameters."""
     params = [a for k, a in files.items() if k.startswith("param/")]
     return "model_config" in meta and bool(params) and all(a.dtype == np.float16 for a in params)
-
-
-def _snapshot_fix(path):
-    """Point at the checkpoints of a snapshot's run: they sit next to its snapshots/ directory."""
-    d = os.path.dirname(os.path.abspath(path))
-    if os.path.basename(d) != SNAPSHOT_DIR:
-        return "pass --ckpt with its run's ckpt_best.npz or ckpt_last.npz"
-    run = os.path.dirname(d)
-    return f"pass --ckpt {os.path.join(run, 'ckpt_best.npz')} (or ckpt_last.npz), or --out_dir {run}"
 
 
 def _unnamed_state(meta, slots):
@@ -220,48 +152,22 @@ def load_params(model, params, path="checkpoint"):
 # ----------------------------------------------------------------------------
 # snapshots: the weights at a few points of a run, for the report (minigpt/report.py)
 
-SNAPSHOT_DIR = "snapshots"
-MAX_SNAPSHOT_PARAMS = 20_000_000                                   # 40 MB a snapshot: above, runs keep none
-
-
-def _snapshot_names(out_dir):
-    """{iteration: file name} of the snapshots in out_dir/snapshots/ (iter_<it>.npz)."""
-    d = os.path.join(out_dir, SNAPSHOT_DIR)
-    names = os.listdir(d) if os.path.isdir(d) else []
-    return {int(n[5:-4]): n for n in names if n.startswith("iter_") and n.endswith(".npz") and n[5:-4].isdigit()}
-
-
-def snapshot_iters(out_dir):
-    """Iterations of the snapshots in out_dir/snapshots/, sorted."""
-    return sorted(_snapshot_names(out_dir))
-
-
-def remove_snapshots(out_dir):
-    """Delete out_dir/snapshots/iter_<it>.npz (a new run there starts its own); -> how many went."""
-    names = _snapshot_names(out_dir).values()
-    for n in names:
-        os.remove(os.path.join(out_dir, SNAPSHOT_DIR, n))
-    return len(names)
-
-
-def save_snapshot(out_dir, model, it, elapsed):
-    """out_dir/snapshots/iter_<it>.npz: the parameters in float16 (a sixth of a checkpoint with its AdamW
+def save_snapshot(path, model, it, elapsed):
+    """A snapshot at path (OutDir.snapshot(it)): the parameters in float16 (a sixth of a checkpoint with its AdamW
     moments) and {iter, elapsed, model_config}; written to a temporary name and renamed into place."""
-    d = os.path.join(out_dir, SNAPSHOT_DIR)
-    os.makedirs(d, exist_ok=True)
-    path = os.path.join(d, f"iter_{it:07d}.npz")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     arrays = {f"param/{k}": v.astype(np.float16) for k, v in model.params().items()}
     meta = {"iter": it, "elapsed": elapsed, "model_config": model.config.to_dict()}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
     try:
-        with open(path + ".part", "wb") as f:
+        with open(path + PART, "wb") as f:
             np.savez(f, **arrays)
             f.flush()
             os.fsync(f.fileno())                                 # whole on disk before the rename, as save()
-        os.replace(path + ".part", path)
+        os.replace(path + PART, path)
     except BaseException:
-        if os.path.exists(path + ".part"):
-            os.unlink(path + ".part")
+        if os.path.exists(path + PART):
+            os.unlink(path + PART)
         raise
     return path
 

@@ -174,10 +174,6 @@ class TrainConfig(ModelShape):
     def to_dict(self):
         return asdict(self)
 
-    def plot_path(self):
-        """Where the loss curve goes: None for --plot '', else out_dir/<plot> (check() keeps it inside out_dir)."""
-        return os.path.join(self.out_dir, self.plot) if self.plot else None
-
 
 _POSITIVE = ("batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval", "lr_decay_iters")
 _NON_NEGATIVE = ("snapshots", "max_iters", "max_time", "muon_lr_ratio", "warmup_iters", "sample_chars", "threads",
@@ -218,14 +214,18 @@ def check_model(cfg):
     return cfg
 
 
-def check(cfg):
-    """Range checks that need no model: each failure names the setting and a valid value."""
+def check(cfg, given=None):
+    """Training's settings, checked once: each failure is a UserError naming the setting and a valid value.
+    given: the settings typed (default cfg.given; None for a config built in code). -> notes to print: a setting
+    the user did not type that this call changed (a preset's --min_lr above a typed --lr goes down to it), and a
+    run that will not do what its settings suggest (a warmup longer than the run)."""
+    given = getattr(cfg, "given", None) if given is None else given
     check_ranges(cfg, _POSITIVE, _NON_NEGATIVE)
     check_model(cfg)
     for k in ("beta1", "beta2"):
         if not 0.0 <= getattr(cfg, k) < 1.0:
             raise UserError(f"--{k} must lie in [0, 1), got {getattr(cfg, k)}")
-    if cfg.min_lr > cfg.lr and "min_lr" in getattr(cfg, "given", {"min_lr"}):   # typed (else: prepare._prepare's note)
+    if cfg.min_lr > cfg.lr and (given is None or "min_lr" in given):   # typed, or set in code (else: a note below)
         raise UserError(f"--min_lr {cfg.min_lr:g} is above --lr {cfg.lr:g}, so the decay would raise the learning "
                         "rate; pass a --min_lr at most --lr (e.g. --lr / 10)")
     if not 0.0 <= cfg.cooldown <= 1.0:
@@ -244,9 +244,21 @@ def check(cfg):
         raise UserError(f"--plot {cfg.plot!r} lies outside --out_dir, where a run writes everything; pass a name "
                         "such as curve.png, then copy it, or draw one anywhere with scripts/plot_losses.py "
                         "OUT_DIR/log.jsonl -o PATH")
-    check_backend(cfg.backend, getattr(cfg, "given", None))
+    if given is not None and "vocab_size" in given and cfg.tokenizer != "bpe":
+        raise UserError(f"--vocab_size sets the size of a BPE vocabulary, but this run's tokenizer is "
+                        f"{cfg.tokenizer}; add --tokenizer bpe (a new run) or drop --vocab_size")
+    check_backend(cfg.backend, given)
     check_dtype(cfg.dtype)
-    return cfg
+    notes = []
+    if cfg.min_lr > cfg.lr:                                   # a default's or preset's --min_lr above a typed --lr
+        notes.append(f"note: --min_lr {cfg.min_lr:g} (not typed) is above --lr {cfg.lr:g}; the lr decays to --lr "
+                     "instead, so it never rises (type --min_lr to set where it ends)")
+        cfg.min_lr = cfg.lr
+    if not cfg.max_time and 0 < cfg.max_iters <= cfg.warmup_iters:     # a trial run shorter than its warmup
+        notes.append(f"note: --warmup_iters {cfg.warmup_iters} is not below --max_iters {cfg.max_iters}: the lr is "
+                     f"still rising when the run ends (peak --lr {cfg.lr:g} never reached); lower --warmup_iters "
+                     "for a short run")
+    return notes
 
 
 def plot_inside_out_dir(plot):

@@ -18,17 +18,23 @@ raises it as "on rank N: ..."). Any other exception on one rank is printed there
 (MPI_Abort), because the others would wait forever for it in the next collective. A SIGINT/SIGTERM, which mpiexec
 forwards to every rank, rides along in the step's second Allreduce (the loss's), so all ranks stop after the same
 step and rank 0 saves once; after the final evaluation, which no step follows, the ranks agree on it in an
-Allreduce of its own (Run.stopping).
+Allreduce of its own (World.stopping(ask=True)).
+
+What differs between one process and many lives here, in World's methods, so the training loop never asks how many
+processes run: settle() (every rank raises the first rank's error), sync() (the gradient sum, the global loss and
+the agreed stop), clock() (one clock for --max_time) and stopping().
 """
+import contextlib
 import os
 import shutil
 import sys
+import time
 import traceback
 import zlib
 
 import numpy as np
 
-from .config import UserError
+from .errors import UserError
 
 _SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "PMIX_SIZE")
 _world = None
@@ -60,6 +66,7 @@ def world():
 class World:
     """One process: rank 0 of 1, and every collective is the identity (nothing is imported, nothing costs)."""
     rank, size, local_size = 0, 1, 1
+    stop_agreed = False                          # the ranks agreed to stop (sync, stopping)
 
     @property
     def root(self):
@@ -74,14 +81,28 @@ class World:
     def allgather(self, obj):                    # [rank 0's obj, rank 1's, ...]
         return [obj]
 
-    def agree(self, fn, *args):
-        """fn(*args) on rank 0, its result (or its UserError) on every rank: the steps only rank 0 does (make the
-        out dir, download, read the checkpoint) without leaving the others waiting when it fails."""
-        return fn(*args)
+    @contextlib.contextmanager
+    def settle(self):
+        """A block that may raise a UserError on some ranks only (a step rank 0 alone does, such as reading the
+        checkpoint or making out_dir): when it ends, every rank raises the first rank's error, so none is left
+        waiting for the others in a collective."""
+        yield
 
-    def check(self, fn, *args):
-        """fn(*args) on every rank; if it raised a UserError on any of them, every rank raises the first one."""
-        return fn(*args)
+    def sync(self, grads, loss, signalled):
+        """After a step's backward: sum the gradients over the ranks (the flat buffer, in place), then the loss
+        and whether a signal reached any rank (the agreed stop); -> the global loss."""
+        self.stop_agreed = signalled
+        return loss
+
+    def clock(self, t_start, max_time):
+        """Seconds since t_start; with a --max_time budget, rank 0's (one lr, one end for every rank)."""
+        return time.perf_counter() - t_start
+
+    def stopping(self, signalled, ask=False):
+        """A signal asks to stop: in one process, as soon as it arrives; under mpiexec, once the ranks agree,
+        which they do in sync() or, with ask=True, in an Allreduce of their own (after the final evaluation,
+        which no step's sync follows)."""
+        return signalled
 
     def same_weights(self, params):
         """Raise if the ranks' weights differ (a checksum per rank): the replicas must never drift apart."""
@@ -114,29 +135,32 @@ class MPIWorld(World):
     def allgather(self, obj):
         return self.comm.allgather(obj)
 
-    def agree(self, fn, *args):
-        result = None
-        if self.root:
-            try:
-                result = ("ok", fn(*args))
-            except UserError as e:
-                result = ("error", str(e))
-        kind, value = self.bcast(result)
-        if kind == "error":
-            raise UserError(value)
-        return value
-
-    def check(self, fn, *args):
+    @contextlib.contextmanager
+    def settle(self):
         error = None
         try:
-            value = fn(*args)
+            yield
         except UserError as e:
             error = str(e)
         errors = self.allgather(error)
         for rank, e in enumerate(errors):
             if e is not None:
                 raise UserError(e if rank == 0 else f"on rank {rank}: {e}")
-        return value
+
+    def sync(self, grads, loss, signalled):
+        self.allreduce(grads)
+        both = self.allreduce(np.array([loss, signalled], float))
+        self.stop_agreed = both[1] > 0
+        return float(both[0])
+
+    def clock(self, t_start, max_time):
+        elapsed = time.perf_counter() - t_start
+        return self.bcast(elapsed) if max_time else elapsed
+
+    def stopping(self, signalled, ask=False):
+        if ask:
+            self.stop_agreed = self.allreduce(np.array([signalled], float))[0] > 0
+        return self.stop_agreed
 
     def same_weights(self, params):
         crc = 0

@@ -24,6 +24,7 @@ from .config import UserError, check_backend, check_ranges, default_backend, par
 from .data import load_text, split_text
 from .loss_curves import NEEDS
 from .model import GPT, GPTConfig
+from .outdir import OutDir
 from .sample import generate, load_model, start_text
 
 MAX_T = 64                  # prompt tokens drawn: attention maps are T x T per head
@@ -68,13 +69,14 @@ def write_report(cfg, verbose=False):
     check_ranges(cfg, positive=("val_chars", "sample_tokens"), non_negative=("samples", "seed", "threads"))
     check_backend(cfg.backend, getattr(cfg, "given", None))
     typed = load_text(cfg.data) if cfg.data else None    # a typed --data must be readable: checked before any work
-    ckpt = cfg.ckpt or checkpoint.in_run(cfg.out_dir)
+    run = OutDir(cfg.out_dir)
+    ckpt = cfg.ckpt or run.checkpoint()
     loaded = checkpoint.load(ckpt)
-    checkpoint.ensure_writable(cfg.out_dir)              # where report.html goes: checked before the work
+    run.ensure_writable()              # where report.html goes: checked before the work
     model, tok = load_model(ckpt, loaded)
     meta = loaded[0]
     notes, sections, data = [], [], {}
-    rows = _read_log(os.path.join(cfg.out_dir, "log.jsonl"), notes)
+    rows = _read_log(run.log, notes)
     val_text = _validation_text(typed, meta, notes)
     prompt = cfg.prompt or (val_text[:MAX_T] if val_text else "\n")
     ids = _encode(tok, prompt, "--prompt")
@@ -131,7 +133,7 @@ def write_report(cfg, verbose=False):
     if notes:
         subtitle += "<br>" + "<br>".join(f'<span class="note">note: {P.esc(n)}</span>' for n in notes)
     text = P.page("What this model learned", subtitle, sections, data)
-    out = os.path.join(cfg.out_dir, "report.html")
+    out = run.report
     try:
         with open(out + ".part", "w", encoding="utf-8") as f:
             f.write(text)
@@ -310,12 +312,13 @@ def _wrong(model, tok, val_text, n_chars):
 
 
 def _snapshots(out_dir, config, ids, order, labels, val_text, rows, data):
-    iters = checkpoint.snapshot_iters(out_dir)
+    run = OutDir(out_dir)
+    iters = run.snapshot_iters()
     what = "The embedding projection and the attention on the prompt (each layer, mean of its heads) at several " \
            "points of the run."
     if not iters:
         return P.section("snapshots", "8. How training changed it", what, '<p class="note">No snapshots in '
-                         f'{P.esc(os.path.join(out_dir, checkpoint.SNAPSHOT_DIR))} (train with --snapshots N).</p>',
+                         f'{P.esc(run.snapshots)} (train with --snapshots N).</p>',
                          drawn_by_script=True)
     if len(iters) > MAX_SNAPSHOTS:
         iters = [iters[int(k)] for k in np.linspace(0, len(iters) - 1, MAX_SNAPSHOTS).round()]
@@ -325,7 +328,7 @@ def _snapshots(out_dir, config, ids, order, labels, val_text, rows, data):
     figures, other = [], []
     shape = {k: v for k, v in config.to_dict().items() if k != "dropout"}
     for k, it in enumerate(reversed(iters)):                         # the last first: the others align to it
-        meta, params = checkpoint.load_snapshot(os.path.join(out_dir, checkpoint.SNAPSHOT_DIR, f"iter_{it:07d}.npz"))
+        meta, params = checkpoint.load_snapshot(run.snapshot(it))
         if any(meta.get("model_config", {}).get(key, v) != v for key, v in shape.items()):
             other.append(it)                                         # another run's (--ckpt from elsewhere)
             continue

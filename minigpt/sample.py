@@ -20,6 +20,7 @@ from .tokenizer import tokenizer_from_json
 from .config import (UserError, check_backend, check_dtype, check_ranges, default_backend, parse_args,
                      run_command, setting)
 from .model import GPT, GPTConfig, KVCache
+from .outdir import OutDir
 
 
 @dataclass
@@ -149,7 +150,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     try:
         cfg, prompt = _settings(argv)                                  # every check before loading or printing
-        path = cfg.ckpt or checkpoint.in_run(cfg.out_dir)
+        path = cfg.ckpt or OutDir(cfg.out_dir).checkpoint()
         loaded = checkpoint.load(path)
         model, tok = load_model(path, loaded)
         model.bf16 = cfg.dtype == "bf16"

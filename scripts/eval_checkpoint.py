@@ -5,7 +5,7 @@
 
 The training loop estimates train/val loss from eval_iters random batches (a fixed generator, so curves are
 comparable). This script measures the same weights two more ways: over every non-overlapping block of each
-split (each target once, with a context of up to block_size tokens: minigpt.evaluate.whole_split_loss), and
+split (each target once, with a context of up to block_size tokens: minigpt.train.whole_split_loss), and
 over `--draws` independent draws of eval_iters batches, to show how much the training loop's figure moves with
 the batches alone. --context N measures both ways with blocks of at most N tokens instead of block_size (so its
 draws are no longer the training loop's batches), to show how much of a long-context model's loss its context buys.
@@ -23,7 +23,8 @@ from minigpt.config import (UserError, check_backend, check_dtype, check_ranges,
 from minigpt.data import Dataset, load_text
 from minigpt.backends import select_backend
 from minigpt.sample import load_model
-from minigpt.evaluate import whole_split_loss
+from minigpt.outdir import OutDir
+from minigpt.train import whole_split_loss
 
 
 @dataclass
@@ -50,7 +51,7 @@ def main(argv):
             raise UserError(f"--splits {a.splits!r}: name train, val or both, comma-separated (e.g. --splits val)")
         check_dtype(a.dtype)
         check_backend(a.backend, getattr(a, "given", None))
-        path = a.ckpt or checkpoint.in_run(a.out_dir)
+        path = a.ckpt or OutDir(a.out_dir).checkpoint()
         loaded = checkpoint.load(path)
         if "train_config" not in loaded[0]:
             raise UserError(f"{path} has no train_config (the run's batch_size, eval_iters, seed); pass a checkpoint "

@@ -19,9 +19,9 @@ GPT-2 in transformers does not crop its context: prompt and new tokens together 
 import sys
 from dataclasses import dataclass
 
-from minigpt import checkpoint
 from minigpt.config import UserError, parse_args, run_command, setting
 from minigpt.hf import check_out, export
+from minigpt.outdir import OutDir
 
 
 @dataclass
@@ -37,7 +37,7 @@ def main(argv):
     try:
         cfg = parse_args(argv, ExportConfig, prog="export_hf.py", description=__doc__)
         check_out(cfg.out, cfg.force)                                  # --out first: it is required
-        path = cfg.ckpt or checkpoint.in_run(cfg.out_dir)
+        path = cfg.ckpt or OutDir(cfg.out_dir).checkpoint()
         files = export(path, cfg.out, cfg.force)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

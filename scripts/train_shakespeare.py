@@ -17,11 +17,13 @@ import urllib.request
 import numpy as np
 
 from minigpt import backends, distributed
-from minigpt.config import TrainConfig, UserError, parse_args, run_command
+from minigpt.config import TrainConfig, parse_args, run_command
+from minigpt.errors import UserError, exit_code
 from minigpt.loss_curves import image_path, plot
+from minigpt.outdir import OutDir
 from minigpt.report import ReportConfig, write_report
 from minigpt.sample import generate, start_text
-from minigpt.train import exit_code, interrupted_status, train
+from minigpt.train import interrupted_status, train
 
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 DEFAULT_DATA = TrainConfig().data                # data/tinyshakespeare.txt: downloaded when missing
@@ -44,17 +46,18 @@ def download(path):
 def main(argv):
     try:
         cfg = parse_args(argv, description=__doc__)                    # --help: prints, SystemExit(0)
-        if cfg.plot_path():
-            image_path(cfg.plot_path())                                # a --plot matplotlib cannot write: now
+        if cfg.plot:
+            image_path(OutDir(cfg.out_dir).curve(cfg.plot))            # a --plot matplotlib cannot write: now
         result = train(cfg, given=cfg.given, fetch=lambda path: path == DEFAULT_DATA and download(path))
     except UserError as e:
         return distributed.exit_status(e, exit_code(e))
     if result["interrupted"] or not distributed.world().root:     # under mpiexec rank 0 plots, samples, reports
         return interrupted_status(result)                         # 130 / 143 after a signal (saved), else 0
-    if cfg.plot_path():
+    curve = OutDir(cfg.out_dir).curve(cfg.plot)
+    if curve:
         label = os.path.basename(os.path.abspath(cfg.out_dir))
         try:
-            print(f"loss curve: {plot([result['log']], cfg.plot_path(), labels=[label])}")
+            print(f"loss curve: {plot([result['log']], curve, labels=[label])}")
         except UserError as e:                                          # the run itself succeeded
             print(f"note: no loss curve ({e})", file=sys.stderr)
     if cfg.sample_chars:

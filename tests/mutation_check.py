@@ -17,8 +17,7 @@ L, MODEL = "minigpt/layers.py", "minigpt/model.py"
 SPEC, NK = "minigpt/backends/numpy_ops.py", "minigpt/backends/numba_kernels.py"
 BK = "minigpt/backends/interface.py"
 TL, TM, TO = "tests/test_layers.py", "tests/test_model.py", "tests/test_ops.py"
-TRAIN, RUN, DATA, TD = "minigpt/train.py", "minigpt/run.py", "minigpt/data.py", "tests/test_distributed.py"
-PREP = "minigpt/prepare.py"
+TRAIN, DATA, TD = "minigpt/train.py", "minigpt/data.py", "tests/test_distributed.py"
 TT, OPT, TMU = "tests/test_train.py", "minigpt/optim.py", "tests/test_muon.py"
 TB, TE = "tests/test_bf16.py", "tests/test_native_emulated.py"
 EMU = f"{TE}::test_native_tests_pass_on_the_emulated_avx512_paths"
@@ -127,8 +126,8 @@ M = [
         f"{TO}::test_every_backend_refuses_bad_arguments_alike"),
     (BK, 'check_shapes("adamw", (p.shape, g, m, v))', "pass", f"{TO}::test_every_backend_refuses_bad_arguments_alike"),
     # the whole-split evaluation and the time budget's schedule
-    ("minigpt/evaluate.py", "if tail and world.root:", "if False:", f"{TT}::test_whole_split_loss_counts_every_target_once"),
-    (RUN, "return it if not self.cfg.max_time else", "return it if True else",
+    (TRAIN, "if tail and world.root:", "if False:", f"{TT}::test_whole_split_loss_counts_every_target_once"),
+    (TRAIN, "schedule = it if not cfg.max_time else", "schedule = it if True else",
         f"{TT}::test_max_time_ends_the_run_and_lays_the_schedule_over_the_budget"),
     # Muon: the Nesterov look-ahead, the shape scale, one Newton-Schulz product
     (OPT, "if self.nesterov:", "if False:",
@@ -140,7 +139,7 @@ M = [
     # Muon's Newton-Schulz in bf16: one product's operands left float32; a bf16 model's Muon left float32
     (OPT, "ops.bmm(A, A, out=B, bf16=bf16)", "ops.bmm(A, A, out=B)",
         f"{TMU}::test_newton_schulz_in_bf16_matches_its_emulation"),
-    (PREP, "momentum_warmup=cfg.muon_momentum_warmup, bf16=model.bf16)", "momentum_warmup=cfg.muon_momentum_warmup)",
+    (TRAIN, "momentum_warmup=cfg.muon_momentum_warmup, bf16=model.bf16)", "momentum_warmup=cfg.muon_momentum_warmup)",
         f"{TMU}::test_muon_of_a_bf16_run_orthogonalises_in_bf16"),
     # bf16 products: the rounding's tie rule (numpy spec, C), each backend rounding its operands, the model's switch
     (SPEC, "r &= 1 ", "r &= 0 ", f"{TB}::test_rounding_matches_the_definition"),
@@ -325,7 +324,7 @@ M = [
         f"{TMU}::test_muon_step_matches_float64_reference_and_adamw"),
     (OPT, "lr_k = lr * self.lr_ratio_of.get(k, 1.0)", "lr_k = lr",
         f"{TMU}::test_embed_lr_ratio_scales_only_the_embeddings_adamw_lr"),
-    (PREP, 'saved = {**ModelShape().model_dict(), **ckpt[0]["model_config"]}', 'saved = ckpt[0]["model_config"]',
+    (TRAIN, 'saved = {**ModelShape().model_dict(), **ckpt[0]["model_config"]}', 'saved = ckpt[0]["model_config"]',
         f"{TT}::test_checkpoints_from_before_the_speedrun_options_still_resume"),
     # the trapezoid lr (--cooldown): its line down, and the loop passing it on
     (OPT, "return lr if it < start else lr + (min_lr - lr) * (it - start) / (lr_decay_iters - start)",
@@ -344,13 +343,13 @@ M = [
         f"{TT}::test_train_steps_equal_a_hand_replay"),
     (TRAIN, "run.opt.step(model.params(), model.grads(), lr)", "run.opt.step(model.params(), model.grads(), cfg.lr)",
         f"{TT}::test_train_steps_equal_a_hand_replay"),
-    (PREP, "betas, params = (cfg.beta1, cfg.beta2), model.params()",
+    (TRAIN, "betas, params = (cfg.beta1, cfg.beta2), model.params()",
         "betas, params = (cfg.beta2, cfg.beta1), model.params()", f"{TT}::test_train_steps_equal_a_hand_replay"),
-    (PREP, 'return opt.scale_lr(("wte.weight", "wpe.weight"), cfg.embed_lr_ratio)', "return opt",
+    (TRAIN, 'return opt.scale_lr(("wte.weight", "wpe.weight"), cfg.embed_lr_ratio)', "return opt",
         f"{TT}::test_train_steps_equal_a_hand_replay"),
-    (PREP, "opt = AdamW(params, betas, weight_decay=cfg.weight_decay)", "opt = AdamW(params, betas)",
+    (TRAIN, "opt = AdamW(params, betas, weight_decay=cfg.weight_decay)", "opt = AdamW(params, betas)",
         f"{TT}::test_train_steps_equal_a_hand_replay"),
-    (PREP, "opt = Muon(params, lr_ratio=cfg.muon_lr_ratio,", "opt = Muon(params,",
+    (TRAIN, "opt = Muon(params, lr_ratio=cfg.muon_lr_ratio,", "opt = Muon(params,",
         f"{TT}::test_train_steps_equal_a_hand_replay"),
     # data parallel (needs mpi4py): each rank's share of the loss, and its slice of the global batch
     (TRAIN, "model.backward(scale=1.0 / k)", "model.backward(scale=1.0 / cfg.grad_accum)",

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 from minigpt import checkpoint, distributed
+from minigpt.errors import UserError
+from minigpt.outdir import OutDir
 from helpers import write_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -92,7 +94,12 @@ def test_world_of_one_process_is_the_identity():
     buf = np.arange(3.0)
     assert w.allreduce(buf) is buf and list(buf) == [0, 1, 2]
     assert w.size == 1 and w.root and w.allgather("x") == ["x"] and w.bcast(5) == 5
-    assert w.agree(lambda a: a + 1, 1) == 2
+    with pytest.raises(UserError, match="bad"):                # settle() lets the error through, unchanged
+        with w.settle():
+            raise UserError("bad")
+    grads = np.ones(2)
+    assert w.sync(grads, 0.5, True) == 0.5 and list(grads) == [1, 1] and w.stopping(True)
+    assert not w.stopping(False) and w.stopping(True, ask=True)
 
 
 def test_mpiexec_without_mpi4py_says_what_to_install(tmp_path, text):
@@ -126,7 +133,7 @@ def test_two_ranks_take_the_steps_of_one_process_with_twice_the_batch(tmp_path, 
     assert "2 ranks x 1 threads" in two.stdout
     assert sorted(os.listdir(tmp_path / "two")) == ["ckpt_best.npz", "ckpt_last.npz", "log.jsonl", "report.html",
                                                     "snapshots"]
-    assert checkpoint.snapshot_iters(str(tmp_path / "two")) == checkpoint.snapshot_iters(str(tmp_path / "one"))
+    assert OutDir(str(tmp_path / "two")).snapshot_iters() == OutDir(str(tmp_path / "one")).snapshot_iters()
     meta = checkpoint.load(str(tmp_path / "two" / "ckpt_last.npz"))[0]
     assert meta["world_size"] == 2 and len(meta["rng"]["model_ranks"]) == 2
 

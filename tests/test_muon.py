@@ -226,11 +226,11 @@ def test_embed_lr_ratio_scales_only_the_embeddings_adamw_lr(opt_class):
 
 @pytest.mark.parametrize("dtype", ["float32", "bf16"])
 def test_muon_of_a_bf16_run_orthogonalises_in_bf16(dtype):
-    """prepare.make_optimizer gives a --dtype bf16 model a Muon whose Newton-Schulz takes bf16 operands: its first
+    """train.make_optimizer gives a --dtype bf16 model a Muon whose Newton-Schulz takes bf16 operands: its first
     step (buffer = g, u = g + 0.95 g) moves each block matrix by -lr' scale NS(u) after the decay. One
     Newton-Schulz step, as in test_newton_schulz_in_bf16_matches_its_emulation (which says why)."""
     from minigpt.config import TrainConfig
-    from minigpt.prepare import make_optimizer
+    from minigpt.train import make_optimizer
     model = GPT(tiny_gpt().config, np.random.default_rng(0), bf16=dtype == "bf16")
     opt = make_optimizer(TrainConfig(optimizer="muon", dtype=dtype, muon_lr_ratio=20.0, weight_decay=0.1), model)
     opt.ns_steps = 1

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from minigpt import checkpoint
+from minigpt import checkpoint, outdir
 from helpers import write_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -232,7 +232,7 @@ def test_unusable_checkpoint_message_ends_in_the_callers_fix(trained, tmp_path):
 
 def test_a_report_snapshot_is_named_so(trained, tmp_path):
     out = trained[1]
-    snap = out / checkpoint.SNAPSHOT_DIR / sorted(os.listdir(out / checkpoint.SNAPSHOT_DIR))[-1]
+    snap = out / outdir.SNAPSHOTS / sorted(os.listdir(out / outdir.SNAPSHOTS))[-1]
     assert_one_error(sample_cli("--ckpt", str(snap)), "is a report snapshot (float16 weights), not a checkpoint",
                      f"pass --ckpt {out / 'ckpt_best.npz'} (or ckpt_last.npz), or --out_dir {out}")
     (tmp_path / "iter_1.npz").write_bytes(snap.read_bytes())                 # outside its run: still named
@@ -387,7 +387,7 @@ def test_run_removes_the_temporaries_a_killed_save_left(trained, tmp_path):
     assert not stale.exists() and all(f.exists() for f in keep) and not any(f.exists() for f in partial)
     assert f"removed 1 temporary checkpoint file(s) that a run killed while saving left in {out}" in r.stdout
     assert ".tmp-killed.npz" in r.stdout
-    assert checkpoint.remove_stale(str(out)) == [(".tmp-writing.npz", 10)]          # unlocked: now stale too
+    assert outdir.remove_stale(str(out)) == [(".tmp-writing.npz", 10)]          # unlocked: now stale too
 
 
 def test_save_retries_a_temporary_removed_before_it_was_locked(tmp_path, monkeypatch):
@@ -402,7 +402,7 @@ def test_save_retries_a_temporary_removed_before_it_was_locked(tmp_path, monkeyp
         fd, path = mkstemp(**kw)
         made.append(path)
         if len(made) == 1:
-            assert checkpoint.remove_stale(str(tmp_path)) == [(os.path.basename(path), 0)]
+            assert outdir.remove_stale(str(tmp_path)) == [(os.path.basename(path), 0)]
         return fd, path
     monkeypatch.setattr(tempfile, "mkstemp", racing_mkstemp)
     model = GPT(GPTConfig(vocab_size=11, block_size=4, n_layer=1, n_head=1, n_embd=8), np.random.default_rng(0))
@@ -550,8 +550,8 @@ def test_commands_stopped_early_end_in_one_line(raised, status, err, capsys, mon
 
 
 def test_second_signal_stops_at_once():
-    from minigpt.run import StopFlag, StoppedTwice
-    from minigpt.train import exit_code
+    from minigpt.errors import StoppedTwice, exit_code
+    from minigpt.train import StopFlag
     before = signal.getsignal(signal.SIGINT)
     stop = StopFlag()
     try:

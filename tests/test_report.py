@@ -17,12 +17,12 @@ import pytest
 
 from helpers import tiny_cfg, write_text
 from minigpt import checkpoint, lens, report_page
-from minigpt.evaluate import whole_split_loss
 from minigpt.model import GPT, GPTConfig
 from minigpt.report import ReportConfig, write_report
 from minigpt.report_page import shown
 from minigpt.sample import distribution, sample_next
-from minigpt.train import train
+from minigpt.outdir import OutDir
+from minigpt.train import train, whole_split_loss
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = GPTConfig(vocab_size=13, block_size=12, n_layer=2, n_head=2, n_embd=16, bias=True)
@@ -224,14 +224,14 @@ def test_snapshots_of_another_model_are_left_out_with_a_note(run_dir, tmp_path):
     page = open(write_report(ReportConfig(out_dir=str(mix), ckpt=str(tmp_path / "one" / "out" / "ckpt_best.npz"),
                                           backend="numpy", samples=0)), encoding="utf-8").read()
     snaps = html.unescape(re.search(r'<section id="sec-snapshots".*?</section>', page, re.S).group(0))
-    iters = checkpoint.snapshot_iters(str(mix))
+    iters = OutDir(str(mix)).snapshot_iters()
     assert f"{len(iters)} snapshot(s) in {mix} (iteration {', '.join(map(str, iters))}) are of another model" in snaps
     assert "<figure>" not in snaps
 
 
 def test_training_keeps_the_snapshots_it_was_asked_for(run_dir):
     out, _ = run_dir
-    assert checkpoint.snapshot_iters(str(out)) == [0, 8, 12]             # fractions 0, 1/2 (first eval past), end
+    assert OutDir(str(out)).snapshot_iters() == [0, 8, 12]             # fractions 0, 1/2 (first eval past), end
     meta, params = checkpoint.load_snapshot(str(out / "snapshots" / "iter_0000012.npz"))
     assert meta["iter"] == 12 and params["wte.weight"].dtype == np.float32
 

@@ -154,7 +154,7 @@ def test_a_run_with_a_longer_block_is_scored_again_with_nanogpts_context(tmp_pat
     most 64 tokens of context: the same figure as whole_split_loss over blocks of 64 on its last checkpoint; the
     report gives it beside the run's own, paired by seed. A run at block 64 has no second score."""
     from minigpt.data import Dataset
-    from minigpt.evaluate import whole_split_loss
+    from minigpt.train import whole_split_loss
     from minigpt.sample import load_model
     text = tmp_path / "text.txt"
     text.write_text("".join(f"Citizen {i}:\nBefore we proceed any further, hear me speak.\n" for i in range(300)))

@@ -15,8 +15,8 @@ from minigpt.config import PRESETS, ModelShape, TrainConfig, UserError, check, p
 from minigpt.data import CharTokenizer, Dataset
 from minigpt.model import GPT, GPTConfig
 from minigpt.optim import AdamW, clip_grad_norm, get_lr
-from minigpt.evaluate import whole_split_loss
-from minigpt.train import train
+from minigpt.outdir import OutDir
+from minigpt.train import train, whole_split_loss
 from helpers import TINY_TRAIN, tiny_cfg, write_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -388,10 +388,11 @@ def test_parse_args_works_for_any_dataclass_and_help_shows_given_defaults(capsys
 
 def test_plot_goes_into_out_dir():
     """--plot names a file inside --out_dir; a path that leaves it is refused before anything is written."""
-    assert TrainConfig().plot_path() == os.path.join("out", "loss_curve.png")
-    assert TrainConfig(out_dir="runs/a", plot="curve.png").plot_path() == os.path.join("runs/a", "curve.png")
-    assert TrainConfig(out_dir="runs/a", plot="plots/c.png").plot_path() == os.path.join("runs/a", "plots/c.png")
-    assert TrainConfig(plot="").plot_path() is None
+    curve = lambda cfg: OutDir(cfg.out_dir).curve(cfg.plot)                            # noqa: E731
+    assert curve(TrainConfig()) == os.path.join("out", "loss_curve.png")
+    assert curve(TrainConfig(out_dir="runs/a", plot="curve.png")) == os.path.join("runs/a", "curve.png")
+    assert curve(TrainConfig(out_dir="runs/a", plot="plots/c.png")) == os.path.join("runs/a", "plots/c.png")
+    assert curve(TrainConfig(plot="")) is None
     for plot in ("/tmp/c.png", "../c.png", "plots/../../c.png"):
         with pytest.raises(UserError, match="lies outside --out_dir.*plot_losses.py"):
             check(TrainConfig(plot=plot))
@@ -616,19 +617,19 @@ def test_a_new_run_in_a_used_out_dir_replaces_the_old_runs_log_and_snapshots(tmp
     """Without --resume, a run in an out_dir that holds another starts over there: its log and snapshots are
     its own (the old run's go, its checkpoints too), and it says so."""
     first = train(tiny_cfg(tmp_path, max_iters=12, eval_interval=4, snapshots=3))
-    assert checkpoint.snapshot_iters(str(tmp_path / "out")) == [0, 8, 12]
+    assert OutDir(str(tmp_path / "out")).snapshot_iters() == [0, 8, 12]
     capsys.readouterr()
     second = train(tiny_cfg(tmp_path, max_iters=6, eval_interval=3, snapshots=2, seed=7))
     assert "held a run" in capsys.readouterr().out
     assert [r["iter"] for r in read_log(second["log"]) if r["kind"] == "train"] == list(range(6))
-    assert checkpoint.snapshot_iters(str(tmp_path / "out")) == [0, 6]
+    assert OutDir(str(tmp_path / "out")).snapshot_iters() == [0, 6]
     assert first["log"] == second["log"]
     for name in ("report.html", "loss_curve.png"):                  # the old run's report and default curve go
         (tmp_path / "out" / name).write_text("the old run's")       # too, though this run (--plot '') makes none
     train(tiny_cfg(tmp_path, max_iters=2, eval_interval=2))
     assert sorted(os.listdir(tmp_path / "out")) == ["ckpt_best.npz", "ckpt_last.npz", "log.jsonl", "snapshots"]
-    from minigpt.prepare import _start_over                              # a new run stopped before its first
-    _start_over(tiny_cfg(tmp_path))                                  # checkpoint leaves no old one to --resume
+    cfg = tiny_cfg(tmp_path)                                            # a new run stopped before its first
+    OutDir(cfg.out_dir).start_over(cfg.plot, cfg.data, print)           # checkpoint leaves no old one to --resume
     assert sorted(os.listdir(tmp_path / "out")) == ["snapshots"]
 
 
@@ -671,7 +672,7 @@ def test_a_run_on_a_relative_data_path_resumes_from_another_directory(tmp_path, 
 def test_a_checkpoint_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, what):
     """A full disk or a read-only snapshots/ mid-run: CannotSave (one line, the path and the fix), not a
     traceback; the checkpoints written before stay whole."""
-    from minigpt.run import CannotSave
+    from minigpt.errors import CannotSave
 
     def full(*a, **k):
         raise OSError(28, "No space left on device")
@@ -721,11 +722,11 @@ def test_a_run_too_big_for_memory_is_one_line_and_leaves_the_old_run(tmp_path, m
     before = sorted(os.listdir(out)), read_log(os.path.join(out, "log.jsonl"))
     assert _cli(tmp_path, "--out_dir", out, "--n_embd", str(10 ** 6))[0] == 2
     assert (sorted(os.listdir(out)), read_log(os.path.join(out, "log.jsonl"))) == before
-    import minigpt.prepare
+    import minigpt.train
 
     def no_memory(*a, **k):
         raise MemoryError("Unable to allocate 1.00 TiB for an array with shape (4, 12, 4, 65536, 65536)")
-    monkeypatch.setattr(minigpt.prepare, "GPT", no_memory)
+    monkeypatch.setattr(minigpt.train, "GPT", no_memory)
     rc, err = _cli(tmp_path, "--out_dir", out)
     assert rc == 2 and len(err) == 1 and err[0].startswith("error: out of memory (Unable to allocate"), err
 
@@ -754,6 +755,6 @@ def test_resuming_on_a_text_too_short_offers_no_block_size_it_would_refuse(tmp_p
 def test_a_resumed_run_that_raises_max_iters_snapshots_its_end(tmp_path):
     """--snapshots N are spread over the first run; resuming with a higher --max_iters adds the new end."""
     train(tiny_cfg(tmp_path, max_iters=8, eval_interval=4, snapshots=3))
-    assert checkpoint.snapshot_iters(str(tmp_path / "out")) == [0, 4, 8]
+    assert OutDir(str(tmp_path / "out")).snapshot_iters() == [0, 4, 8]
     train(tiny_cfg(tmp_path, max_iters=16, eval_interval=4, snapshots=3, resume=True))
-    assert checkpoint.snapshot_iters(str(tmp_path / "out")) == [0, 4, 8, 16]
+    assert OutDir(str(tmp_path / "out")).snapshot_iters() == [0, 4, 8, 16]
