@@ -54,6 +54,39 @@ def setting(default, help):
     return field(default=default, metadata={"help": help})
 
 
+# ----------------------------------------------------------------------------
+# settings that several commands take: each declared here once (its default and --help line) and checked once
+# (check_common); a command's dataclass picks the ones it takes with common(name)
+
+COMMON = {
+    "out_dir": ("out", "the run's directory: training writes log.jsonl, the checkpoints, snapshots/, the loss curve and "
+                       "report.html there; the other commands read its ckpt_best.npz, else ckpt_last.npz"),
+    "ckpt": ("", "a checkpoint file to read instead of the one in --out_dir"),
+    "backend": (default_backend, "auto | numpy | numba | native; $MINIGPT_BACKEND sets the default"),
+    "threads": (0, "threads of the backend's pools (0: all CPUs, or CPUs / ranks on this machine under mpiexec); "
+                   "BLAS gets them on numpy and numba, 1 thread on native"),
+    "dtype": ("float32", "float32 | bf16: bf16 rounds the operands of every product (the Linears, the LM head, "
+                         "attention's two) to bfloat16 and sums in float32; weights, gradients, optimizer state, "
+                         "LayerNorm, softmax, loss and checkpoints stay float32 (a checkpoint reads either way)"),
+}
+
+
+def common(name):
+    """The dataclass field of a setting several commands take (COMMON)."""
+    return setting(*COMMON[name])
+
+
+def check_common(cfg):
+    """The COMMON settings that cfg (any command's config) has, checked alike for every command."""
+    if hasattr(cfg, "threads"):
+        check_ranges(cfg, non_negative=("threads",))
+    if hasattr(cfg, "backend"):
+        check_backend(cfg.backend, getattr(cfg, "given", None))
+    if hasattr(cfg, "dtype"):
+        check_dtype(cfg.dtype)
+    return cfg
+
+
 # Named sets of defaults (--preset NAME); settings typed on the command line win over them.
 PRESETS = {
     # scripts/speedrun.py's recipe: more of nanoGPT's wall time spent learning (reports/speedrun.md). It needs
@@ -109,8 +142,7 @@ class TrainConfig(ModelShape):
     # data and output
     data: str = setting("data/tinyshakespeare.txt", "UTF-8 text to train on (train_shakespeare.py downloads the "
                                                     "default when it is missing)")
-    out_dir: str = setting("out", "directory for log.jsonl, the checkpoints, snapshots/, the loss curve and "
-                                    "report.html")
+    out_dir: str = common("out_dir")
     plot: str = setting("loss_curve.png", "loss-curve PNG made at the end, in --out_dir: a name, or a path inside "
                                           "it; '' for none (train_shakespeare.py only)")
     report: bool = setting(True, "write out_dir/report.html at the end: what the model learned (python -m "
@@ -160,12 +192,9 @@ class TrainConfig(ModelShape):
                                      "train_shakespeare.py only)")
     seed: int = setting(1337, "seeds the init, dropout, batches and evaluation batches")
     # execution
-    backend: str = setting(default_backend, "auto | numpy | numba | native; $MINIGPT_BACKEND sets the default")
-    threads: int = setting(0, "threads of the backend's pools (0: all CPUs, or CPUs / ranks on this machine under "
-                                  "mpiexec); BLAS gets them on numpy and numba, 1 thread on native")
-    dtype: str = setting("float32", "float32 | bf16: bf16 rounds the operands of every product (the Linears, the "
-                                    "LM head, attention's two) to bfloat16 and sums in float32; weights, gradients, "
-                                    "optimizer state, LayerNorm, softmax, loss and checkpoints stay float32")
+    backend: str = common("backend")
+    threads: int = common("threads")
+    dtype: str = common("dtype")
 
     def model_config(self, vocab_size):
         """The GPTConfig of this run, for a tokenizer of vocab_size tokens."""
@@ -175,8 +204,71 @@ class TrainConfig(ModelShape):
         return asdict(self)
 
 
+# ----------------------------------------------------------------------------
+# the other commands' settings (each picks the COMMON ones it takes)
+
+@dataclass
+class SampleConfig:
+    """python -m minigpt.sample"""
+    out_dir: str = common("out_dir")
+    ckpt: str = common("ckpt")
+    prompt: str = setting("\n", "text the samples continue")
+    prompt_file: str = setting("", "read the prompt from this UTF-8 file instead of --prompt")
+    num_samples: int = setting(1, "samples generated together in one batch")
+    max_new_tokens: int = setting(500, "tokens generated per sample")
+    temperature: float = setting(0.8, "divides the logits: lower is more conservative, higher more random")
+    top_k: int = setting(0, "sample among the k most likely tokens only (0: off, 1: greedy)")
+    top_p: float = setting(1.0, "sample among the most likely tokens that hold this much probability (1: off)")
+    seed: int = setting(1337, "seed of the sampling generator")
+    kv_cache: bool = setting(True, "keep the keys and values of past positions (false: recompute every step)")
+    backend: str = common("backend")
+    threads: int = common("threads")
+    dtype: str = common("dtype")
+
+
+@dataclass
+class ReportConfig:
+    """python -m minigpt.report"""
+    out_dir: str = common("out_dir")
+    ckpt: str = common("ckpt")
+    prompt: str = setting("", "text the attention, logit-lens and next-token sections look at (default: the "
+                              "start of the validation text, else a newline)")
+    data: str = setting("", "the text the run trained on, for the validation sections (default: the run's --data)")
+    val_chars: int = setting(2000, "characters of validation text scored token by token")
+    samples: int = setting(3, "samples at the end of the page")
+    sample_tokens: int = setting(200, "tokens per sample")
+    seed: int = setting(1337, "seed of the samples")
+    backend: str = common("backend")
+    threads: int = common("threads")
+
+
+@dataclass
+class EvalConfig:
+    """scripts/eval_checkpoint.py"""
+    out_dir: str = common("out_dir")
+    ckpt: str = common("ckpt")
+    data: str = setting("", "the UTF-8 text it was trained on, split as in training (default: the run's --data, "
+                            "from the checkpoint)")
+    draws: int = setting(10, "independent draws of eval_iters batches, for the spread of the estimate (0: none)")
+    context: int = setting(0, "tokens of context at most, in blocks of that length (0: the model's block_size)")
+    splits: str = setting("train,val", "the splits to measure, comma-separated")
+    backend: str = common("backend")
+    threads: int = common("threads")
+    dtype: str = common("dtype")
+
+
+@dataclass
+class ExportConfig:
+    """scripts/export_hf.py"""
+    out_dir: str = common("out_dir")
+    ckpt: str = common("ckpt")
+    out: str = setting("", "directory to write the Hugging Face model into (required)")
+    force: bool = setting(False, "write into --out even if it holds files (same-named files are replaced, and an "
+                                 "earlier export's other tokenizer files removed)")
+
+
 _POSITIVE = ("batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval", "lr_decay_iters")
-_NON_NEGATIVE = ("snapshots", "max_iters", "max_time", "muon_lr_ratio", "warmup_iters", "sample_chars", "threads",
+_NON_NEGATIVE = ("snapshots", "max_iters", "max_time", "muon_lr_ratio", "warmup_iters", "sample_chars",
                  "seed", "lr", "min_lr", "weight_decay", "grad_clip", "muon_momentum_warmup", "embed_lr_ratio")
 
 
@@ -247,8 +339,7 @@ def check(cfg, given=None):
     if given is not None and "vocab_size" in given and cfg.tokenizer != "bpe":
         raise UserError(f"--vocab_size sets the size of a BPE vocabulary, but this run's tokenizer is "
                         f"{cfg.tokenizer}; add --tokenizer bpe (a new run) or drop --vocab_size")
-    check_backend(cfg.backend, given)
-    check_dtype(cfg.dtype)
+    check_common(cfg)
     notes = []
     if cfg.min_lr > cfg.lr:                                   # a default's or preset's --min_lr above a typed --lr
         notes.append(f"note: --min_lr {cfg.min_lr:g} (not typed) is above --lr {cfg.lr:g}; the lr decays to --lr "

@@ -12,7 +12,8 @@ import struct
 
 import numpy as np
 
-from .config import GPTConfig, UserError
+from .config import GPTConfig
+from .errors import UserError
 from .gpt2_tokenizer import GPT2Tokenizer
 from .layers import LN_EPS
 

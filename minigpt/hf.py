@@ -13,7 +13,7 @@ import numpy as np
 from . import checkpoint
 from .bpe import BPETokenizer
 from .tokenizer import tokenizer_from_json
-from .config import UserError
+from .errors import UserError
 from .gpt2_tokenizer import GPT2Tokenizer
 from .layers import LN_EPS
 

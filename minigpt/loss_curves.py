@@ -9,7 +9,7 @@ import os
 from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.figure import Figure                             # not pyplot: no global backend, no figure registry
 
-from .config import UserError
+from .errors import UserError
 
 FIX = "pass the log.jsonl a training run wrote in its --out_dir"
 NEEDS = {"train": ("iter", "loss"), "eval": ("iter", "train_loss", "val_loss")}   # the keys plot() reads

@@ -13,14 +13,14 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
 from . import backends, checkpoint, lens
 from . import report_page as P
 from .backends import select_backend
-from .config import UserError, check_backend, check_ranges, default_backend, parse_args, run_command, setting
+from .config import ReportConfig, check_common, check_ranges, parse_args, run_command
+from .errors import UserError
 from .data import load_text, split_text
 from .loss_curves import NEEDS
 from .model import GPT, GPTConfig
@@ -33,22 +33,6 @@ FREQ_CHARS = 20000          # characters of validation text whose token counts p
 BAR_SETTINGS = [("temperature 1", 1.0, 0, 1.0), ("temperature 0.8 (the sampler's default)", 0.8, 0, 1.0),
                 ("temperature 0.5", 0.5, 0, 1.0), ("temperature 1.5", 1.5, 0, 1.0), ("top-k 5", 1.0, 5, 1.0),
                 ("top-p 0.9", 1.0, 0, 0.9)]
-
-
-@dataclass
-class ReportConfig:
-    out_dir: str = setting("out", "directory of a training run: reads its checkpoint, log.jsonl and snapshots/, "
-                                  "writes report.html there")
-    ckpt: str = setting("", "the checkpoint to report on (default: out_dir/ckpt_best.npz, else ckpt_last.npz)")
-    prompt: str = setting("", "text the attention, logit-lens and next-token sections look at (default: the "
-                              "start of the validation text, else a newline)")
-    data: str = setting("", "the text the run trained on, for the validation sections (default: the run's --data)")
-    val_chars: int = setting(2000, "characters of validation text scored token by token")
-    samples: int = setting(3, "samples at the end of the page")
-    sample_tokens: int = setting(200, "tokens per sample")
-    seed: int = setting(1337, "seed of the samples")
-    backend: str = setting(default_backend, "auto | numpy | numba | native; $MINIGPT_BACKEND sets the default")
-    threads: int = setting(0, "threads of every pool (0: all CPUs)")
 
 
 def main(argv=None):
@@ -66,8 +50,8 @@ def main(argv=None):
 
 def write_report(cfg, verbose=False):
     """Build out_dir/report.html for cfg (a ReportConfig); -> its path. Written to a temporary name, renamed."""
-    check_ranges(cfg, positive=("val_chars", "sample_tokens"), non_negative=("samples", "seed", "threads"))
-    check_backend(cfg.backend, getattr(cfg, "given", None))
+    check_ranges(cfg, positive=("val_chars", "sample_tokens"), non_negative=("samples", "seed"))
+    check_common(cfg)
     typed = load_text(cfg.data) if cfg.data else None    # a typed --data must be readable: checked before any work
     run = OutDir(cfg.out_dir)
     ckpt = cfg.ckpt or run.checkpoint()

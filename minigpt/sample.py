@@ -10,36 +10,16 @@ import codecs
 import os
 import sys
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
 from . import backends, checkpoint
 from .backends import select_backend
 from .tokenizer import tokenizer_from_json
-from .config import (UserError, check_backend, check_dtype, check_ranges, default_backend, parse_args,
-                     run_command, setting)
+from .config import SampleConfig, check_common, check_ranges, parse_args, run_command
+from .errors import UserError
 from .model import GPT, GPTConfig, KVCache
 from .outdir import OutDir
-
-
-@dataclass
-class SampleConfig:
-    out_dir: str = setting("out", "directory of a training run: its ckpt_best.npz is sampled, else ckpt_last.npz")
-    ckpt: str = setting("", "a checkpoint file to sample instead of the one in --out_dir")
-    prompt: str = setting("\n", "text the samples continue")
-    prompt_file: str = setting("", "read the prompt from this UTF-8 file instead of --prompt")
-    num_samples: int = setting(1, "samples generated together in one batch")
-    max_new_tokens: int = setting(500, "tokens generated per sample")
-    temperature: float = setting(0.8, "divides the logits: lower is more conservative, higher more random")
-    top_k: int = setting(0, "sample among the k most likely tokens only (0: off, 1: greedy)")
-    top_p: float = setting(1.0, "sample among the most likely tokens that hold this much probability (1: off)")
-    seed: int = setting(1337, "seed of the sampling generator")
-    kv_cache: bool = setting(True, "keep the keys and values of past positions (false: recompute every step)")
-    backend: str = setting(default_backend, "auto | numpy | numba | native; $MINIGPT_BACKEND sets the default")
-    threads: int = setting(0, "threads of every pool (0: all CPUs)")
-    dtype: str = setting("float32", "float32 | bf16: bf16 rounds the operands of every product to bfloat16 (as "
-                                    "training's --dtype; the checkpoint stays float32)")
 
 
 def load_model(path, loaded=None):
@@ -184,12 +164,11 @@ def main(argv=None):
 def _settings(argv):
     """-> (SampleConfig, prompt text), every setting checked: nothing is loaded or printed before this."""
     cfg = parse_args(argv, SampleConfig, prog="python -m minigpt.sample", description=__doc__)
-    check_ranges(cfg, positive=("num_samples",), non_negative=("max_new_tokens", "top_k", "seed", "threads"))
+    check_ranges(cfg, positive=("num_samples",), non_negative=("max_new_tokens", "top_k", "seed"))
     check_temperature(cfg.temperature)
     if not 0 < cfg.top_p <= 1:
         raise UserError(f"--top_p must lie in (0, 1], got {cfg.top_p}")
-    check_dtype(cfg.dtype)
-    check_backend(cfg.backend, getattr(cfg, "given", None))
+    check_common(cfg)
     prompt = cfg.prompt
     if cfg.prompt_file:
         if not os.path.isfile(cfg.prompt_file):

@@ -13,13 +13,12 @@ Every mistake is one line, "error: ...", and exit status 2; --help lists the opt
 """
 import os
 import sys
-from dataclasses import dataclass
 
 import numpy as np
 
 from minigpt import checkpoint
-from minigpt.config import (UserError, check_backend, check_dtype, check_ranges, default_backend, parse_args,
-                            run_command, setting)
+from minigpt.config import EvalConfig, check_common, check_ranges, parse_args, run_command
+from minigpt.errors import UserError
 from minigpt.data import Dataset, load_text
 from minigpt.backends import select_backend
 from minigpt.sample import load_model
@@ -27,30 +26,14 @@ from minigpt.outdir import OutDir
 from minigpt.train import whole_split_loss
 
 
-@dataclass
-class EvalConfig:
-    out_dir: str = setting("out", "directory of a training run: its ckpt_best.npz is measured, else ckpt_last.npz")
-    ckpt: str = setting("", "a checkpoint file to measure instead of the one in --out_dir")
-    data: str = setting("", "the UTF-8 text it was trained on, split as in training (default: the run's --data, "
-                            "from the checkpoint)")
-    draws: int = setting(10, "independent draws of eval_iters batches, for the spread of the estimate (0: none)")
-    context: int = setting(0, "tokens of context at most, in blocks of that length (0: the model's block_size)")
-    splits: str = setting("train,val", "the splits to measure, comma-separated")
-    backend: str = setting(default_backend, "auto | numpy | numba | native; $MINIGPT_BACKEND sets the default")
-    threads: int = setting(0, "threads of every pool (0: all CPUs)")
-    dtype: str = setting("float32", "float32 | bf16: the products' precision (as training's --dtype; a bf16 run's "
-                                    "checkpoint is float32 and reads either way)")
-
-
 def main(argv):
     try:
         a = check_ranges(parse_args(argv, EvalConfig, prog="eval_checkpoint.py", description=__doc__),
-                         non_negative=("draws", "threads", "context"))
+                         non_negative=("draws", "context"))
         splits = [x.strip() for x in a.splits.split(",") if x.strip()]
         if not splits or set(splits) - {"train", "val"}:
             raise UserError(f"--splits {a.splits!r}: name train, val or both, comma-separated (e.g. --splits val)")
-        check_dtype(a.dtype)
-        check_backend(a.backend, getattr(a, "given", None))
+        check_common(a)
         path = a.ckpt or OutDir(a.out_dir).checkpoint()
         loaded = checkpoint.load(path)
         if "train_config" not in loaded[0]:

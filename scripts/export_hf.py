@@ -17,20 +17,11 @@ GPT-2 in transformers does not crop its context: prompt and new tokens together 
 (n_positions), hence max_length above; minigpt's own sampler slides a window instead.
 """
 import sys
-from dataclasses import dataclass
 
-from minigpt.config import UserError, parse_args, run_command, setting
+from minigpt.config import ExportConfig, parse_args, run_command
+from minigpt.errors import UserError
 from minigpt.hf import check_out, export
 from minigpt.outdir import OutDir
-
-
-@dataclass
-class ExportConfig:
-    out_dir: str = setting("out", "directory of a training run: its ckpt_best.npz is exported, else ckpt_last.npz")
-    ckpt: str = setting("", "a checkpoint file to export instead of the one in --out_dir")
-    out: str = setting("", "directory to write the Hugging Face model into (required)")
-    force: bool = setting(False, "write into --out even if it holds files (same-named files are replaced, and an "
-                                 "earlier export's other tokenizer files removed)")
 
 
 def main(argv):

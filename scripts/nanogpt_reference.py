@@ -15,7 +15,8 @@ import statistics
 import sys
 import time
 
-from minigpt.config import UserError, parse_args
+from minigpt.config import parse_args
+from minigpt.errors import UserError
 from minigpt.data import CharTokenizer, Dataset, load_text
 
 

@@ -10,7 +10,8 @@ import argparse
 import os
 import sys
 
-from minigpt.config import ScriptParser, UserError, run_command
+from minigpt.config import ScriptParser, run_command
+from minigpt.errors import UserError
 from minigpt.loss_curves import plot
 
 

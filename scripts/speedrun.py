@@ -34,7 +34,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_util import command, cpu_line, flag, revision, write_keeping_notes  # noqa: E402
-from minigpt.config import ScriptParser, UserError, run_command  # noqa: E402
+from minigpt.config import ScriptParser, run_command  # noqa: E402
+from minigpt.errors import UserError  # noqa: E402
 from minigpt.outdir import OutDir  # noqa: E402
 from train_shakespeare import download  # noqa: E402
 

@@ -13,7 +13,7 @@ import pytest
 from helpers import tiny_cfg, write_text
 from minigpt import checkpoint
 from minigpt.bpe import BPETokenizer
-from minigpt.config import UserError
+from minigpt.errors import UserError
 from minigpt.data import CharTokenizer
 from minigpt.model import GPT, GPTConfig
 from minigpt.optim import AdamW

@@ -11,7 +11,7 @@ import pytest
 
 from helpers import write_text
 from minigpt import checkpoint, gpt2
-from minigpt.config import UserError
+from minigpt.errors import UserError
 from minigpt.hf import export
 from minigpt.model import GPT, GPTConfig
 from minigpt.optim import AdamW

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from minigpt import backends
-from minigpt.config import UserError
+from minigpt.errors import UserError
 from minigpt.model import GPT, PER_LAYER, GPTConfig, Table, activation_shapes
 from gradcheck import GRAD_TOL, num_grad, rel_err
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from minigpt import backends, checkpoint
-from minigpt.config import UserError
+from minigpt.errors import UserError
 from minigpt.data import CharTokenizer
 from minigpt.model import GPT, GPTConfig
 from minigpt.optim import AdamW
@@ -133,7 +133,7 @@ def test_sample_command_help_lists_every_setting():
     for f in fields(SampleConfig):
         assert f"--{f.name}" in r.stdout, f.name
     assert r.stdout.count("(default:") == len(fields(SampleConfig)), r.stdout     # each default once
-    assert "(0: all CPUs)" in r.stdout                                             # as training words it
+    assert "(0: all CPUs," in r.stdout                                   # config.COMMON: as training words it
 
 
 def test_sample_command_streams_batched_samples(tmp_path):

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from minigpt import checkpoint
-from minigpt.config import PRESETS, ModelShape, TrainConfig, UserError, check, parse_args, setting
+from minigpt.config import PRESETS, ModelShape, TrainConfig, check, parse_args, setting
+from minigpt.errors import UserError
 from minigpt.data import CharTokenizer, Dataset
 from minigpt.model import GPT, GPTConfig
 from minigpt.optim import AdamW, clip_grad_norm, get_lr

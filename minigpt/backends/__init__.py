@@ -121,7 +121,7 @@ def select(name="auto", threads=None, verbose=None, dtype=None):
 def select_backend(cfg, verbose=None, threads=None):
     """select() as every command calls it: cfg.backend with threads (default: cfg.threads, 0 for every CPU); a
     UserError if it cannot run here, worded "--backend NAME: why" (the reason names the backend once)."""
-    from ..config import UserError
+    from ..errors import UserError
     try:
         select(cfg.backend, threads=threads or cfg.threads or None, verbose=verbose)
     except BackendUnavailable as e:
