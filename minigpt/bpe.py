@@ -14,7 +14,7 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
-from .config import UserError
+from .errors import UserError
 from .data import checked_ids
 
 # ASCII whitespace written out: Python's \s also matches \x1c-\x1f, \x85, \xa0, \u2028, ... and Oniguruma's \s
@@ -41,6 +41,13 @@ def bytes_to_unicode():
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     shifted = iter(range(256, 512))
     return {b: chr(b) if b in keep else chr(next(shifted)) for b in range(256)}
+
+
+def count_words(text, counts=None):
+    """{word: count} of text split by PATTERN, added into counts (a Counter) if given."""
+    counts = Counter() if counts is None else counts
+    counts.update(re.findall(PATTERN, text))
+    return counts
 
 
 def _merge(ids, a, b, new):
@@ -134,10 +141,18 @@ class BPETokenizer:
         """Learn vocab_size - 256 merges from text (fewer if the text runs out of pairs: see .vocab_size).
         Every token's bytes are distinct (a Hugging Face vocab maps strings to ids): a span of a word that no
         merge crosses is merged exactly as it would be alone, so only one pair can ever build a given string."""
-        _check_vocab_size(vocab_size)
         if not text:
             raise UserError("cannot train a BPE tokenizer on an empty text; pass a text with some words in it")
-        stats = _PairStats(Counter(re.findall(PATTERN, text)))
+        return cls.train_words(count_words(text), vocab_size)
+
+    @classmethod
+    def train_words(cls, word_counts, vocab_size):
+        """train() on word counts ({word: count}, count_words of a text or of a corpus's pieces): the merges
+        depend on the counts only, so counting a text in pieces cut between words trains the same tokenizer."""
+        _check_vocab_size(vocab_size)
+        if not word_counts:
+            raise UserError("cannot train a BPE tokenizer on an empty text; pass a text with some words in it")
+        stats = _PairStats(word_counts)
         merges = []
         while 256 + len(merges) < vocab_size:
             pair = stats.pop_best()

@@ -19,7 +19,7 @@ import unicodedata
 import numpy as np
 
 from .bpe import bytes_to_unicode
-from .config import UserError
+from .errors import UserError
 from .data import checked_ids
 
 # Unicode's White_Space property (PropList.txt): what Rust's \s matches (Python's \s differs at \x1c-\x1f)
