@@ -267,6 +267,16 @@ class ExportConfig:
                                  "earlier export's other tokenizer files removed)")
 
 
+def check_sample(cfg):
+    """A SampleConfig's (or the Python API's) sampling settings, as python -m minigpt.sample checks them."""
+    check_ranges(cfg, positive=("num_samples",), non_negative=("max_new_tokens", "top_k", "seed"))
+    if not cfg.temperature > 0:                                         # NaN too
+        raise UserError(f"--temperature must be positive, got {cfg.temperature}; use --top_k 1 for greedy decoding")
+    if not 0 < cfg.top_p <= 1:
+        raise UserError(f"--top_p must lie in (0, 1], got {cfg.top_p}")
+    return check_common(cfg)
+
+
 _POSITIVE = ("batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval", "lr_decay_iters")
 _NON_NEGATIVE = ("snapshots", "max_iters", "max_time", "muon_lr_ratio", "warmup_iters", "sample_chars",
                  "seed", "lr", "min_lr", "weight_decay", "grad_clip", "muon_momentum_warmup", "embed_lr_ratio")

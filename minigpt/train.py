@@ -582,5 +582,37 @@ def main(argv=None):
     return interrupted_status(result)
 
 
+# ----------------------------------------------------------------------------
+# from Python: minigpt.train(data=..., out_dir=..., **settings)
+
+def python_train(data=None, out_dir="out", **settings):
+    """Train as `python -m minigpt.train --data DATA --out_dir OUT_DIR --key value ...` does, with the same checks,
+    losses and files; -> a dict: "model" (a minigpt.Model), "final" (the last evaluation's losses), "best_val",
+    "iter", "ms_per_iter", "log" (out_dir/log.jsonl) and "rows" (its rows: each step and each evaluation).
+    Settings are TrainConfig's (minigpt/config.py; `python -m minigpt.train --help` lists them)."""
+    from . import Model
+    if data is not None:
+        settings["data"] = data
+    settings["out_dir"] = out_dir
+    argv = [f"--{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items()]   # as typed
+    cfg = parse_args(argv, prog="minigpt.train()")
+    result = train(cfg, given=cfg.given)
+    model = Model(result.pop("model"), result.pop("tokenizer"), cfg.out_dir) if "model" in result else None
+    rows = []
+    if "log" in result:
+        with open(result["log"]) as f:
+            rows = [json.loads(line) for line in f]
+    return {**result, "model": model, "rows": rows}
+
+
+class _CallableModule(type(sys)):
+    """`minigpt.train` is this module; calling it is python_train (a submodule would hide a function of its name)."""
+
+    def __call__(self, data=None, out_dir="out", **settings):
+        return python_train(data, out_dir, **settings)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
 if __name__ == "__main__":
     sys.exit(run_command(main))
