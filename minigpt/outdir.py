@@ -62,8 +62,8 @@ class OutDir:
         """--resume's checkpoint, ckpt_last.npz, and what to do if it is unreadable; a UserError naming
         ckpt_best.npz, if there is one, when it is missing."""
         if not os.path.exists(self.last):
-            copy = f"copy {self.best} to {self.last} to continue from the best one, or " \
-                if os.path.exists(self.best) else ""
+            copy = (f"copy {self.best} to {self.last} to continue from the best one, or "
+                    if os.path.exists(self.best) else "")
             raise UserError(f"--resume: no checkpoint at {self.last}; {copy}train without --resume first, or point "
                             "--out_dir at the directory of an earlier run")
         fix = "start a new --out_dir"

@@ -1,10 +1,12 @@
 """Training, top to bottom: settings -> setup -> resume -> the loop -> the final evaluation.
 
-    train(cfg)   the settings (on --resume the checkpoint's first), checked once (config.check)
-      setup      the backend, the tokenizer, the data, the model, the optimizer: a Run
-      resume     --resume puts back the checkpoint's weights, optimizer state, generators and position
-      loop       lr -> eval/checkpoint -> forward/backward (accumulated) -> sync -> clip -> step -> log
-      final      the last evaluation also scores the whole validation split (nats per token, bits per character)
+    train(cfg)
+      start            the Run, ready for its first step:
+        settings       on --resume the checkpoint's first, then every check (config.check), the data, out_dir
+        setup          the backend, the tokenizer, the data, the model, the optimizer
+        restore        --resume puts back the checkpoint's weights, optimizer state, generators and position
+      training_loop    lr -> eval/checkpoint -> forward/backward (accumulated) -> sync -> clip -> step -> log;
+                       the last evaluation also scores the whole validation split (bits per character too)
 
 Three generators, all seeded from cfg.seed: the model's (init, then dropout's seeds), the batch sampler's, and the
 evaluation one, re-created at every eval so that curves are comparable between runs. A checkpoint carries every
@@ -29,8 +31,8 @@ import numpy as np
 from . import backends, checkpoint, distributed, gpt2
 from .backends import select_backend
 from .bpe import BPETokenizer
-from .config import PRESETS, ModelShape, TrainConfig, check, default_backend, parse_args, plot_inside_out_dir, \
-    quiet_stdout, run_command
+from .config import (PRESETS, ModelShape, TrainConfig, check, default_backend, parse_args, plot_inside_out_dir,
+                     quiet_stdout, run_command)
 from .data import CharTokenizer, Dataset, load_text, split_text
 from .errors import CannotSave, Diverged, OutOfMemory, StoppedTwice, UserError, exit_code
 from .model import GPT, activation_shapes, gradient_shapes, parameter_shapes
@@ -61,8 +63,20 @@ def train(cfg, given=None, fetch=None):
     match it. given=None (a config built in code): on --resume only the model's shape and tokenizer come from the
     checkpoint, every other setting is cfg's. fetch(path), if given, is called when the data file is missing (the
     script's download). Under mpiexec rank 0 alone reads the checkpoint, makes out_dir and downloads; every rank
-    builds. An out_dir this call made is removed again, if still empty, when a setting turns out wrong."""
+    builds."""
     world, out = distributed.world(), OutDir(cfg.out_dir)
+    try:
+        run = start(cfg, given, fetch, world, out)           # settings -> setup -> resume, then out_dir tidied
+        with np.errstate(over="ignore", invalid="ignore"):   # a run that diverges says so once (Diverged), not
+            return training_loop(run)                        # in a warning of numpy's (numpy backend) per overflow
+    except MemoryError as e:                                 # past check_memory's estimate: one line, no traceback
+        raise OutOfMemory(f"out of memory ({e}); lower --batch_size, --block_size, --n_embd or --n_layer") from None
+
+
+def start(cfg, given, fetch, world, out):
+    """The Run, ready for its first step: the settings (rank 0's; on --resume the checkpoint's first), then setup
+    and the checkpoint's state on every rank; once every setting has passed, out_dir is tidied. An out_dir this
+    call made is removed again, if still empty, when a setting turns out wrong (or on Ctrl-C)."""
     made = world.root and not os.path.exists(cfg.out_dir)
     try:
         with world.settle():                                  # settings: rank 0's, then the same on every rank
@@ -78,15 +92,9 @@ def train(cfg, given=None, fetch=None):
         if made and os.path.isdir(cfg.out_dir) and not os.listdir(cfg.out_dir):
             os.rmdir(cfg.out_dir)
         raise
-    except MemoryError as e:                                 # past check_memory's estimate: one line, no traceback
-        raise OutOfMemory(f"out of memory ({e}); lower --batch_size, --block_size, --n_embd or --n_layer") from None
     if world.root:                                           # every setting has passed: now tidy out_dir
         out.tidy(new_run=ckpt is None, plot=cfg.plot, data=cfg.data, say=say)
-    try:
-        with np.errstate(over="ignore", invalid="ignore"):   # a run that diverges says so once (Diverged), not
-            return loop(run)                                 # in a warning of numpy's (numpy backend) per overflow
-    except MemoryError as e:
-        raise OutOfMemory(f"out of memory ({e}); lower --batch_size, --block_size, --n_embd or --n_layer") from None
+    return run
 
 
 # ----------------------------------------------------------------------------
@@ -132,8 +140,8 @@ def resume_settings(cfg, ckpt, given, path):
         env = k == "backend" and default_backend(unset=None) is not None          # the variable counts as typed
         # older runs could plot into reports/ or anywhere; now the curve goes inside out_dir
         legacy = k == "plot" and (os.path.dirname(v) == "reports" or not plot_inside_out_dir(v))
-        if given is not None and k not in given and k not in ("resume", "out_dir") and not env and not legacy \
-                and hasattr(cfg, k):
+        if (given is not None and k not in given and k not in ("resume", "out_dir") and not env and not legacy
+                and hasattr(cfg, k)):
             setattr(cfg, k, v)
 
 
@@ -298,9 +306,9 @@ def restore(run, ckpt):
 
 
 # ----------------------------------------------------------------------------
-# the loop: lr -> eval/checkpoint -> accumulate -> sync -> clip -> step -> log
+# the training loop: lr -> eval/checkpoint -> accumulate -> sync -> clip -> step -> log
 
-def loop(run):
+def training_loop(run):
     """Iterations run.it .. max_iters, or until --max_time seconds are spent; returns the result dict (a shorter
     one when a signal stopped it)."""
     cfg, world = run.cfg, run.world
