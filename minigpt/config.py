@@ -1,7 +1,8 @@
-"""TrainConfig: every setting of a training run, and the type-checked command-line parser built from it.
+"""Every setting of every command, and the type-checked command-line parser built from them.
 
 The defaults are config S, nanoGPT's documented CPU Shakespeare-char run (config/train_shakespeare_char.py
-with the README's CPU overrides). Each field carries its one-line help (setting(...)), and parse_args makes
+with the CPU overrides of nanoGPT's README). Every setting is declared once here: TrainConfig's, and the other
+commands' (SampleConfig, ReportConfig, EvalConfig, ExportConfig), which take the settings they share from COMMON. Each field carries its one-line help (setting(...)), and parse_args makes
 the argparse parser, --help included, from the fields, so the command line and the dataclass cannot drift.
 Unknown keys and wrong types are UserErrors that name the fix; run_command is how every command ends when it is
 stopped early (Ctrl-C, a closed pipe). Nothing here trains or imports numpy.
@@ -89,12 +90,10 @@ def check_common(cfg):
 
 # Named sets of defaults (--preset NAME); settings typed on the command line win over them.
 PRESETS = {
-    # scripts/speedrun.py's recipe: more of nanoGPT's wall time spent learning (reports/speedrun.md). It needs
-    # --max_time (the seconds you have; check() says so); max_iters is only a cap. Round 1 is Muon at batch 32;
-    # round 3 (issue 24) added a 10x embedding lr (round 2's QK-norm cost more steps than it gained in the budget);
-    # round 4 twice the context at three quarters of the batch (block 128, batch 24); round 5 evaluates on 5
-    # batches instead of 20, which gives the steps the evaluations' time; round 6 unties the LM head from the token
-    # embedding. scripts/speedrun.py's SELECTION says on which seeds each was chosen, and how.
+    # scripts/speedrun.py's recipe: more of nanoGPT's wall time spent learning. It needs --max_time (the seconds
+    # you have; check() says so); max_iters is only a cap. Muon for the blocks' matrices, a larger lr for the
+    # embeddings, a longer context at a smaller batch, fewer evaluation batches (their time goes to steps) and an
+    # LM head of its own; reports/speedrun.md says what each change gained and on which seeds it was chosen.
     "speedrun": dict(optimizer="muon", batch_size=24, block_size=128, max_iters=10 ** 6, embed_lr_ratio=10.0,
                      eval_iters=5, tie_weights=False),
     # fine-tuning a pretrained GPT-2 (--init_from DIR sets it when no --preset is typed): nanoGPT's

@@ -418,7 +418,7 @@ def write_report(a, results, have_torch, where, peak, failed, parent_rss):
                                                                   "path)")                  # MGK_ISA_* numbers
         lines += ["", f"bf16 peak: {bf16_peak:.0f} GFLOP/s on {a.threads} threads, on {on} ({when('bf16_peak')}). "
                   "A `bf16` minigpt row rounds "
-                  "the operands of every product to bfloat16 and sums in float32 (README: bf16); `pytorch bf16 "
+                  "the operands of every product to bfloat16 and sums in float32 (docs/backends.md: bf16); `pytorch bf16 "
                   "autocast` runs the twin's forward under torch.autocast(\"cpu\", torch.bfloat16). % of peak: of this "
                   "bf16 peak for the bf16 rows on the default path (minigpt's and PyTorch's), of the fp32 peak for "
                   "the others (a forced-down path's bf16 products run on fp32 FMAs)."]

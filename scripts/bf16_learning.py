@@ -217,7 +217,7 @@ def main():
     lines += ["", f"The largest gap at the end is {worst:.4f} ({'within' if worst <= TOLERANCE else 'outside'} the "
               f"{TOLERANCE} the project asks of bf16); over the last quarter of the steps, where both runs of a "
               f"pair train on the same batches, the training losses differ by at most {worst_late:.4f} on "
-              "average. bf16 here rounds the operands of every product (README: bf16); the "
+              "average. bf16 here rounds the operands of every product (docs/backends.md: bf16); the "
               "weights, gradients, optimizer state, LayerNorm, softmax, loss and residual stream stay float32, so "
               "the runs differ only by those roundings, and two float32 runs from different seeds differ by more "
               "(reports/speedrun.md: a standard deviation of 0.004-0.013 over seeds)."] + bisected

@@ -408,7 +408,7 @@ def write_report(a, runs):
          f"{CURRENT}; a run with a block longer than nanoGPT's {CONTEXT} is scored once more with at most {CONTEXT}). "
          f"This invocation used {budget}."
          + (" Every minigpt run here trains with `--dtype bf16` (bf16 products: matmul operands rounded to bfloat16; "
-            "sums, weights, gradients and optimizer state in float32; README, `--dtype bf16`)."
+            "sums, weights, gradients and optimizer state in float32; docs/backends.md, `--dtype bf16`)."
             if a.dtype == "bf16" else ""), "",
          "## Leaderboard", "",
          "| run | wall time (s) | iterations | whole-split val loss, mean | sd | per seed |",
@@ -432,7 +432,7 @@ def write_report(a, runs):
           "`). Both keep config S's model (4 layers, 4 heads, n_embd 128, the learned positional table, no dropout); "
           f"round 1 keeps its block of 64 tokens, {CURRENT}'s is {block_of(['--preset=speedrun'])}."
           + (" The `--dtype bf16` rows are the same recipes with bf16 products: matmul operands rounded to bfloat16, "
-             "sums, weights, gradients and optimizer state in float32 (README, `--dtype bf16`)."
+             "sums, weights, gradients and optimizer state in float32 (docs/backends.md, `--dtype bf16`)."
              if runs.get(RECIPE_BF16) else ""), "", SELECTION]
     if BASE in runs:
         base, old, rec = runs[BASE], runs[OLD], runs[RECIPE]
