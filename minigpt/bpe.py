@@ -7,10 +7,12 @@ Python's `re` and Oniguruma (Hugging Face `tokenizers`) split every Unicode stri
 tokenizer.json whose ids equal encode()'s. Not here: special tokens, normalization, GPT-2's \\p{L} classes
 (non-ASCII letters fall into the "other" class, in runs of at most 16 characters).
 """
+import functools
 import heapq
 import json
 import re
 from collections import Counter, defaultdict
+from itertools import chain
 
 import numpy as np
 
@@ -33,6 +35,7 @@ PATTERN = (r"'(?:[sdmt]|ll|ve|re)"              # English contractions, as GPT-2
            rf"|[{_WS}]+")
 MIN_VOCAB = 257                                 # the 256 byte tokens and at least one merge
 _CACHE_MAX = 500_000                            # distinct words kept by encode(); cleared when full
+KERNEL_MIN_WORDS = 512                          # new words at once from which the compiled merge loop runs
 
 
 def bytes_to_unicode():
@@ -48,6 +51,14 @@ def count_words(text, counts=None):
     counts = Counter() if counts is None else counts
     counts.update(re.findall(PATTERN, text))
     return counts
+
+
+def _utf8(word):
+    try:
+        return word.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UserError(f"text holds {word[e.start]!r}, a lone surrogate, which is not valid Unicode and has no "
+                        "UTF-8 bytes; read the text with errors='replace' or fix its source") from None
 
 
 def _merge(ids, a, b, new):
@@ -135,6 +146,7 @@ class BPETokenizer:
             self._bytes.append(self._bytes[a] + self._bytes[b])
         self.dtype = np.uint16 if self.vocab_size <= 65536 else np.int32
         self._cache = {}                                                    # word -> its ids
+        self._table = None                                                  # MergeTable, made on first use
 
     @classmethod
     def train(cls, text, vocab_size):
@@ -168,11 +180,7 @@ class BPETokenizer:
 
     def _encode_word(self, word):
         """One pre-tokenized word -> its ids: merge the lowest-ranked adjacent pair until none is a merge."""
-        try:
-            ids = list(word.encode("utf-8"))
-        except UnicodeEncodeError as e:
-            raise UserError(f"text holds {word[e.start]!r}, a lone surrogate, which is not valid Unicode and has no "
-                            "UTF-8 bytes; read the text with errors='replace' or fix its source") from None
+        ids = list(_utf8(word))
         rank = self._rank
         while len(ids) > 1:
             pair = min(zip(ids, ids[1:]), key=lambda p: rank.get(p, len(rank)))
@@ -183,15 +191,16 @@ class BPETokenizer:
 
     def encode(self, text):
         """text -> (N,) ids of self.dtype. Each distinct word is encoded once and cached."""
-        cache, out = self._cache, []
-        if len(cache) > _CACHE_MAX:
-            cache.clear()
-        for word in self._rx.findall(text):
-            ids = cache.get(word)
-            if ids is None:
-                ids = cache[word] = self._encode_word(word)
-            out += ids
-        return np.array(out, dtype=self.dtype)
+        return np.array(encode_words(self._rx.findall(text), self._cache, self._encode_new), dtype=self.dtype)
+
+    def _encode_new(self, words):
+        """Words not in the cache -> their ids: one by one, or many at once by the compiled merge loop."""
+        if len(words) < KERNEL_MIN_WORDS:
+            return [self._encode_word(w) for w in words]
+        if self._table is None:
+            self._table = MergeTable(self._rank, [256 + i for i in range(len(self.merges))], np.arange(256),
+                                     self.vocab_size)
+        return self._table.merge(words, _utf8)
 
     def token_bytes(self, i):
         """The bytes of token i."""
@@ -257,3 +266,136 @@ class BPETokenizer:
         with open(path, "w", encoding="utf-8") as f:
             f.write(self.to_hf_json())
 
+
+
+# ----------------------------------------------------------------------------
+# many words at once: the cache, and the merge loop compiled (for corpora: minigpt/prepare_data.py)
+
+def encode_words(words, cache, encode_new, cache_max=_CACHE_MAX):
+    """The ids of words (a list of str) concatenated, as a list: each distinct word looked up in cache (word ->
+    ids), the words it lacks encoded together by encode_new(list) -> [ids] and added (the cache cleared first
+    when they would overfill it)."""
+    new = set(words).difference(cache)
+    if len(cache) + len(new) > cache_max:
+        cache.clear()
+        new = set(words)
+    if new:
+        new = list(new)
+        cache.update(zip(new, encode_new(new)))
+    return list(chain.from_iterable(map(cache.__getitem__, words)))
+
+
+class MergeTable:
+    """A BPE's merges as arrays for the compiled merge loop: pair of ids (a, b) -> its rank j, in a hash table
+    (open addressing), and token[j], the id it makes (-1 if the vocabulary lacks it); base[byte]: the id of each
+    byte (-1 if none). merge() gives the ids that merging the lowest rank first, leftmost first, gives."""
+
+    def __init__(self, rank, tokens, base, vocab_size):
+        """rank: {(a, b): j}; tokens: (M,) id made by merge j; base: (256,) ids."""
+        self.width = max(vocab_size, 1)
+        self.keys = np.full(max(len(tokens), 1), -1, np.int64)              # (M,) a * width + b of merge j
+        for (a, b), j in rank.items():
+            self.keys[j] = a * self.width + b
+        self.tokens = np.asarray(tokens, np.int64)
+        self.base = np.asarray(base, np.int64)
+        bits = max(4, int(4 * len(self.keys)).bit_length())                 # a quarter full at most
+        self.slots = _kernels()[0](self.keys, bits)                          # (2**bits,) merge j or -1
+        self.bits = bits
+
+    def merge(self, words, to_bytes):
+        """[ids] of each word (to_bytes(word): its bytes); a UserError if the vocabulary lacks a piece."""
+        raw = [to_bytes(w) for w in words]
+        starts = np.zeros(len(raw) + 1, np.int64)                            # (W+1,) word w: starts[w:w+2]
+        np.cumsum([len(r) for r in raw], out=starts[1:])
+        ids = self.base[np.frombuffer(b"".join(raw), np.uint8)]              # (N,) the bytes' ids
+        if ids.size and ids.min() < 0:
+            w = np.searchsorted(starts, int(np.argmin(ids)), side="right") - 1
+            raise UserError(f"the tokenizer's vocabulary lacks a byte of {words[w]!r}, so it cannot encode it; the "
+                            "tokenizer files are incomplete")
+        out, ends, bad = _kernels()[1](ids, starts, self.slots, self.bits, self.keys, self.tokens, self.width)
+        if bad >= 0:
+            raise UserError(f"the tokenizer's vocabulary lacks the token of merge {bad}, which its merges make; the "
+                            "tokenizer files are inconsistent")
+        flat, ends = out.tolist(), ends.tolist()
+        return [flat[a:b] for a, b in zip(ends, ends[1:])]
+
+
+def _slot(key, bits):
+    """Fibonacci hashing of a pair key to a slot in [0, 2**bits) (uint64 arithmetic wraps)."""
+    return (np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(64 - bits)
+
+
+def _fill_slots(keys, bits):
+    slots = np.full(1 << bits, -1, np.int64)
+    mask = (1 << bits) - 1
+    for j in range(len(keys)):
+        if keys[j] >= 0:
+            h = np.int64(_slot(keys[j], bits))
+            while slots[h] >= 0:
+                h = (h + 1) & mask
+            slots[h] = j
+    return slots
+
+
+def _find(key, slots, bits, keys):
+    """The merge j of pair key, or len(keys) (no merge: ranks past every merge)."""
+    mask = (1 << bits) - 1
+    h = np.int64(_slot(key, bits))
+    while slots[h] >= 0:
+        if keys[slots[h]] == key:
+            return slots[h]
+        h = (h + 1) & mask
+    return len(keys)
+
+
+def _merge_words(ids, starts, slots, bits, keys, tokens, width):
+    """ids (N,): every word's byte ids, word w at ids[starts[w]:starts[w+1]] -> (out, ends, bad): the merged
+    words, word w at out[ends[w]:ends[w+1]]; bad: -1, or a merge whose token is missing. As _encode_word: the
+    lowest-ranked pair merges, the leftmost of equal ones; rank[i] caches the pair at i, and a merge changes only
+    the pairs beside it."""
+    out = np.empty(len(ids), np.int64)
+    rank = np.empty(len(ids), np.int64)                  # rank[i]: the merge of (out[i], out[i+1])
+    ends = np.zeros(len(starts), np.int64)
+    none, o = len(keys), 0
+    for w in range(len(starts) - 1):
+        n = starts[w + 1] - starts[w]
+        out[o:o + n] = ids[starts[w]:starts[w + 1]]
+        for i in range(o, o + n - 1):
+            rank[i] = _find(out[i] * width + out[i + 1], slots, bits, keys)
+        while n > 1:
+            at = o
+            for i in range(o + 1, o + n - 1):
+                if rank[i] < rank[at]:
+                    at = i
+            j = rank[at]
+            if j == none:
+                break
+            if tokens[j] < 0:
+                return out[:0], ends, j
+            out[at] = tokens[j]                              # (out[at], out[at+1]) -> tokens[j]
+            for i in range(at + 1, o + n - 1):
+                out[i] = out[i + 1]
+            for i in range(at + 1, o + n - 2):
+                rank[i] = rank[i + 1]
+            n -= 1
+            if at > o:
+                rank[at - 1] = _find(out[at - 1] * width + out[at], slots, bits, keys)
+            if at < o + n - 1:
+                rank[at] = _find(out[at] * width + out[at + 1], slots, bits, keys)
+        o += n
+        ends[w + 1] = o
+    return out[:o], ends, -1
+
+
+@functools.cache
+def _kernels():
+    """(_fill_slots, _merge_words) compiled by numba (cached on disk), numba's environment set as the numba
+    backend sets it (minigpt/backends/numba_kernels.py imports numba after setting it)."""
+    try:
+        from .backends import numba_kernels  # noqa: F401
+    except ImportError:                                     # the backends cannot load: numba's own defaults
+        pass
+    from numba import njit
+    global _slot, _find
+    _slot, _find = njit(cache=True)(_slot), njit(cache=True)(_find)
+    return njit(cache=True)(_fill_slots), njit(cache=True)(_merge_words)

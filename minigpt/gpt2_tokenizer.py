@@ -18,7 +18,7 @@ import unicodedata
 
 import numpy as np
 
-from .bpe import bytes_to_unicode
+from .bpe import KERNEL_MIN_WORDS, MergeTable, bytes_to_unicode, encode_words
 from .errors import UserError
 from .data import checked_ids
 
@@ -70,6 +70,7 @@ class GPT2Tokenizer:
             if self.added else None
         self.dtype = np.uint16 if n <= 65536 else np.int32
         self._cache = {}                                                    # piece -> ids
+        self._table = None                                                  # bpe.MergeTable, on first use
 
     @property
     def vocab_size(self):
@@ -103,20 +104,19 @@ class GPT2Tokenizer:
     def _encode_plain(self, text, out):
         """Appends the ids of text (no added tokens in it) to out. ASCII text is split by the ASCII-only regex. The
         cache maps a piece, as the regex found it, to its ids: a repeated word costs one lookup."""
-        cache = self._cache
-        for piece in gpt2_pattern(text.isascii()).findall(text):
-            ids = cache.get(piece)
-            if ids is None:
-                # piece -> its UTF-8 bytes, one character per byte (latin-1) -> GPT-2's printable characters
-                try:
-                    raw = piece.encode("utf-8")
-                except UnicodeEncodeError as e:
-                    raise UserError(f"text holds {piece[e.start]!r}, a lone surrogate, which is not valid Unicode "
-                                    "and has no UTF-8 bytes; fix the text's source") from None
-                ids = self._bpe(raw.decode("latin-1").translate(self._byte_char))
-                if len(cache) < 500_000:
-                    cache[piece] = ids
-            out.extend(ids)
+        out.extend(encode_words(gpt2_pattern(text.isascii()).findall(text), self._cache, self._encode_new))
+
+    def _encode_new(self, pieces):
+        """Pieces not in the cache -> their ids: one by one, or many at once by bpe.py's compiled merge loop."""
+        if len(pieces) < KERNEL_MIN_WORDS:
+            # piece -> its UTF-8 bytes, one character per byte (latin-1) -> GPT-2's printable characters
+            return [self._bpe(_utf8(p).decode("latin-1").translate(self._byte_char)) for p in pieces]
+        if self._table is None:
+            v = self.vocab
+            rank = {(v[a], v[b]): j for (a, b), j in self._rank.items() if a in v and b in v}
+            self._table = MergeTable(rank, [v.get(a + b, -1) for a, b in self.merges],
+                                     [v.get(self._byte_char[b], -1) for b in range(256)], self.vocab_size)
+        return self._table.merge(pieces, _utf8)
 
     def encode(self, text):
         """str -> ids (N,)."""
@@ -214,6 +214,14 @@ class GPT2Tokenizer:
                             f"({type(e).__name__}: {e})") from None
         added = {"<|endoftext|>": vocab["<|endoftext|>"]} if "<|endoftext|>" in vocab else {}
         return cls(vocab, [ln.split(" ") for ln in lines], added)
+
+
+def _utf8(piece):
+    try:
+        return piece.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UserError(f"text holds {piece[e.start]!r}, a lone surrogate, which is not valid Unicode and has no "
+                        "UTF-8 bytes; fix the text's source") from None
 
 
 # GPT-2's pattern as a tokenizer.json spells it (a Split pre-tokenizer's "Regex")

@@ -304,7 +304,9 @@ def prepare(inputs, out, tokenizer="char", vocab_size=512, bpe_sample_mb=20.0, v
         splits = Splits(out, name, tok, shard_tokens, val_fraction, eot)
         progress, bad = Progress("encode", sum(f["bytes"] for f in files), quiet), 0
         empty = sum(1 for p, k in scan.files if k == TEXT and not scan.chars[p])
-        for meta, result in encoded(tasks(scan, tok, single_at, field, skip_bad), tok, workers or _cpus()):
+        # characters: one table lookup, faster here than sending the text to workers and the ids back
+        workers = workers or (1 if isinstance(tok, CharTokenizer) else _cpus())
+        for meta, result in encoded(tasks(scan, tok, single_at, field, skip_bad), tok, workers):
             empty += splits.take(meta, result)
             bad += result[2]
             progress.add(meta["bytes"])
@@ -413,7 +415,8 @@ def main(argv=None):
                    "first ones; default 20)")
     p.add_argument("--val_fraction", type=float, default=0.1, help="share of the tokens in val (default 0.1)")
     p.add_argument("--field", default="text", help="the text field of JSON lines / column of Parquet (default text)")
-    p.add_argument("--workers", type=int, default=0, help="encoding processes (default 0: one per CPU)")
+    p.add_argument("--workers", type=int, default=0, help="encoding processes (default 0: one per CPU; characters: "
+                   "this process alone, their table lookup being faster than sending the text to workers)")
     p.add_argument("--shard_tokens", type=int, default=100_000_000, help="tokens per shard at most (default 1e8)")
     p.add_argument("--name", default="", help="the shards' name prefix (default: the directory's name)")
     p.add_argument("--skip_bad", action="store_true", help="skip (and count) files that are not UTF-8 and bad "

@@ -11,7 +11,6 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import write_text
 from minigpt import prepare_data, shards
 from minigpt.bpe import BPETokenizer
 from minigpt.data import CharTokenizer, Dataset, cut_point, split_text
@@ -20,6 +19,19 @@ from minigpt.prepare_data import prepare
 from minigpt.shards import ShardWriter, open_prepared, open_shard, read_header, write_shard
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORDS = ["to", "be", "or", "not", "the", "king", "shall", "speak", "my", "lord", "and", "good", "night"]
+
+
+def write_text(path, n_chars=6000, seed=0):
+    """A deterministic text of short lines of words (tests/helpers.py's, without its imports)."""
+    rng = np.random.default_rng(seed)
+    out, n = [], 0
+    while n < n_chars:
+        out.append(" ".join(rng.choice(WORDS, rng.integers(3, 8))).capitalize() + ".\n")
+        n += len(out[-1])
+    text = "".join(out)[:n_chars]
+    path.write_text(text, encoding="utf-8")
+    return text
 
 
 def llmc_header(path):
@@ -182,6 +194,26 @@ def test_cut_points_never_change_the_tokens(gpt2_json, text):
             for tok in toks:
                 assert np.array_equal(np.concatenate([tok.encode(a), tok.encode(b)]), tok.encode(t)), (a, b)
     assert cuts > 1000
+
+
+@pytest.mark.parametrize("kind", ["bpe", "gpt2"])
+def test_compiled_merge_loop_gives_the_python_loops_ids(kind, text, gpt2_json, monkeypatch):
+    """Many new words at once go through bpe.py's compiled merge loop: the ids must be the word-by-word loop's,
+    on words short and long (a 300-character word), ASCII and not."""
+    from minigpt import bpe, gpt2_tokenizer
+    from minigpt.gpt2_tokenizer import GPT2Tokenizer
+    rnd = random.Random(1)
+    words = text.split() + ["ooo", "llll", "gooood", "shallll", "1111111"] + [
+        "".join(rnd.choice("abelo\u00e9\u6771 1'") for _ in range(rnd.randint(1, 300))) for _ in range(300)]
+    corpus = " ".join(rnd.sample(words, len(words))) + " " + " ".join(words)
+    make = (lambda: BPETokenizer.train(corpus, 400)) if kind == "bpe" else \
+        (lambda: GPT2Tokenizer.from_hf_json(gpt2_json))                         # merges of "ll", "oo", "1 1"...
+    ids = {}
+    for threshold in (0, 10 ** 9):
+        monkeypatch.setattr(bpe, "KERNEL_MIN_WORDS", threshold)
+        monkeypatch.setattr(gpt2_tokenizer, "KERNEL_MIN_WORDS", threshold)
+        ids[threshold] = make().encode(corpus)
+    assert len(ids[0]) > 5000 and np.array_equal(ids[0], ids[10 ** 9])
 
 
 def test_char_encode_is_the_per_character_lookup(text):

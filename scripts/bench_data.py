@@ -1,0 +1,204 @@
+"""Preparing a corpus into token shards, against Hugging Face `tokenizers`; then training on it. Writes reports/data.md.
+
+    python scripts/bench_data.py                          # corpora of 100 MB and 1 GB in /tmp
+    python scripts/bench_data.py --sizes 20 --out /tmp/data.md      # a quick look
+
+The corpora: tiny Shakespeare repeated, a line number before every line, generated into --tmp (never the repo).
+Each row runs in its own process, one after the other: scripts/prepare_data.py with a GPT-2-style tokenizer (one
+worker per CPU) and with characters; `tokenizers`' encode_batch of the same text (its lines, 10 MB at a time, one
+thread per CPU; only the encode_batch calls are timed) with the same tokenizer.json; then `python -m minigpt.train
+--data DIR --max_iters 1` on each prepared directory: the time to its first step and its peak resident memory.
+Peak memory is the process's and its workers' (wait4's ru_maxrss). --tokenizer takes GPT-2's own tokenizer.json;
+without it one is trained here by `tokenizers` on the first 20 MB (GPT-2's pre-tokenizer, 50,257 tokens).
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_util import command, cpu, cpu_line, revision  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SOURCES = [os.path.join(ROOT, "data", "tinyshakespeare.txt"), os.path.join(ROOT, "..", "shared", "data",
+                                                                            "tinyshakespeare.txt")]
+FIRST_STEP = re.compile(r"(?i)\b(iter|step)\s*0\b")          # a training log line of the first step
+
+
+def generate(path, mb):
+    """Tiny Shakespeare repeated, 'N ' before every line, until mb MB; kept if already there."""
+    if os.path.exists(path) and os.path.getsize(path) >= mb * 1e6:
+        return
+    src = next((p for p in SOURCES if os.path.exists(p)), None)
+    if src is None:
+        sys.exit("error: tiny Shakespeare is neither in data/ nor in ../shared/data/")
+    lines = open(src, encoding="utf-8").read().splitlines(keepends=True)
+    n, i = 0, 0
+    with open(path + ".part", "w", encoding="utf-8") as f:
+        while n < mb * 1e6:
+            block = "".join(f"{i + k} {ln}" for k, ln in enumerate(lines))
+            f.write(block)
+            n, i = n + len(block), i + len(lines)
+    os.replace(path + ".part", path)
+
+
+def train_tokenizer(corpus, path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    with open(corpus, encoding="utf-8") as f:
+        text = f.read(20_000_000)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)      # GPT-2's regex and byte map
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(text.splitlines(keepends=True), trainers.BpeTrainer(
+        vocab_size=50257, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(path)
+
+
+def run(cmd, env=None):
+    """(wall s, peak RSS MB, stdout lines with the seconds they came at, return code, stderr) of a command."""
+    env = dict(env or os.environ, PYTHONUNBUFFERED="1")                  # lines as they are printed
+    with tempfile.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=ROOT)
+        lines = [(time.perf_counter() - t0, ln) for ln in p.stdout]
+        _, status, usage = os.wait4(p.pid, 0)                             # ru_maxrss: it and its workers
+        p.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        return time.perf_counter() - t0, usage.ru_maxrss / 1024, lines, p.returncode, err.read()
+
+
+def hf_child(corpus, tokenizer):
+    """encode_batch over the corpus's lines, 10 MB at a time; prints {"seconds", "tokens"}."""
+    from tokenizers import Tokenizer
+    tok, secs, tokens = Tokenizer.from_file(tokenizer), 0.0, 0
+    with open(corpus, encoding="utf-8") as f:
+        while True:
+            lines = f.readlines(10_000_000)
+            if not lines:
+                break
+            t0 = time.perf_counter()
+            enc = tok.encode_batch(lines)
+            secs += time.perf_counter() - t0
+            tokens += sum(len(e.ids) for e in enc)
+    print(json.dumps({"seconds": secs, "tokens": tokens}))
+
+
+def check_ids(corpus, tokenizer, prepared):
+    """The prepared train split begins with `tokenizers`' ids of the corpus's first MB (cut between words)."""
+    import numpy as np
+    from tokenizers import Tokenizer
+    from minigpt.data import cut_point
+    from minigpt.shards import open_prepared
+    raw = open(corpus, "rb").read(1 << 20)
+    text = raw[:cut_point(raw, "words", 0, b"<")].decode("utf-8")
+    want = Tokenizer.from_file(tokenizer).encode(text).ids
+    _, ds, _ = open_prepared(prepared, 8)
+    return bool(np.array_equal(ds.ids("train", len(want)), want))
+
+
+def train_row(d, tmp):
+    """(seconds to the first step, peak RSS MB, note) of a 1-step training run on directory d."""
+    out = os.path.join(tmp, "run")
+    wall, rss, lines, rc, err = run([sys.executable, "-m", "minigpt.train", "--data", d, "--max_iters", "1",
+                                     "--out_dir", out, "--sample_chars", "0", "--eval_iters", "1"])
+    if rc:
+        last = (err.strip().splitlines() or ["(no output)"])[-1]
+        return None, None, f"not yet wired: training refused `--data DIR` ({last[:160]})"
+    first = next((t for t, ln in lines if FIRST_STEP.search(ln)), None)
+    return first, rss, "" if first is not None else f"no step-0 line seen; the whole run took {wall:.1f} s"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="100,1000", help="corpus sizes in MB, comma-separated")
+    ap.add_argument("--tmp", default="/tmp/minigpt_bench_data", help="where corpora and shards go")
+    ap.add_argument("--tokenizer", default="", help="a GPT-2 tokenizer.json (default: train one here)")
+    ap.add_argument("--out", default="reports/data.md")
+    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        return hf_child(*a.child)
+    os.makedirs(a.tmp, exist_ok=True)
+    sizes = [int(s) for s in a.sizes.split(",")]
+    corpora = {mb: os.path.join(a.tmp, f"shakespeare_numbered_{mb}mb.txt") for mb in sizes}
+    for mb, path in corpora.items():
+        generate(path, mb)
+    tok = a.tokenizer or os.path.join(a.tmp, "gpt2like_tokenizer.json")
+    if not a.tokenizer and not os.path.exists(tok):
+        train_tokenizer(corpora[min(sizes)], tok)
+    n = cpu()["cpus"]
+    env = dict(os.environ, RAYON_NUM_THREADS=str(n), TOKENIZERS_PARALLELISM="true")
+    rows, load = [], [os.getloadavg()[0]]
+    for mb, path in corpora.items():
+        size, r = os.path.getsize(path), {"mb": mb}
+        for kind, spec in (("gpt2", tok), ("char", "char")):
+            d = os.path.join(a.tmp, f"prepared_{kind}_{mb}mb")
+            shutil.rmtree(d, ignore_errors=True)                            # prepare it again, timed
+            wall, rss, _, rc, err = run([sys.executable, "scripts/prepare_data.py", path, "--out", d, "--tokenizer",
+                                         spec, "--quiet"])
+            if rc:
+                sys.exit(f"error: prepare_data.py failed on {path}: {err.strip()[-500:]}")
+            m = json.load(open(os.path.join(d, "manifest.json")))
+            r[kind] = {"mbs": size / 1e6 / m["seconds"], "rss": rss, "tokens": sum(m["tokens"].values()),
+                       "seconds": m["seconds"], "first": train_row(d, a.tmp)}
+            print(mb, kind, r[kind], flush=True)
+        r["ids_equal"] = check_ids(path, tok, os.path.join(a.tmp, f"prepared_gpt2_{mb}mb"))
+        _, _, lines, rc, err = run([sys.executable, __file__, "--child", path, tok], env)
+        if rc:
+            sys.exit(f"error: the tokenizers child failed: {err.strip()[-500:]}")
+        hf = json.loads(lines[-1][1])
+        r["hf"] = {"mbs": size / 1e6 / hf["seconds"], "tokens": hf["tokens"], "seconds": hf["seconds"]}
+        print(mb, "hf", r["hf"], flush=True)
+        rows.append(r)
+    load.append(os.getloadavg()[0])
+    write_report(a, rows, tok, n, load)
+
+
+def write_report(a, rows, tok, n, load):
+    import tokenizers
+
+    def mem(x):
+        return f"{x:,.0f} MB" if x is not None else "-"
+
+    def first(x):
+        return f"{x[0]:.1f} s / {mem(x[1])}" if x[0] is not None else "not measured"
+    made = "trained here by `tokenizers` on the first 20 MB of the smallest corpus (ByteLevel pre-tokenizer with " \
+           "GPT-2's regex, BPE, 50,257 tokens with `<|endoftext|>`): GPT-2's own tokenizer.json is not on this " \
+           "machine and nothing is downloaded" if not a.tokenizer else f"`{a.tokenizer}`"
+    L = ["# Preparing a corpus: token shards, against Hugging Face `tokenizers`", "",
+         f"Command: `{command('bench_data.py')}` at {revision(ROOT)}, on {cpu_line()}, "
+         f"{time.strftime('%Y-%m-%d %H:%M')}; 1-minute load average {load[0]:.2f} before, {load[1]:.2f} after.", "",
+         "Corpora: tiny Shakespeare repeated with a line number before every line. The GPT-2-style tokenizer: "
+         f"{made}; `tokenizers` {tokenizers.__version__}. Each row ran in its own process, one after the other.", "",
+         f"| corpus | prepare, GPT-2 tokenizer, {n} workers | `tokenizers` encode_batch, {n} threads | prepare, "
+         "characters | prepare peak RSS (GPT-2 / char) | first training step / peak RSS (GPT-2 dir) | "
+         "first training step / peak RSS (char dir) |",
+         "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        g, c, h = r["gpt2"], r["char"], r["hf"]
+        L.append(f"| {r['mb']:,} MB | {g['mbs']:.2f} MB/s ({g['seconds']:.0f} s) | {h['mbs']:.2f} MB/s "
+                 f"({h['seconds']:.0f} s) | {c['mbs']:.1f} MB/s ({c['seconds']:.1f} s) | {mem(g['rss'])} / "
+                 f"{mem(c['rss'])} | {first(g['first'])} | {first(c['first'])} |")
+    notes = sorted({x[kind]["first"][2] for x in rows for kind in ("gpt2", "char") if x[kind]["first"][2]})
+    L += ["", "MB/s is the corpus's bytes over the time: prepare's whole run as its manifest records it (scan, "
+          "encoding in worker processes, shards written), `tokenizers`' encode_batch calls alone (reading the "
+          "lines and gathering the ids not counted). Tokens: " + "; ".join(
+              f"{r['mb']:,} MB: prepare {r['gpt2']['tokens']:,}, `tokenizers` (lines) {r['hf']['tokens']:,}"
+              for r in rows) + " (a batch of lines cuts whitespace runs at every line end, the whole text does "
+          "not). minigpt's ids equal `tokenizers`' encode of the corpus's first MB: "
+          + ", ".join(f"{r['mb']:,} MB {'yes' if r['ids_equal'] else 'NO'}" for r in rows) + "."]
+    if notes:
+        L += ["", "Training: " + "; ".join(notes) + "."]
+    out = a.out if os.path.isabs(a.out) else os.path.join(ROOT, a.out)
+    with open(out, "w") as f:
+        f.write("\n".join(L) + "\n")
+    print("wrote", a.out)
+
+
+if __name__ == "__main__":
+    main()
