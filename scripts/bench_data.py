@@ -72,8 +72,16 @@ def run(cmd, env=None):
         return time.perf_counter() - t0, usage.ru_maxrss / 1024, lines, p.returncode, err.read()
 
 
+def child(kind, *args, env=None):
+    """What `bench_data.py --child kind args...` returns, run in its own process."""
+    _, _, lines, rc, err = run([sys.executable, __file__, "--child", kind, *args], env)
+    if rc:
+        sys.exit(f"error: the {kind} child failed: {err.strip()[-800:]}")
+    return json.loads(lines[-1][1])
+
+
 def hf_child(corpus, tokenizer):
-    """encode_batch over the corpus's lines, 10 MB at a time; prints {"seconds", "tokens"}."""
+    """encode_batch over the corpus's lines, 10 MB at a time: {"seconds", "tokens"}."""
     from tokenizers import Tokenizer
     tok, secs, tokens = Tokenizer.from_file(tokenizer), 0.0, 0
     with open(corpus, encoding="utf-8") as f:
@@ -85,7 +93,7 @@ def hf_child(corpus, tokenizer):
             enc = tok.encode_batch(lines)
             secs += time.perf_counter() - t0
             tokens += sum(len(e.ids) for e in enc)
-    print(json.dumps({"seconds": secs, "tokens": tokens}))
+    return {"seconds": secs, "tokens": tokens}
 
 
 def check_ids(corpus, tokenizer, prepared):
@@ -119,10 +127,11 @@ def main():
     ap.add_argument("--tmp", default="/tmp/minigpt_bench_data", help="where corpora and shards go")
     ap.add_argument("--tokenizer", default="", help="a GPT-2 tokenizer.json (default: train one here)")
     ap.add_argument("--out", default="reports/data.md")
-    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.child:
-        return hf_child(*a.child)
+    if a.child:                                   # heavy work in children: this process stays small, so its
+        kind, *args = a.child                     # children's peak memory (inherited at fork) is their own
+        return print(json.dumps({"hf": hf_child, "tokenizer": train_tokenizer, "check": check_ids}[kind](*args)))
     os.makedirs(a.tmp, exist_ok=True)
     sizes = [int(s) for s in a.sizes.split(",")]
     corpora = {mb: os.path.join(a.tmp, f"shakespeare_numbered_{mb}mb.txt") for mb in sizes}
@@ -130,7 +139,7 @@ def main():
         generate(path, mb)
     tok = a.tokenizer or os.path.join(a.tmp, "gpt2like_tokenizer.json")
     if not a.tokenizer and not os.path.exists(tok):
-        train_tokenizer(corpora[min(sizes)], tok)
+        child("tokenizer", corpora[min(sizes)], tok)
     n = cpu()["cpus"]
     env = dict(os.environ, RAYON_NUM_THREADS=str(n), TOKENIZERS_PARALLELISM="true")
     rows, load = [], [os.getloadavg()[0]]
@@ -147,11 +156,8 @@ def main():
             r[kind] = {"mbs": size / 1e6 / m["seconds"], "rss": rss, "tokens": sum(m["tokens"].values()),
                        "seconds": m["seconds"], "first": train_row(d, a.tmp)}
             print(mb, kind, r[kind], flush=True)
-        r["ids_equal"] = check_ids(path, tok, os.path.join(a.tmp, f"prepared_gpt2_{mb}mb"))
-        _, _, lines, rc, err = run([sys.executable, __file__, "--child", path, tok], env)
-        if rc:
-            sys.exit(f"error: the tokenizers child failed: {err.strip()[-500:]}")
-        hf = json.loads(lines[-1][1])
+        r["ids_equal"] = child("check", path, tok, os.path.join(a.tmp, f"prepared_gpt2_{mb}mb"))
+        hf = child("hf", path, tok, env=env)
         r["hf"] = {"mbs": size / 1e6 / hf["seconds"], "tokens": hf["tokens"], "seconds": hf["seconds"]}
         print(mb, "hf", r["hf"], flush=True)
         rows.append(r)

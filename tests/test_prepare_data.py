@@ -280,13 +280,15 @@ def test_bad_inputs_are_named(tmp_path):
     (tmp_path / "nofolder").mkdir()
     (tmp_path / "bad.jsonl").write_text('{"text": "a"}\n{"body": "b"}\n', encoding="utf-8")
     (tmp_path / "arr.json").write_text('[{"text": "a"}]\n', encoding="utf-8")
+    (tmp_path / "latin1.jsonl").write_bytes('{"text": "a"}\n{"text": "caf\u00e9"}\n'.encode("latin-1"))
     cases = [([tmp_path / "missing.txt"], "missing.txt' does not exist"),
              ([tmp_path / "nofolder"], "has no .txt files"),
              ([tmp_path / "*.nothing"], "matches no file"),
              ([tmp_path / "empty.txt"], "empty.txt is empty"),
              ([tmp_path / "latin1.txt"], r"latin1.txt is not UTF-8 text: byte offset 3 \(0xe9\)"),
              ([tmp_path / "bad.jsonl"], "bad.jsonl: line 2 has no string field 'text' \\(it has: body\\)"),
-             ([tmp_path / "arr.json"], "one JSON document, not JSON lines")]
+             ([tmp_path / "arr.json"], "one JSON document, not JSON lines"),
+             ([tmp_path / "latin1.jsonl"], "latin1.jsonl: line 2 is not UTF-8")]
     for inputs, msg in cases:
         with pytest.raises(UserError, match=msg):
             prep(tmp_path, inputs)
