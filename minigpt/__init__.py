@@ -33,9 +33,8 @@ def load(path="out", backend=None, threads=0, dtype="float32"):
         cfg.backend = backend
     check_common(cfg)
     ckpt = path if os.path.isfile(path) else OutDir(path).checkpoint()
-    gpt, tok = load_model(ckpt, checkpoint.load(ckpt))
-    gpt.bf16 = dtype == "bf16"
-    select_backend(cfg)
+    loaded = checkpoint.load(ckpt)
+    gpt, tok = load_model(ckpt, loaded, select_backend(cfg), bf16=dtype == "bf16")
     return Model(gpt, tok, ckpt)
 
 

@@ -3,17 +3,17 @@
 A forward writes its outputs into arrays the caller passes in (outputs first, then inputs, then parameters, as
 llm.c's layernorm_forward(out, mean, rstd, inp, weight, bias)); its backward writes the input gradient and ADDS
 (+=) into the parameters' gradients, so weight tying and gradient accumulation just work. A layer keeps nothing
-between calls, allocates nothing of activation size, and never asks which backend runs `ops.<op>`
-(minigpt/backends). The model (model.py) owns every array, in its activation table, and hands each layer its
-slice. The dtype is the caller's: float32 in training, float64 in the finite-difference tests.
+between calls and allocates nothing of activation size. A layer that runs a backend op takes the backend first,
+`ops` (an Ops of minigpt/backends, bound to the model's precision), and calls `ops.<op>` without asking which
+backend it is; the plain-NumPy ones (the embedding lookup, QK-norm, the soft-cap) take none. The model (model.py)
+owns every array, in its activation table, and hands each layer its backend and its slice. The dtype is the
+caller's: float32 in training, float64 in the finite-difference tests.
 
 B batch, T positions, C width, nh heads, hs = C / nh per head, V vocabulary, Tk keys a query may look at.
 """
 import math
 
 import numpy as np
-
-from .backends import ops
 
 
 def flat(a):
@@ -39,7 +39,7 @@ def embedding_forward(out, idx, wte, wpe, start=0):               # idx (B, T) i
     return out
 
 
-def embedding_backward(dwte, dwpe, dout, idx):                    # dout (B, T, C); ids have no gradient
+def embedding_backward(ops, dwte, dwpe, dout, idx):               # dout (B, T, C); ids have no gradient
     ops.embedding_backward(dwte, idx.reshape(-1), flat(dout))     # fwd: out = wte[idx] -> dwte[idx] += dout
     dwpe[:idx.shape[1]] += dout.sum(axis=0)                       # fwd: out[b, t] += wpe[t]
 
@@ -50,12 +50,12 @@ def embedding_backward(dwte, dwpe, dout, idx):                    # dout (B, T, 
 LN_EPS = 1e-5                                                     # GPT-2's layer_norm_epsilon
 
 
-def layernorm_forward(out, mean, rstd, x, w, b, eps=LN_EPS):       # x (B, T, C) -> out (B, T, C); mean, rstd (B*T,)
+def layernorm_forward(ops, out, mean, rstd, x, w, b, eps=LN_EPS):  # x (B, T, C) -> out (B, T, C); mean, rstd (B*T,)
     ops.layernorm(flat(x), w, b, flat(out), mean, rstd, eps)      # out = (x - mean) * rstd * w + b
     return out
 
 
-def layernorm_backward(dx, dw, db, dout, x, w, mean, rstd):      # dout (B, T, C) -> dx (B, T, C); dw, db (C,) +=
+def layernorm_backward(ops, dx, dw, db, dout, x, w, mean, rstd): # dout (B, T, C) -> dx (B, T, C); dw, db (C,) +=
     ops.layernorm_backward(flat(dout), flat(x), w, mean, rstd, flat(dx), dw, db)
     return dx
 
@@ -63,14 +63,14 @@ def layernorm_backward(dx, dw, db, dout, x, w, mean, rstd):      # dout (B, T, C
 # ----------------------------------------------------------------------------
 # Linear (w stored (in, out), as GPT-2's Conv1D), and the MLP's first layer: Linear with GELU fused, or relu^2
 
-def linear_forward(out, x, w, b):                                 # x (B, T, in) -> out (B, T, out)
+def linear_forward(ops, out, x, w, b):                            # x (B, T, in) -> out (B, T, out)
     ops.matmul(flat(x), w, out=flat(out))                         # out = x w
     if b is not None:
         out += b                                                  #     + b
     return out
 
 
-def linear_backward(dx, dw, db, dout, x, w):                      # dout (B, T, out) -> dx (B, T, in); dw, db +=
+def linear_backward(ops, dx, dw, db, dout, x, w):                 # dout (B, T, out) -> dx (B, T, in); dw, db +=
     if db is not None:
         db += flat(dout).sum(axis=0)                              # fwd: out = z + b -> db += sum of dout's rows
     ops.matmul(flat(x), flat(dout), ta=True, out=dw, acc=True)    # fwd: z = x w -> dw += x^T dout
@@ -78,20 +78,20 @@ def linear_backward(dx, dw, db, dout, x, w):                      # dout (B, T, 
     return dx
 
 
-def linear_gelu_forward(out, dact, x, w, b):                      # x (B, T, in) -> out (B, T, out)
+def linear_gelu_forward(ops, out, dact, x, w, b):                 # x (B, T, in) -> out (B, T, out)
     z = ops.matmul(flat(x), w, out=flat(out))                     # z = x w, in out's memory
     ops.gelu(z, b, out=z, dgelu=flat(dact))                       # out = gelu(z + b); keeps gelu'(z + b)
     return out
 
 
-def linear_gelu_backward(dx, dw, db, dout, dact, x, w):           # dout (B, T, out), overwritten with dz
+def linear_gelu_backward(ops, dx, dw, db, dout, dact, x, w):      # dout (B, T, out), overwritten with dz
     ops.gelu_backward(dout, dact, dout, db)                       # fwd: out = gelu(z + b) -> dz = dout gelu',
                                                                   #      db += sum of dz's rows
-    return linear_backward(dx, dw, None, dout, x, w)              # fwd: z = x w -> dw += x^T dz, dx = dz w^T
+    return linear_backward(ops, dx, dw, None, dout, x, w)         # fwd: z = x w -> dw += x^T dz, dx = dz w^T
 
 
-def linear_relu2_forward(out, dact, x, w, b):                     # x (B, T, in) -> out (B, T, out)
-    z = linear_forward(out, x, w, b)                              # z = x w + b, in out's memory
+def linear_relu2_forward(ops, out, dact, x, w, b):                # x (B, T, in) -> out (B, T, out)
+    z = linear_forward(ops, out, x, w, b)                         # z = x w + b, in out's memory
     r = np.maximum(z, 0.0, out=dact)                              # r = relu(z)
     np.multiply(z, r, out=z)                                      # out = relu(z)^2 = z relu(z)
     r *= 2.0                                                      # keeps relu2'(z) = 2 relu(z)
@@ -139,7 +139,7 @@ def qk_norm_backward(dqkv, tmp, qkv, rstd, n_head):
 # ----------------------------------------------------------------------------
 # causal self-attention over the heads of a fused qkv, and dropout
 
-def attention_forward(y, att, qkv, n_head, start=0, kv=None, drop=None):
+def attention_forward(ops, y, att, qkv, n_head, start=0, kv=None, drop=None):
     """y (B, T, C) = softmax(q k^T / sqrt(hs) + causal mask) v for every head, where q, k, v are the thirds of
     qkv (B, T, 3C); att (B, nh, T, >=Tk) keeps the probabilities. drop = (p, seed), when given, is attention
     dropout: dropout(att) is what multiplies v. Generation passes kv = (k, v) (B, nh, block_size, hs)
@@ -158,7 +158,7 @@ def attention_forward(y, att, qkv, n_head, start=0, kv=None, drop=None):
     return y
 
 
-def attention_backward(dqkv, dy, qkv, att, n_head, drop=None):
+def attention_backward(ops, dqkv, dy, qkv, att, n_head, drop=None):
     """dy (B, T, C) -> dqkv (B, T, 3C). drop: the forward's dropout (p, seed)."""
     q, k, v = heads(qkv, n_head, 3)                               # (B, nh, T, hs)
     dq, dk, dv = heads(dqkv, n_head, 3)                           # views of dqkv
@@ -175,7 +175,7 @@ def dropout_seed(rng):
     return int(rng.integers(2**64, dtype=np.uint64))
 
 
-def dropout(out, x, p, seed):                                     # x (any shape) -> out (x's shape); out may be x
+def dropout(ops, out, x, p, seed):                                # x (any shape) -> out (x's shape); out may be x
     """Inverted dropout: out = x * mask, the mask 1 / (1 - p) with probability 1 - p, else 0, so that out keeps
     the expectation of x. Each element's draw is a hash of (seed, its index) (Ops.dropout): every backend draws
     the same mask, on all its threads at once, and nothing is stored. The backward is the same call on dout:
@@ -202,11 +202,11 @@ def softcap_backward(dz, dout, dcap):                            # dout (B, T, V
 # ----------------------------------------------------------------------------
 # softmax + cross-entropy, fused: keeps the row log-sum-exp, not the probabilities
 
-def crossentropy_forward(lse, logits, targets):                  # logits (B, T, V), targets (B, T) -> mean loss
+def crossentropy_forward(ops, lse, logits, targets):             # logits (B, T, V), targets (B, T) -> mean loss
     return ops.cross_entropy(flat(logits), targets.reshape(-1), lse)   # lse (B*T,): log-sum-exp of each row
 
 
-def crossentropy_backward(dlogits, logits, targets, lse, scale=1.0):   # -> dlogits (B, T, V)
+def crossentropy_backward(ops, dlogits, logits, targets, lse, scale=1.0):   # -> dlogits (B, T, V)
     # fwd: loss = mean over N = B*T of (lse - logits[target]) -> dlogits = (softmax - onehot) * scale / N
     # (scale: d total loss / d this loss, 1 / grad_accum in training; the op's own scale is the whole factor)
     ops.cross_entropy_backward(flat(logits), targets.reshape(-1), lse, scale / targets.size, flat(dlogits))

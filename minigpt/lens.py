@@ -29,7 +29,7 @@ def logit_lens(model, ids):
     x_ln, mean, rstd = np.empty((1, T, C), dtype), np.empty(T, dtype), np.empty(T, dtype)
     out = np.empty((model.config.n_layer, 1, T, model.config.vocab_size), dtype)
     for l in range(model.config.n_layer):
-        L.layernorm_forward(x_ln, mean, rstd, a.h[l].x_mlp, p["ln_f.weight"], p.get("ln_f.bias"))
+        L.layernorm_forward(model.ops, x_ln, mean, rstd, a.h[l].x_mlp, p["ln_f.weight"], p.get("ln_f.bias"))
         model.head_forward(out[l], x_ln)
     return out[:, 0].astype(np.float64)
 

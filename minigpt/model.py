@@ -4,16 +4,16 @@ Read it as llm.c's train_gpt2.c: parameter_shapes() lists every parameter, carve
 buffer (and the gradients out of another: clipping is one norm, MPI's Allreduce takes the buffer itself);
 activation_shapes() lists every array one step computes into, the activation table, and gradient_shapes() the
 backward's. The model owns the tables (allocated once per batch shape) and hands each layer (layers.py: pure
-functions) its slice. Generation runs this same forward over new positions with a KVCache.
+functions) its backend and its slice. Generation runs this same forward over new positions with a KVCache.
 
-In bf16 (GPT(..., bf16=True)) every product takes bfloat16 operands and sums in float32 (backends.bf16_products);
-the tables, the weights and the gradients stay float32.
+The model holds the backend it runs on, model.ops (an Ops of minigpt/backends: given, or chosen once when the model
+is made, for its dtype), bound to its precision: in bf16 (GPT(..., bf16=True)) every product takes bfloat16
+operands and sums in float32 (Ops.with_bf16); the tables, the weights and the gradients stay float32.
 
 The LM head is tied to the token embedding by default: logits = x wte^T, and wte's gradient is the sum of the
 head's and the embedding's parts. Parameter names follow GPT-2/nanoGPT attribute paths (h.3.attn.c_attn.weight),
 so weights map to those ecosystems by a rename (and a transpose: Linear weights are (in, out)).
 """
-import functools
 import math
 from types import SimpleNamespace
 
@@ -21,7 +21,6 @@ import numpy as np
 
 from . import backends
 from . import layers as L
-from .backends import ops
 from .config import GPTConfig  # noqa: F401  (the model's config; re-exported for `from minigpt.model import`)
 from .layers import flat
 
@@ -141,7 +140,8 @@ def _normal(rng, shape, std, dtype):
 
 class Block:
     """Layer l: views of its parameters and gradients (p, g: "attn.c_attn.weight", ...), and the math of its
-    two halves over its slice `a` of the activation table and the shared gradient arrays `d`."""
+    two halves over its slice `a` of the activation table and the shared gradient arrays `d`, run by the
+    backend `ops` the model hands it."""
 
     def __init__(self, cfg, l, params, grads):
         pre = f"h.{l}."
@@ -150,65 +150,67 @@ class Block:
         self.n_head, self.p_drop = cfg.n_head, cfg.dropout
         self.qk_norm, self.relu2 = cfg.qk_norm, cfg.activation == "relu2"
 
-    def forward(self, x, a, rng=None, start=0, kv=None):           # x (B, T, C) -> a.x_mlp (B, T, C)
+    def forward(self, ops, x, a, rng=None, start=0, kv=None):      # x (B, T, C) -> a.x_mlp (B, T, C)
         if rng is not None:                                        # dropout: this step's masks, as seeds
             a.drop_seeds[:] = [L.dropout_seed(rng) for _ in range(3)]
-        x = self.attn_forward(x, a, start, kv, rng is not None)    # a.x_attn = x + attn(ln_1(x))
-        return self.mlp_forward(x, a, rng is not None)             # a.x_mlp = x_attn + mlp(ln_2(x_attn))
+        x = self.attn_forward(ops, x, a, start, kv, rng is not None)   # a.x_attn = x + attn(ln_1(x))
+        return self.mlp_forward(ops, x, a, rng is not None)        # a.x_mlp = x_attn + mlp(ln_2(x_attn))
 
-    def backward(self, dx, x, a, d, dropped=False):                # dx: d loss/d a.x_mlp -> d loss/d x, in place
-        self.mlp_backward(dx, a.x_attn, a, d, dropped)             # dx += ln_2.backward(mlp.backward(dx))
-        return self.attn_backward(dx, x, a, d, dropped)            # dx += ln_1.backward(attn.backward(dx))
+    def backward(self, ops, dx, x, a, d, dropped=False):           # dx: d loss/d a.x_mlp -> d loss/d x, in place
+        self.mlp_backward(ops, dx, a.x_attn, a, d, dropped)        # dx += ln_2.backward(mlp.backward(dx))
+        return self.attn_backward(ops, dx, x, a, d, dropped)       # dx += ln_1.backward(attn.backward(dx))
 
     def att_dropout(self, a, dropped):                             # attention dropout's (p, seed), or None
         return (self.p_drop, int(a.drop_seeds[ATT])) if dropped else None
 
     # ---- the attention half
-    def attn_forward(self, x, a, start, kv, dropped):
+    def attn_forward(self, ops, x, a, start, kv, dropped):
         p, b = self.p, self.p.get                                  # b(name): that bias, or None (--bias off)
-        L.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p["ln_1.weight"], b("ln_1.bias"))
-        L.linear_forward(a.qkv, a.ln1, p["attn.c_attn.weight"], b("attn.c_attn.bias"))
+        L.layernorm_forward(ops, a.ln1, a.ln1_mean, a.ln1_rstd, x, p["ln_1.weight"], b("ln_1.bias"))
+        L.linear_forward(ops, a.qkv, a.ln1, p["attn.c_attn.weight"], b("attn.c_attn.bias"))
         if self.qk_norm:
             L.qk_norm_forward(a.qk_rstd, a.qkv, self.n_head)      # q, k <- q / rms(q), k / rms(k), per head
-        L.attention_forward(a.atty, a.att, a.qkv, self.n_head, start, kv, self.att_dropout(a, dropped))
-        L.linear_forward(a.x_attn, a.atty, p["attn.c_proj.weight"], b("attn.c_proj.bias"))   # attn(ln_1(x))
+        L.attention_forward(ops, a.atty, a.att, a.qkv, self.n_head, start, kv, self.att_dropout(a, dropped))
+        L.linear_forward(ops, a.x_attn, a.atty, p["attn.c_proj.weight"], b("attn.c_proj.bias"))   # attn(ln_1(x))
         if dropped:
-            L.dropout(a.x_attn, a.x_attn, self.p_drop, a.drop_seeds[ATTN_OUT])
+            L.dropout(ops, a.x_attn, a.x_attn, self.p_drop, a.drop_seeds[ATTN_OUT])
         return np.add(x, a.x_attn, out=a.x_attn)                   # x_attn = x + attn(ln_1(x))
 
-    def attn_backward(self, dx, x, a, d, dropped):                 # dx (B, T, C): d loss / d x_attn
+    def attn_backward(self, ops, dx, x, a, d, dropped):            # dx (B, T, C): d loss / d x_attn
         p, g, gb = self.p, self.g, self.g.get                      # gb(name): that bias's gradient, or None
-        dy = L.dropout(d.dproj, dx, self.p_drop, a.drop_seeds[ATTN_OUT]) if dropped else dx  # fwd: y = dropout(y)
-        L.linear_backward(d.datty, g["attn.c_proj.weight"], gb("attn.c_proj.bias"), dy, a.atty,
+        dy = L.dropout(ops, d.dproj, dx, self.p_drop, a.drop_seeds[ATTN_OUT]) if dropped else dx  # y = dropout(y)
+        L.linear_backward(ops, d.datty, g["attn.c_proj.weight"], gb("attn.c_proj.bias"), dy, a.atty,
                           p["attn.c_proj.weight"])
-        L.attention_backward(d.dqkv, d.datty, a.qkv, a.att, self.n_head, self.att_dropout(a, dropped))
+        L.attention_backward(ops, d.dqkv, d.datty, a.qkv, a.att, self.n_head, self.att_dropout(a, dropped))
         if self.qk_norm:                                           # datty is free again: scratch
             L.qk_norm_backward(d.dqkv, d.datty, a.qkv, a.qk_rstd, self.n_head)
-        L.linear_backward(d.dln, g["attn.c_attn.weight"], gb("attn.c_attn.bias"), d.dqkv, a.ln1,
+        L.linear_backward(ops, d.dln, g["attn.c_attn.weight"], gb("attn.c_attn.bias"), d.dqkv, a.ln1,
                           p["attn.c_attn.weight"])
-        L.layernorm_backward(d.dln_in, g["ln_1.weight"], gb("ln_1.bias"), d.dln, x, p["ln_1.weight"],
+        L.layernorm_backward(ops, d.dln_in, g["ln_1.weight"], gb("ln_1.bias"), d.dln, x, p["ln_1.weight"],
                              a.ln1_mean, a.ln1_rstd)
         dx += d.dln_in                                             # fwd: x_attn = x + attn(ln_1(x))
         return dx
 
     # ---- the MLP half
-    def mlp_forward(self, x, a, dropped):                          # x = a.x_attn
+    def mlp_forward(self, ops, x, a, dropped):                     # x = a.x_attn
         p, b = self.p, self.p.get                                  # b(name): that bias, or None (--bias off)
-        L.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, x, p["ln_2.weight"], b("ln_2.bias"))
+        L.layernorm_forward(ops, a.ln2, a.ln2_mean, a.ln2_rstd, x, p["ln_2.weight"], b("ln_2.bias"))
         act = L.linear_relu2_forward if self.relu2 else L.linear_gelu_forward
-        act(a.fc, a.fc_dact, a.ln2, p["mlp.c_fc.weight"], b("mlp.c_fc.bias"))
-        L.linear_forward(a.x_mlp, a.fc, p["mlp.c_proj.weight"], b("mlp.c_proj.bias"))        # mlp(ln_2(x))
+        act(ops, a.fc, a.fc_dact, a.ln2, p["mlp.c_fc.weight"], b("mlp.c_fc.bias"))
+        L.linear_forward(ops, a.x_mlp, a.fc, p["mlp.c_proj.weight"], b("mlp.c_proj.bias"))   # mlp(ln_2(x))
         if dropped:
-            L.dropout(a.x_mlp, a.x_mlp, self.p_drop, a.drop_seeds[MLP_OUT])
+            L.dropout(ops, a.x_mlp, a.x_mlp, self.p_drop, a.drop_seeds[MLP_OUT])
         return np.add(x, a.x_mlp, out=a.x_mlp)                     # x_mlp = x + mlp(ln_2(x))
 
-    def mlp_backward(self, dx, x, a, d, dropped):                  # dx (B, T, C): d loss / d x_mlp
+    def mlp_backward(self, ops, dx, x, a, d, dropped):             # dx (B, T, C): d loss / d x_mlp
         p, g, gb = self.p, self.g, self.g.get                      # gb(name): that bias's gradient, or None
-        dy = L.dropout(d.dproj, dx, self.p_drop, a.drop_seeds[MLP_OUT]) if dropped else dx   # fwd: y = dropout(y)
-        L.linear_backward(d.dfc, g["mlp.c_proj.weight"], gb("mlp.c_proj.bias"), dy, a.fc, p["mlp.c_proj.weight"])
+        dy = L.dropout(ops, d.dproj, dx, self.p_drop, a.drop_seeds[MLP_OUT]) if dropped else dx  # y = dropout(y)
+        L.linear_backward(ops, d.dfc, g["mlp.c_proj.weight"], gb("mlp.c_proj.bias"), dy, a.fc,
+                          p["mlp.c_proj.weight"])
         act_backward = L.linear_relu2_backward if self.relu2 else L.linear_gelu_backward
-        act_backward(d.dln, g["mlp.c_fc.weight"], gb("mlp.c_fc.bias"), d.dfc, a.fc_dact, a.ln2, p["mlp.c_fc.weight"])
-        L.layernorm_backward(d.dln_in, g["ln_2.weight"], gb("ln_2.bias"), d.dln, x, p["ln_2.weight"],
+        act_backward(ops, d.dln, g["mlp.c_fc.weight"], gb("mlp.c_fc.bias"), d.dfc, a.fc_dact, a.ln2,
+                     p["mlp.c_fc.weight"])
+        L.layernorm_backward(ops, d.dln_in, g["ln_2.weight"], gb("ln_2.bias"), d.dln, x, p["ln_2.weight"],
                              a.ln2_mean, a.ln2_rstd)
         dx += d.dln_in                                             # fwd: x_mlp = x + mlp(ln_2(x))
         return dx
@@ -217,24 +219,20 @@ class Block:
 # ----------------------------------------------------------------------------
 # the model
 
-def _in_model_precision(method):
-    """forward/backward run their products in the model's precision: bf16 operands when model.bf16."""
-    @functools.wraps(method)
-    def run(self, *args, **kwargs):
-        with backends.bf16_products(self.bf16):
-            return method(self, *args, **kwargs)
-    return run
-
-
 class GPT:
-    def __init__(self, config, rng=None, dtype=np.float32, bf16=False):
+    def __init__(self, config, rng=None, dtype=np.float32, bf16=False, ops=None):
         """dtype: of every array (float32; float64 for gradient tests). bf16: every product (the Linears, the LM
         head, attention's q k^T and att v, forward and backward) rounds its operands to bfloat16 and sums in
-        float32; all the rest, the weights and gradients included, stays float32. It can be switched later."""
+        float32; all the rest, the weights and gradients included, stays float32. ops: the backend to run on
+        (backends.load; BackendUnavailable if it cannot run dtype), default $MINIGPT_BACKEND, else auto's
+        choice for dtype. The model holds it as self.ops, bound to its precision."""
         if bf16 and np.dtype(dtype) != np.float32:
             raise ValueError(f"bf16 products need a float32 model, not {np.dtype(dtype)}")
+        if ops is None:
+            ops = backends.load(dtype=dtype)
+        backends.check_dtype(ops, dtype)
+        self.ops = ops.with_bf16(bf16)                                    # every layer runs on it
         cfg = self.config = config
-        self.bf16 = bf16
         self.rng = rng if rng is not None else np.random.default_rng(0)   # init, then dropout's seeds
         shapes = parameter_shapes(cfg)
         n = sum(math.prod(s) for s in shapes.values())
@@ -253,6 +251,11 @@ class GPT:
         self.acts = self.dacts = None                                     # the tables, made at the first forward
         self.loss = self.targets = self.idx = None                        # the last forward's, until backward
         self.dropped = False                                              # did the last forward draw masks?
+
+    @property
+    def bf16(self):
+        """Do the products take bfloat16 operands? The precision self.ops is bound to."""
+        return self.ops.bf16
 
     def params(self):
         """{name: live view into param_memory}; the optimizer updates them in place."""
@@ -286,14 +289,13 @@ class GPT:
 
     # ------------------------------------------------------------------------
 
-    @_in_model_precision
     def forward(self, idx, targets=None, cache=None):
         """idx (B, T) ints -> logits (B, T, V), and the mean cross-entropy when targets (B, T) are given.
         With a KVCache (generation), idx continues the cache.n positions it holds. The logits live in the
         model's (or the cache's) table until the next forward: copy them to keep them longer."""
         idx, targets = self._check(idx, targets, cache)
         B, T = idx.shape
-        backends.ensure(self.param_memory.dtype)                          # auto picks a backend that runs it
+        ops = self.ops
         a = self.tables(B, T)[0] if cache is None else cache.table(self, B, T)
         start = 0 if cache is None else cache.n
         rng = self.rng if self.training and self.config.dropout > 0 and cache is None else None
@@ -301,48 +303,48 @@ class GPT:
         x = L.embedding_forward(a.emb, idx, p["wte.weight"], p["wpe.weight"], start)     # (B, T, C)
         if rng is not None:
             a.emb_seed[0] = L.dropout_seed(rng)
-            L.dropout(x, x, self.config.dropout, a.emb_seed[0])
+            L.dropout(ops, x, x, self.config.dropout, a.emb_seed[0])
         for l, block in enumerate(self.h):
-            x = block.forward(x, a.h[l], rng, start, None if cache is None else (cache.k[l], cache.v[l]))
-        L.layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, p["ln_f.weight"], p.get("ln_f.bias"))
+            x = block.forward(ops, x, a.h[l], rng, start, None if cache is None else (cache.k[l], cache.v[l]))
+        L.layernorm_forward(ops, a.lnf, a.lnf_mean, a.lnf_rstd, x, p["ln_f.weight"], p.get("ln_f.bias"))
         self.head_forward(a.logits, a.lnf, getattr(a, "logits_dcap", None))   # (B, T, V)
         if cache is not None:
             cache.n += T
-        self.loss = None if targets is None else L.crossentropy_forward(a.lse, a.logits, targets)
+        self.loss = None if targets is None else L.crossentropy_forward(ops, a.lse, a.logits, targets)
         self.idx, self.targets, self.dropped = idx, targets, rng is not None
         return a.logits, self.loss
 
-    @_in_model_precision
     def backward(self, scale=1.0):
         """Backpropagate the last forward's loss (times scale: 1/k for k accumulation micro-batches), adding
         into grads()."""
         if self.loss is None:
             raise RuntimeError("backward() needs a forward(idx, targets) with targets just before it")
         self.loss = None
-        a, d, g = self.acts, self.dacts, self._grads
-        L.crossentropy_backward(d.dlogits, a.logits, self.targets, a.lse, scale)
+        ops, a, d, g = self.ops, self.acts, self.dacts, self._grads
+        L.crossentropy_backward(ops, d.dlogits, a.logits, self.targets, a.lse, scale)
         if self.config.logit_cap:
             L.softcap_backward(d.dlogits, d.dlogits, a.logits_dcap)       # d loss / d the logits before the cap
         self.head_backward(d.dln, d.dlogits, a.lnf)                       # d loss / d lnf
         x = a.h[-1].x_mlp if self.h else a.emb                            # the last block's output
-        dx = L.layernorm_backward(d.dresid, g["ln_f.weight"], g.get("ln_f.bias"), d.dln, x,
+        dx = L.layernorm_backward(ops, d.dresid, g["ln_f.weight"], g.get("ln_f.bias"), d.dln, x,
                                   self._params["ln_f.weight"], a.lnf_mean, a.lnf_rstd)
         for l in reversed(range(len(self.h))):                            # dresid: d loss / d the residual
             x = a.h[l - 1].x_mlp if l else a.emb                          # stream, carried down in place
-            self.h[l].backward(dx, x, a.h[l], d, self.dropped)
+            self.h[l].backward(ops, dx, x, a.h[l], d, self.dropped)
         if self.dropped:
-            L.dropout(dx, dx, self.config.dropout, a.emb_seed[0])          # fwd: emb = dropout(emb)
-        L.embedding_backward(g["wte.weight"], g["wpe.weight"], dx, self.idx)   # wte's gradient += the lookup's
+            L.dropout(ops, dx, dx, self.config.dropout, a.emb_seed[0])     # fwd: emb = dropout(emb)
+        L.embedding_backward(ops, g["wte.weight"], g["wpe.weight"], dx, self.idx)   # wte's gradient += the lookup's
 
     def head_forward(self, logits, x, dcap=None):                         # x (B, T, C) -> logits (B, T, V)
         tied = self.config.tie_weights
-        ops.matmul(flat(x), self.lm_head_weight, tb=tied, out=flat(logits))   # x wte^T (tied), or x W (C, V)
+        self.ops.matmul(flat(x), self.lm_head_weight, tb=tied, out=flat(logits))   # x wte^T (tied), or x W (C, V)
         if self.config.logit_cap:                                         # cap tanh(logits / cap); dcap for the
             L.softcap_forward(logits, np.empty_like(logits) if dcap is None else dcap, logits,   # backward
                               self.config.logit_cap)
         return logits
 
     def head_backward(self, dx, dlogits, x):                              # dlogits (B, T, V) -> dx (B, T, C)
+        ops = self.ops
         if self.config.tie_weights:                                       # fwd: logits = x wte^T
             ops.matmul(flat(dlogits), flat(x), ta=True, out=self._grads["wte.weight"], acc=True)  # dwte += dl^T x
             ops.matmul(flat(dlogits), self._params["wte.weight"], out=flat(dx))                    # dx = dl wte

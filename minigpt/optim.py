@@ -4,21 +4,22 @@ AdamW follows PyTorch's torch.optim.AdamW (decoupled decay, bias-corrected momen
 square root). Weight decay applies only to 2-D tensors (matrices and embeddings), never to LayerNorm
 parameters or biases, as nanoGPT's configure_optimizers. Muon (Keller Jordan's, as in the modded-nanogpt
 speedruns) orthogonalises the momentum of the blocks' hidden matrices by a Newton-Schulz iteration and leaves
-every other parameter to the same AdamW update, in one optimizer that takes the schedule's single lr.
+every other parameter to the same AdamW update, in one optimizer that takes the schedule's single lr. Both run
+their updates and products on the backend they are given (ops=model.ops: the model's own).
 """
 import math
 
 import numpy as np
 
-from .backends import ops
-
 
 class Optimizer:
-    """What AdamW and Muon share: the step count t and their state, named slots of per-parameter arrays
-    ({"m": {name: array}, ...}) that a checkpoint stores under the optimizer's name and restores by name."""
+    """What AdamW and Muon share: the backend their updates run on (ops), the step count t and their state, named
+    slots of per-parameter arrays ({"m": {name: array}, ...}) that a checkpoint stores under the optimizer's name
+    and restores by name."""
     name = "?"
 
-    def __init__(self, **slots):
+    def __init__(self, ops, **slots):
+        self.ops = ops                                                 # an Ops of minigpt/backends
         self.t = 0                                                     # steps taken
         self.slots = slots
         self.lr_ratio_of = {}                                          # name -> its AdamW lr / the schedule's
@@ -67,7 +68,7 @@ class Optimizer:
         for k in self.adamw_names:
             wd = self.weight_decay if k in self.decay else 0.0
             lr_k = lr * self.lr_ratio_of.get(k, 1.0)
-            ops.adamw(params[k], grads[k], self.m[k], self.v[k], lr_k, b1, b2, self.eps, wd, bc1, bc2)
+            self.ops.adamw(params[k], grads[k], self.m[k], self.v[k], lr_k, b1, b2, self.eps, wd, bc1, bc2)
 
     def scale_lr(self, names, ratio):
         """Per-group learning rates: the AdamW lr of each parameter in names is ratio x the schedule's."""
@@ -78,9 +79,9 @@ class Optimizer:
 class AdamW(Optimizer):
     name = "adamw"
 
-    def __init__(self, params, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1):
+    def __init__(self, params, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, *, ops):
         self.adamw_state(params, set(params), betas, eps, weight_decay)   # every parameter
-        super().__init__(m=self.m, v=self.v)
+        super().__init__(ops, m=self.m, v=self.v)
 
     def step(self, params, grads, lr):
         """One in-place update of every array in params from the matching array in grads."""
@@ -95,11 +96,11 @@ class AdamW(Optimizer):
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 
 
-def newton_schulz(G, steps=5, bf16=False):
+def newton_schulz(ops, G, steps=5, bf16=False):
     """G (rows, cols), or a stack (L, rows, cols) of same-shaped matrices -> about U S' V^T each, in float32, where
     G = U S V^T and S' lies near [0.7, 1.2] rather than at 1: the quintic trades exact convergence for speed, which
     Muon does not need. Each step applies p(X) = a X + b (X X^T) X + c (X X^T)^2 X, which maps every singular value
-    s to p(s) and keeps the vectors. The products run through the backend (ops.bmm), a stack in one call each;
+    s to p(s) and keeps the vectors. The products run on the backend ops (ops.bmm), a stack in one call each;
     bf16=True rounds their operands to bfloat16 (sums and the rest stay float32), as the reference Muon runs the
     whole iteration in bfloat16: the band [0.7, 1.2] is wider than bf16's rounding (2^-8 relative)."""
     a, b, c = NS_COEFFS
@@ -153,7 +154,7 @@ class Muon(Optimizer):
     name = "muon"
 
     def __init__(self, params, lr_ratio=20.0, momentum=0.95, nesterov=True, ns_steps=5, betas=(0.9, 0.99),
-                 eps=1e-8, weight_decay=0.1, muon_weight_decay=0.1, momentum_warmup=0, bf16=False):
+                 eps=1e-8, weight_decay=0.1, muon_weight_decay=0.1, momentum_warmup=0, bf16=False, *, ops):
         self.lr_ratio, self.nesterov, self.ns_steps = lr_ratio, nesterov, ns_steps
         self.momentum = momentum                                       # the coefficient mu (buffers: momentum_buf)
         self.bf16 = bf16                                               # Newton-Schulz's products in bfloat16
@@ -162,7 +163,7 @@ class Muon(Optimizer):
         self.muon = muon_params(params)
         self.momentum_buf = {k: np.zeros_like(params[k]) for k in params if k in self.muon}   # Muon's buffers
         self.adamw_state(params, set(params) - self.muon, betas, eps, weight_decay)          # the rest: AdamW
-        super().__init__(momentum=self.momentum_buf, m=self.m, v=self.v)
+        super().__init__(ops, momentum=self.momentum_buf, m=self.m, v=self.v)
         self.groups = {}                                               # shape -> the Muon names of that shape
         for k in sorted(self.muon, key=list(params).index):
             self.groups.setdefault(params[k].shape, []).append(k)
@@ -193,7 +194,7 @@ class Muon(Optimizer):
                     u += g                                             # u = g + mu buf
                 else:
                     u[...] = buf
-            O = newton_schulz(U, self.ns_steps, self.bf16)             # (L, rows, cols)
+            O = newton_schulz(self.ops, U, self.ns_steps, self.bf16)   # (L, rows, cols)
             for k, o in zip(names, O):
                 p = params[k]
                 p *= 1.0 - lr_muon * self.muon_weight_decay            # p -= lr wd p

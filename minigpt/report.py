@@ -57,7 +57,8 @@ def write_report(cfg, verbose=False):
     ckpt = cfg.ckpt or run.checkpoint()
     loaded = checkpoint.load(ckpt)
     run.ensure_writable()              # where report.html goes: checked before the work
-    model, tok = load_model(ckpt, loaded)
+    ops = select_backend(cfg, verbose=False)             # said below, once every setting has passed
+    model, tok = load_model(ckpt, loaded, ops)
     meta = loaded[0]
     notes, sections, data = [], [], {}
     rows = _read_log(run.log, notes)
@@ -106,12 +107,12 @@ def write_report(cfg, verbose=False):
     sections.append(_next_token(model, tok, context))
     sections.append(_wrong(model, tok, val_text, cfg.val_chars))
     data["snaps"] = []
-    sections.append(_snapshots(cfg.out_dir, model.config, ids, order, labels, val_text, rows, data))
+    sections.append(_snapshots(cfg.out_dir, model.config, model.ops, ids, order, labels, val_text, rows, data))
     sections.append(_samples(model, tok, cfg))
     mc = model.config
     subtitle = P.esc(f"{ckpt} (iteration {meta.get('iter', '?')}): {model.num_params():,} parameters, "
                      f"{mc.n_layer} layers x {mc.n_head} heads, n_embd {mc.n_embd}, block {mc.block_size}, "
-                     f"vocabulary {mc.vocab_size} ({type(tok).__name__}); backend {backends.label(False)}"
+                     f"vocabulary {mc.vocab_size} ({type(tok).__name__}); backend {backends.label(model.ops, False)}"
                      + ("; trained with bf16 products, read here in float32"
                         if meta.get("train_config", {}).get("dtype") == "bf16" else ""))
     if notes:
@@ -295,7 +296,7 @@ def _wrong(model, tok, val_text, n_chars):
                      f"block_size {bs} tokens as the evaluator scores them, and the tokens it got most wrong.", body)
 
 
-def _snapshots(out_dir, config, ids, order, labels, val_text, rows, data):
+def _snapshots(out_dir, config, ops, ids, order, labels, val_text, rows, data):
     run = OutDir(out_dir)
     iters = run.snapshot_iters()
     what = "The embedding projection and the attention on the prompt (each layer, mean of its heads) at several " \
@@ -307,7 +308,7 @@ def _snapshots(out_dir, config, ids, order, labels, val_text, rows, data):
     if len(iters) > MAX_SNAPSHOTS:
         iters = [iters[int(k)] for k in np.linspace(0, len(iters) - 1, MAX_SNAPSHOTS).round()]
     val = {r["iter"]: r["val_loss"] for r in rows if r.get("kind") == "eval"}
-    model = GPT(GPTConfig(**config.to_dict()), np.random.default_rng(0))
+    model = GPT(GPTConfig(**config.to_dict()), np.random.default_rng(0), ops=ops)
     final = None
     figures, other = [], []
     shape = {k: v for k, v in config.to_dict().items() if k != "dropout"}

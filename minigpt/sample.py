@@ -22,10 +22,11 @@ from .model import GPT, GPTConfig, KVCache
 from .outdir import OutDir
 
 
-def load_model(path, loaded=None):
-    """-> (GPT in eval mode, its tokenizer) from a checkpoint file (or from its checkpoint.load(path) result)."""
+def load_model(path, loaded=None, ops=None, bf16=False):
+    """-> (GPT in eval mode, its tokenizer) from a checkpoint file (or from its checkpoint.load(path) result),
+    running on backend ops (None: GPT's default) with bf16 products or not."""
     meta, params, _ = loaded if loaded is not None else checkpoint.load(path)
-    model = GPT(GPTConfig(**meta["model_config"]), np.random.default_rng(0))
+    model = GPT(GPTConfig(**meta["model_config"]), np.random.default_rng(0), bf16=bf16, ops=ops)
     checkpoint.load_params(model, params, path)
     tok = tokenizer_from_json(meta["tokenizer"])
     if tok.vocab_size != model.config.vocab_size:
@@ -113,14 +114,14 @@ SPIN_US = 200      # native workers wait this long on the CPU between decoding's
 def generate(model, idx, max_new_tokens, rng, temperature=1.0, top_k=0, top_p=1.0, use_cache=True):
     """Yield the next token ids (B,) max_new_tokens times, continuing idx (B, T0). model must be in eval mode."""
     dec = Decoder(model, idx, use_cache)
-    backends.current().spin(SPIN_US)
+    model.ops.spin(SPIN_US)
     try:
         for _ in range(max_new_tokens):
             nxt = sample_next(dec.logits(), rng, temperature, top_k, top_p)
             dec.append(nxt)
             yield nxt
     finally:
-        backends.current().spin()                                     # back to the default
+        model.ops.spin()                                              # back to the default
 
 
 # ----------------------------------------------------------------------------
@@ -132,8 +133,8 @@ def main(argv=None):
         cfg, prompt = _settings(argv)                                  # every check before loading or printing
         path = cfg.ckpt or OutDir(cfg.out_dir).checkpoint()
         loaded = checkpoint.load(path)
-        model, tok = load_model(path, loaded)
-        model.bf16 = cfg.dtype == "bf16"
+        ops = select_backend(cfg, verbose=False)                       # said below, once every setting has passed
+        model, tok = load_model(path, loaded, ops, bf16=cfg.dtype == "bf16")
         ids = tok.encode(prompt)                                       # a prompt outside the vocabulary: before
         select_backend(cfg)                                            # "backend auto -> ..." is printed
         rng = np.random.default_rng(cfg.seed)
@@ -153,7 +154,7 @@ def main(argv=None):
         print("\n" + "-" * 40, flush=True)
         n_tok, n = rows.size, cfg.num_samples
         print(f"{path}: {n_tok} tokens in {dt:.2f} s: {n_tok / max(dt, 1e-9):,.0f} tokens/s "
-              f"({n} sample{'s' * (n != 1)}, kv_cache={cfg.kv_cache}, backend {backends.label(model.bf16)})",
+              f"({n} sample{'s' * (n != 1)}, kv_cache={cfg.kv_cache}, backend {backends.label(model.ops, model.bf16)})",
               file=sys.stderr)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

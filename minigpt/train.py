@@ -172,7 +172,7 @@ def setup(cfg, out, world, ckpt=None):
     """The Run of cfg: the backend selected (a --backend that cannot run here is an error first), the tokenizer
     (the checkpoint's on --resume; GPT-2's with --init_from), the data, the model (after a check that it fits in
     memory) and its optimizer."""
-    select_backend(cfg, verbose=False, threads=_threads(cfg, world))
+    ops = select_backend(cfg, verbose=False, threads=_threads(cfg, world))
     text = load_text(cfg.data)
     if cfg.init_from and not ckpt:                         # a new fine-tune: GPT-2's shape, weights and tokenizer
         gpt2_config, gpt2_params, tok = gpt2.load_gpt2(cfg.init_from, cfg.block_size)
@@ -183,7 +183,7 @@ def setup(cfg, out, world, ckpt=None):
         gpt2_params = None
     data = Dataset(text, tok, cfg.block_size, source=cfg.data, fixed_block=bool(ckpt))
     check_memory(cfg, vocab, world)
-    model = GPT(cfg.model_config(vocab), np.random.default_rng([cfg.seed, 0]), bf16=cfg.dtype == "bf16")
+    model = GPT(cfg.model_config(vocab), np.random.default_rng([cfg.seed, 0]), bf16=cfg.dtype == "bf16", ops=ops)
     if gpt2_params is not None:
         checkpoint.load_params(model, gpt2_params, cfg.init_from)
         say(f"init from {cfg.init_from}: GPT-2 weights and tokenizer")
@@ -193,13 +193,14 @@ def setup(cfg, out, world, ckpt=None):
 
 
 def say_setup(run):
-    """The backend that runs (selected again, now saying so: every setting has passed) and the model's size."""
+    """The backend that runs (selected again, the one the model holds, now saying so: every setting has passed)
+    and the model's size."""
     cfg, world, model = run.cfg, run.world, run.model
     select_backend(cfg, verbose=world.root, threads=_threads(cfg, world))
     ranks = f", {world.size} ranks x {backends.threads()} threads" if world.size > 1 else ""
     bf16 = ", bf16 products" if model.bf16 else ""
     say(f"model: {model.num_params():,} parameters, vocab {run.tok.vocab_size}, "
-        f"backend {backends.label(model.bf16)}{ranks}{bf16}")
+        f"backend {backends.label(model.ops, model.bf16)}{ranks}{bf16}")
 
 
 def _threads(cfg, world):
@@ -224,13 +225,15 @@ def make_tokenizer(cfg, text, ckpt=None):
 
 
 def make_optimizer(cfg, model):
-    """AdamW over every parameter, or Muon for the blocks' matrices with AdamW for the rest (minigpt/optim.py)."""
+    """AdamW over every parameter, or Muon for the blocks' matrices with AdamW for the rest (minigpt/optim.py), on
+    the model's backend."""
     betas, params = (cfg.beta1, cfg.beta2), model.params()
     if cfg.optimizer == "muon":
         opt = Muon(params, lr_ratio=cfg.muon_lr_ratio, betas=betas, weight_decay=cfg.weight_decay,
-                   muon_weight_decay=cfg.weight_decay, momentum_warmup=cfg.muon_momentum_warmup, bf16=model.bf16)
+                   muon_weight_decay=cfg.weight_decay, momentum_warmup=cfg.muon_momentum_warmup, bf16=model.bf16,
+                   ops=model.ops)
     else:
-        opt = AdamW(params, betas, weight_decay=cfg.weight_decay)
+        opt = AdamW(params, betas, weight_decay=cfg.weight_decay, ops=model.ops)
     return opt.scale_lr(("wte.weight", "wpe.weight"), cfg.embed_lr_ratio)
 
 

@@ -47,18 +47,18 @@ def policy_cost(model, batch, n_new, prompt_len):
     return 1000 * float(np.median(times[1:fits + 1])), 1000 * float(np.median(times[fits + 1:]))
 
 
-def measure(a):
-    """Rows (model, batch, tok/s without cache, with cache) and the policy's cost, on the selected backend."""
+def measure(a, ops):
+    """Rows (model, batch, tok/s without cache, with cache) and the policy's cost, on backend ops."""
     rows, policy = [], []
     for name, cfg in MODELS.items():
-        model = GPT(cfg, np.random.default_rng(0)).eval()
+        model = GPT(cfg, np.random.default_rng(0), ops=ops).eval()
         if cfg.block_size < a.prompt_len + a.new_tokens - 1:
             policy += [(name, b, *policy_cost(model, b, a.new_tokens, a.prompt_len)) for b in (1, 8)]
         for batch in (1, 8):
             with_cache = tokens_per_s(model, batch, a.new_tokens, True, a.repeats, a.prompt_len)
             without = tokens_per_s(model, batch, a.new_tokens, False, a.repeats, a.prompt_len)
             rows.append((name, batch, without, with_cache))
-            print(f"{backends.name():7s} {name:14s} batch {batch}: {without:9.1f} tok/s without cache, "
+            print(f"{ops.name:7s} {name:14s} batch {batch}: {without:9.1f} tok/s without cache, "
                   f"{with_cache:9.1f} with ({with_cache / without:.1f}x)", flush=True)
     return rows, policy
 
@@ -80,9 +80,9 @@ def main():
              f"{a.new_tokens} new tokens from a {a.prompt_len}-token prompt, random weights, temperature 0.8; "
              f"tokens/s counts every sample of the batch; median of {a.repeats} runs."]
     for name in a.backends.split(","):
-        backends.select(name, verbose=True)
-        rows, policy = measure(a)
-        lines += ["", f"## Backend {backends.name()} ({backends.threads()} threads)", "",
+        ops = backends.load(name, verbose=True)
+        rows, policy = measure(a, ops)
+        lines += ["", f"## Backend {ops.name} ({backends.threads()} threads)", "",
                   "| model | batch | no cache (tok/s) | KV cache (tok/s) | speed-up |", "|---|---|---|---|---|"]
         lines += [f"| {n} | {b} | {w:,.1f} | {c:,.1f} | {c / w:.1f}x |" for n, b, w, c in rows]
         if policy:

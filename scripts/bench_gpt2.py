@@ -39,9 +39,9 @@ def child(name, steps, threads, backend, dtype):
     from minigpt import backends
     from minigpt.model import GPT, GPTConfig, activation_shapes, gradient_shapes
     from minigpt.optim import AdamW, clip_grad_norm
-    backends.select(backend, threads=threads, verbose=False)
+    ops = backends.load(backend, threads=threads, verbose=False)
     cfg = GPTConfig(**GPT2_124M)
-    model = GPT(cfg, np.random.default_rng(0), bf16=dtype == "bf16" and name != "pytorch")
+    model = GPT(cfg, np.random.default_rng(0), bf16=dtype == "bf16" and name != "pytorch", ops=ops)
     r = np.random.default_rng(1)
     x, y = r.integers(0, cfg.vocab_size, (B, T)), r.integers(0, cfg.vocab_size, (B, T))
     if name == "pytorch":
@@ -62,7 +62,7 @@ def child(name, steps, threads, backend, dtype):
             torch.nn.utils.clip_grad_norm_(tm.parameters(), 1.0)
             opt.step()
     else:
-        opt = AdamW(model.params())
+        opt = AdamW(model.params(), ops=model.ops)
 
         def step():
             model.zero_grad()

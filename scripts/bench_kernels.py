@@ -15,7 +15,7 @@ import numpy as np
 
 from bench_util import cpu_line, write_keeping_notes
 from minigpt import backends
-from minigpt.backends import interface, ops
+from minigpt.backends import interface
 from minigpt.backends.native import isa as native_isa
 
 
@@ -42,8 +42,8 @@ def step_shapes(batch, block, n_embd, n_head, vocab, n_layer):
                   ("lm_head dW dl^T@x", 1, vocab, C, R, True, False, 1, None)]
 
 
-def time_product(L, M, N, K, ta, tb, min_time=0.2, warmup=2, min_calls=5, rng=None, bf16=False, causal=None):
-    """Seconds of each timed call of op(a) @ op(b) on the selected backend (after warm-up), into a preallocated
+def time_product(ops, L, M, N, K, ta, tb, min_time=0.2, warmup=2, min_calls=5, rng=None, bf16=False, causal=None):
+    """Seconds of each timed call of op(a) @ op(b) on backend ops (after warm-up), into a preallocated
     out: ops.matmul for L = 1, ops.bmm over a (L, M, N) batch otherwise (contiguous operands); bf16 products
     with bf16=True; causal: bmm's causal= (for "a", a is made causal: zero past the diagonal)."""
     rng = rng or np.random.default_rng(0)
@@ -76,8 +76,8 @@ NOTES = "<!-- notes: hand-written text below this line is kept when the script r
 def peak(names, threads, bf16=False):  # fp32 FMA peak of the threads now (register-only loop): low values flag a
     if "native" not in names:           # busy machine. bf16: the bf16 products' instruction (BF16_ON)
         return None
-    backends.select("native", threads=threads, verbose=False)
-    return max(backends.current().peak_gflops(bf16=bf16) for _ in range(3))
+    ops = backends.load("native", threads=threads, verbose=False)
+    return max(ops.peak_gflops(bf16=bf16) for _ in range(3))
 
 
 def main():
@@ -123,10 +123,10 @@ def main():
             runs = {b: [] for b in names}
             for _ in range(args.rounds):
                 for b in names:
-                    backends.select(b.split()[0], threads=args.threads, verbose=False)
+                    ops = backends.load(b.split()[0], threads=args.threads, verbose=False)
                     big = L * M * N * Kd > 5e8                         # config M: a few long calls suffice
-                    runs[b].append(time_product(L, M, N, Kd, ta, tb, args.min_time, 1 if big else 2, 3 if big else 5,
-                                                bf16=b.endswith("bf16"), causal=causal))
+                    runs[b].append(time_product(ops, L, M, N, Kd, ta, tb, args.min_time, 1 if big else 2,
+                                                3 if big else 5, bf16=b.endswith("bf16"), causal=causal))
                     if b == "numpy":
                         time.sleep(0.3)        # OpenBLAS workers spin a while after a call: let them sleep first
             for b in names:

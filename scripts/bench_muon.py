@@ -63,12 +63,12 @@ def main():
     rows = []
     for name in configs:
         c = CONFIGS[name]
-        model = MiniStep(c, a.backend, a.threads).model                # selects the backend, builds the GPT
+        model = MiniStep(c, a.backend, a.threads).model                # loads the backend, builds the GPT
         params, grads = model.params(), model.grads()
         r = np.random.default_rng(1)
         for g in grads.values():
             g[...] = 0.01 * r.standard_normal(g.shape)
-        opts = {False: Muon(params), True: Muon(params, bf16=True)}
+        opts = {False: Muon(params, ops=model.ops), True: Muon(params, bf16=True, ops=model.ops)}
         rounds = {False: [], True: []}
         for _ in range(a.rounds):
             for bf16, opt in opts.items():
@@ -80,7 +80,7 @@ def main():
                                  for b in (False, True))
                     + f" | {gf / t[False]:.0f} / {gf / t[True]:.0f} | {t[False] / t[True]:.2f}x |")
         print(rows[-1], flush=True)
-    label = backends.label()
+    label = backends.label(model.ops)
     text = "\n".join([
         "# Muon's step: Newton-Schulz's products in float32 and in bf16", "",
         f"Measured by `{command('bench_muon.py')}` at {revision(ROOT)} on {cpu_line()}; backend {label}, "

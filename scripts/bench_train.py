@@ -52,11 +52,11 @@ def model_flops(c, V=65):
 
 class MiniStep:
     def __init__(self, c, backend, threads, seed=0, bf16=False, dropout=0.0):
-        backends.select(backend, threads=threads, verbose=False)
+        ops = backends.load(backend, threads=threads, verbose=False)
         cfg = GPTConfig(vocab_size=65, block_size=c["block_size"], n_layer=c["n_layer"], n_head=c["n_head"],
                         n_embd=c["n_embd"], bias=False, dropout=dropout)
-        self.model = GPT(cfg, np.random.default_rng(seed), bf16=bf16)
-        self.opt = AdamW(self.model.params())
+        self.model = GPT(cfg, np.random.default_rng(seed), bf16=bf16, ops=ops)
+        self.opt = AdamW(self.model.params(), ops=self.model.ops)
         r = np.random.default_rng(seed)
         self.x = r.integers(0, 65, (c["batch"], c["block_size"])).astype(np.int32)
         self.y = r.integers(0, 65, (c["batch"], c["block_size"])).astype(np.int32)
@@ -147,7 +147,7 @@ def profile(step, n):
                     stack[-1] += dt
         return inner
 
-    impl = backends.current()                            # the Ops object the layers' `ops.<op>` calls reach
+    impl = step.model.ops                                # the Ops object the layers' `ops.<op>` calls reach
     for part, targets in PARTS.items():
         for owner, meth in targets:
             if owner == "ops":                           # an instance attribute shadows the class's method
@@ -204,10 +204,10 @@ except ImportError:                                    # a tree from before mini
     from minigpt import kernels as backends
 names, peak, bf16_peak, isa, threads = backends.available(), None, None, None, int(sys.argv[1])
 if threads and "native" in names:                      # asked of this tree only
-    backends.select("native", threads=threads, verbose=False)
-    peak = max(backends.current().peak_gflops() for _ in range(3))
-    bf16_peak = max(backends.current().peak_gflops(bf16=True) for _ in range(3))
-    isa = backends.current().lib.mgk_isa()
+    ops = backends.load("native", threads=threads, verbose=False)
+    peak = max(ops.peak_gflops() for _ in range(3))
+    bf16_peak = max(ops.peak_gflops(bf16=True) for _ in range(3))
+    isa = ops.lib.mgk_isa()
 print(json.dumps({"minigpt": minigpt.__file__, "backends": names, "peak": peak, "bf16_peak": bf16_peak,
                   "isa": isa}))"""
 

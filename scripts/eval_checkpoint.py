@@ -44,8 +44,8 @@ def main(argv):
         if not a.data and not os.path.isfile(text):
             raise UserError(f"the run's training text {text!r} (its --data, from the checkpoint) is not here; "
                             "pass --data PATH")
-        model, tok = load_model(path, loaded)
-        model.bf16 = a.dtype == "bf16"
+        ops = select_backend(a, verbose=False)              # said below, once every setting has passed
+        model, tok = load_model(path, loaded, ops, bf16=a.dtype == "bf16")
         if a.context > model.config.block_size:
             raise UserError(f"--context {a.context} is longer than the model's block_size {model.config.block_size}, "
                             "the positions it learned: pass at most that, or 0 for all of it")

@@ -16,7 +16,7 @@ import urllib.request
 
 import numpy as np
 
-from minigpt import backends, distributed
+from minigpt import distributed
 from minigpt.config import TrainConfig, parse_args, run_command
 from minigpt.errors import UserError, exit_code
 from minigpt.loss_curves import image_path, plot
@@ -69,7 +69,7 @@ def main(argv):
     if cfg.report:
         try:
             path = write_report(ReportConfig(out_dir=cfg.out_dir, data=cfg.data, seed=cfg.seed,
-                                             backend=backends.name(), threads=cfg.threads))
+                                             backend=result["model"].ops.name, threads=cfg.threads))
             print(f"report: {path}")
         except UserError as e:                                          # the run itself succeeded
             print(f"note: no report ({e})", file=sys.stderr)

@@ -1,5 +1,6 @@
-"""Shared test set-up: every test starts on the numpy backend (dtype-generic, float64-capable) with every CPU;
-tests of the fast backends select them explicitly."""
+"""Shared test set-up: every test starts with the thread pools of the numpy backend on every CPU (and BLAS
+uncapped); a test builds its models on the backend it names (helpers.spec(): the numpy specification,
+dtype-generic and float64-capable), and tests of the fast backends load them explicitly."""
 import numpy as np
 import pytest
 
@@ -7,19 +8,18 @@ from minigpt import backends
 
 
 @pytest.fixture(autouse=True)
-def numpy_backend():
-    backends.select("numpy", threads=0, verbose=False)
+def numpy_threads():
+    backends.load("numpy", threads=0, verbose=False)
     yield
-    backends.select("numpy", threads=0, verbose=False)
+    backends.load("numpy", threads=0, verbose=False)
 
 
 @pytest.fixture
 def use():
-    """use(name) selects the backend (with every CPU, so the threaded paths run) and returns its Ops."""
-    def select(name):
-        backends.select(name, verbose=False)
-        return backends.current()
-    return select
+    """use(name) loads the backend (with every CPU, so the threaded paths run) and returns its Ops."""
+    def load(name):
+        return backends.load(name, verbose=False)
+    return load
 
 
 @pytest.fixture

@@ -8,6 +8,12 @@ from minigpt.backends import interface
 from minigpt.config import TrainConfig
 from minigpt.layers import heads
 
+
+def spec():
+    """The numpy backend, the executable specification (dtype-generic: float64 for the gradient tests), that the
+    tests build their models on unless they name another."""
+    return backends.load("numpy", verbose=False)
+
 TINY_TRAIN = dict(n_layer=2, n_head=2, n_embd=16, block_size=16, batch_size=4, max_iters=12, eval_interval=4,
                   eval_iters=2, warmup_iters=2, lr_decay_iters=12, lr=3e-3, min_lr=3e-4, log_interval=4,
                   sample_chars=0, plot="", backend="numpy")
@@ -129,7 +135,7 @@ def check_fused_attention(ops, bf16, rng):
 
 
 def _check_fused_attention(ops, bf16, rng, calls):
-    own = 0
+    ops, own = ops.with_bf16(bf16), 0                      # every product in bf16, or in float32
     for B, nh, T, hs, start in ATTENTION:
         Tk, C, scale = start + T, nh * hs, 1.0 / np.sqrt(hs)
         q = heads(rng.standard_normal((B, T, 3 * C)).astype(np.float32) * 2, nh, 3)[0]
@@ -144,8 +150,7 @@ def _check_fused_attention(ops, bf16, rng, calls):
             for run in (ops.attention, lambda *a: backends.Ops.attention(ops, *a)):
                 att = np.full((B, nh, T, Tk + 3), np.nan, np.float32)
                 y, yh = padded_heads(rng, B, T, nh, hs, 2, fill=np.nan)
-                with backends.bf16_products(bf16):
-                    run(q, k, v, att[..., :Tk], yh, scale, start, drop)
+                run(q, k, v, att[..., :Tk], yh, scale, start, drop)
                 assert np.isnan(att[..., Tk:]).all() and np.isnan(y[:, :, C:]).all(), "a write outside the views"
                 res.append((att, y))
             for name, got, want in zip(("att", "y"), *res):
@@ -158,8 +163,7 @@ def _check_fused_attention(ops, bf16, rng, calls):
             grads, before = [], len(calls)
             for run in (ops.attention_backward, lambda *a: backends.Ops.attention_backward(ops, *a)):
                 outs = [padded_heads(rng, B, T, nh, hs, pad, fill=np.nan) for pad in (3, 1, 6)]
-                with backends.bf16_products(bf16):
-                    run(q, k, v, att, dy, *(h for _, h in outs), scale, drop)
+                run(q, k, v, att, dy, *(h for _, h in outs), scale, drop)
                 assert all(np.isnan(a[:, :, C:]).all() for a, _ in outs), "a write outside the views"
                 grads.append([a for a, _ in outs])
             for name, got, want in zip("qkv", *grads):

@@ -2,9 +2,9 @@
 
 Ops declares every op, and every backend implements each one; Ops._contiguous hands kernels C-contiguous
 arrays without allocating per call; each backend names the dtypes a model runs on it, "auto" picks the first
-that loads and runs the model's dtype, an explicit backend that cannot run it is an error with the fix, and
-ensure(dtype) (each forward) re-chooses only what "auto" chose, and does for each dtype in turn; a backend
-installed here passes its own smoke test. The ops' numbers: test_ops.py.
+that loads and runs the model's dtype, an explicit backend that cannot run it is an error with the fix; a model
+holds the backend it is given (or the default for its dtype, chosen once), bound to its precision (with_bf16); a
+backend installed here passes its own smoke test. The ops' numbers: test_ops.py.
 """
 import importlib
 import inspect
@@ -87,7 +87,7 @@ def test_backends_name_their_dtypes():
 # Ops._contiguous: C-contiguous arrays for one kernel call
 
 def test_contiguous_passes_contiguous_arrays_through():
-    ops = backends.current()
+    ops = backends.load("numpy", verbose=False)
     x, y = np.ones((3, 4), np.float32), np.empty((3, 4), np.float32)
     c = ops._contiguous("op")
     assert c.inp(x) is x and c.out(y) is y and c.inout(y) is y and c.inp(None) is None and c.out(None) is None
@@ -96,7 +96,7 @@ def test_contiguous_passes_contiguous_arrays_through():
 
 
 def test_contiguous_copies_views_into_scratch_and_back():
-    ops = backends.current()
+    ops = backends.load("numpy", verbose=False)
     base_x, base_y = np.arange(30, dtype=np.float32).reshape(3, 10), np.full((3, 10), -1.0, np.float32)
     x, y, acc = base_x[:, :4], base_y[:, :4], base_y[:, 5:9]       # rows 10 floats apart: not contiguous
     c = ops._contiguous("op")
@@ -121,7 +121,7 @@ def test_contiguous_copies_views_into_scratch_and_back():
 
 
 def test_contiguous_refuses_read_only_outputs():
-    ops = backends.current()
+    ops = backends.load("numpy", verbose=False)
     ro = np.broadcast_to(np.zeros(4, np.float32), (3, 4))
     c = ops._contiguous("gelu")
     assert c.inp(ro).flags.c_contiguous                         # an input may be read-only
@@ -135,12 +135,12 @@ def test_contiguous_refuses_read_only_outputs():
 
 
 # ----------------------------------------------------------------------------
-# selection by dtype
+# selection by dtype, and the backend a model holds
 
 def test_auto_picks_the_first_backend_that_runs_the_dtype(capsys):
-    first = backends.select("auto", verbose=False)              # no dtype: the first that loads
-    assert backends.select("auto", dtype=np.float32) == first
-    assert backends.select("auto", dtype="float64") == "numpy"
+    first = backends.load("auto", verbose=False).name           # no dtype: the first that loads
+    assert backends.load("auto", dtype=np.float32).name == first
+    assert backends.load("auto", dtype="float64").name == "numpy"
     err = capsys.readouterr().err
     assert "auto -> numpy for float64" in err
     for name in _fast_here():                                   # why each faster backend was skipped
@@ -149,97 +149,111 @@ def test_auto_picks_the_first_backend_that_runs_the_dtype(capsys):
 
 def test_auto_without_a_backend_for_the_dtype_raises():
     with pytest.raises(backends.BackendUnavailable, match="no backend runs float16"):
-        backends.select("auto", dtype=np.float16)
-    assert backends.name() == "numpy"                           # unchanged
+        backends.load("auto", dtype=np.float16)
 
 
 @pytest.mark.parametrize("name", ["numba", "native"])
 def test_explicit_backend_that_cannot_run_the_dtype_raises(name):
     # checked from the class, before anything loads: the same answer where the backend is missing
     with pytest.raises(backends.BackendUnavailable) as e:
-        backends.select(name, dtype=np.float64)
+        backends.load(name, dtype=np.float64)
     msg = str(e.value)
     assert "\n" not in msg and f"{name} runs float32 only, not float64" in msg
     assert "select numpy (--backend numpy or MINIGPT_BACKEND=numpy)" in msg and "cast the model to float32" in msg
-    assert backends.name() == "numpy"                           # no silent switch
-    assert backends.select("numpy", dtype=np.float64, verbose=False) == "numpy"
+    assert backends.load("numpy", dtype=np.float64, verbose=False).name == "numpy"
 
 
-def test_ensure_keeps_a_backend_that_runs_the_dtype():
-    numpy_ops = backends.current()
+def test_a_backend_is_one_object_per_process():
+    """load hands out each backend's one Ops (its kernels, scratch and thread pools): loading again, by name or
+    by auto, gives the same object."""
+    ops = backends.load("numpy", verbose=False)
+    assert backends.load("numpy", dtype="float64", verbose=False) is ops
+    first = backends.load("auto", verbose=False)
+    assert backends.load("auto", dtype=np.float32, verbose=False) is first
+
+
+TINY = dict(vocab_size=11, block_size=6, n_layer=1, n_head=2, n_embd=8)
+
+
+def test_a_model_holds_the_backend_it_was_given():
+    from minigpt.model import GPT, GPTConfig
+    numpy_ops = backends.load("numpy", verbose=False)
     for dt in (np.float32, np.float64, F64, "float32"):        # a dtype, a scalar type, a name
-        backends.ensure(dt)
-        assert backends.current() is numpy_ops
+        model = GPT(GPTConfig(**TINY), dtype=dt, ops=numpy_ops)
+        assert model.ops is numpy_ops and not model.bf16
+        model.forward(np.zeros((1, 3), int))
+        assert model.ops is numpy_ops                           # a forward changes nothing
 
 
 @pytest.mark.parametrize("name", FAST)
-def test_ensure_refuses_another_dtype_on_an_explicit_backend(name):
-    backends.select(name, verbose=False)
-    backends.ensure(F32)
+def test_a_model_refuses_a_backend_that_cannot_run_its_dtype(name):
+    from minigpt.model import GPT, GPTConfig
+    ops = backends.load(name, verbose=False)
+    assert GPT(GPTConfig(**TINY), dtype=F32, ops=ops).ops is ops
     with pytest.raises(backends.BackendUnavailable) as e:
-        backends.ensure(F64)
+        GPT(GPTConfig(**TINY), dtype=F64, ops=ops)
     msg = str(e.value)
     assert f"the model is float64, but the selected backend, {name}, runs float32 only" in msg and "\n" not in msg
     assert "select numpy" in msg and "cast the model to float32" in msg
-    assert backends.name() == name
 
 
-def test_ensure_chooses_again_what_auto_chose(capsys):
-    if not _fast_here():
-        pytest.skip("auto picks numpy here, which runs every dtype")
-    first = backends.select("auto", threads=1, verbose=False)
-    assert first != "numpy"
-    backends.ensure(F32)
-    assert backends.name() == first
-    backends.ensure(F64)                                        # a float64 model: auto again, for float64
-    assert backends.name() == "numpy" and backends.threads() == 1
-    assert "auto -> numpy for float64" in capsys.readouterr().err
-    backends.ensure(F32)                                        # a float32 model again: auto's first choice,
-    assert backends.name() == first and backends.threads() == 1 # not numpy (which runs float32 too, slower)
-    assert f"auto -> {first} for float32" in capsys.readouterr().err
-    backends.ensure(F32)                                        # then nothing more: one lookup a forward
-    assert capsys.readouterr().err == ""
-
-
-def test_ensure_before_any_selection_takes_the_default_for_the_dtype(monkeypatch, capsys):
-    monkeypatch.setattr(backends, "_current", None)             # as in a fresh process
+def test_a_model_chooses_its_backend_once_for_its_dtype(monkeypatch, capsys):
+    """Without ops=, a model takes the default when it is made: $MINIGPT_BACKEND, else auto's choice for its
+    dtype (a float64 model, a gradient check, gets numpy; a float32 one the fastest), and keeps it."""
+    from minigpt.model import GPT, GPTConfig
     monkeypatch.delenv("MINIGPT_BACKEND", raising=False)
-    backends.ensure(np.float64)
-    assert backends.name() == "numpy" and "auto -> numpy for float64" in capsys.readouterr().err
+    m64 = GPT(GPTConfig(**TINY), dtype=np.float64)
+    assert m64.ops.name == "numpy" and "auto -> numpy for float64" in capsys.readouterr().err
+    m32 = GPT(GPTConfig(**TINY))
+    first = backends.load("auto", verbose=False).name
+    assert m32.ops.name == first and f"auto -> {first} for float32" in capsys.readouterr().err
+    m64.forward(np.zeros((1, 3), int))                          # each runs on its own, in any order
+    m32.forward(np.zeros((1, 3), int))
+    assert (m64.ops.name, m32.ops.name) == ("numpy", first) and capsys.readouterr().err == ""
 
-    monkeypatch.setattr(backends, "_current", None)
     monkeypatch.setenv("MINIGPT_BACKEND", "native")             # chosen explicitly, by the environment
     with pytest.raises(backends.BackendUnavailable, match="native runs float32 only, not float64"):
-        backends.ensure(np.float64)
+        GPT(GPTConfig(**TINY), dtype=np.float64)
+
+
+def test_with_bf16_binds_the_products_precision():
+    """with_bf16 gives the backend with bf16 products by default (a copy sharing its state), itself when it already
+    is; a call's own bf16= still decides, and the model's ops is bound to its precision."""
+    from minigpt.model import GPT, GPTConfig
+    ops = backends.load("numpy", verbose=False)
+    b16 = ops.with_bf16(True)
+    assert b16 is not ops and b16.bf16 and not ops.bf16 and b16.with_bf16(True) is b16 and ops.with_bf16(False) is ops
+    assert b16._scratch is ops._scratch and b16.with_bf16(False).name == "numpy"
+    a = np.full((2, 2), 1 + 2 ** -10, np.float32)               # bf16 rounds it to 1
+    assert b16.matmul(a, a)[0, 0] == 2.0 and ops.matmul(a, a)[0, 0] != 2.0
+    assert b16.matmul(a, a, bf16=False)[0, 0] != 2.0 and ops.matmul(a, a, bf16=True)[0, 0] == 2.0
+    model = GPT(GPTConfig(**TINY), bf16=True, ops=ops)
+    assert model.bf16 and model.ops.bf16 and model.ops.name == "numpy" and not ops.bf16
+    assert not GPT(GPTConfig(**TINY), ops=b16).bf16             # the model's bf16= decides
 
 
 def test_label_names_the_native_isa_path(monkeypatch):
     """What train, sample and the report print: native with the path its library runs (MINIGPT_ISA forces one)."""
-    before = backends.name()
-    try:
-        backends.select("numpy", verbose=False)
-        assert backends.label() == "numpy"
-        if backends.why_unavailable("native") is None:
-            backends.select("native", verbose=False)
-            from minigpt.backends import native
-            isa = native.isa()
-            assert backends.label() == backends.label(True) == f"native ({isa})" and isa in native.ISAS
-            fp32 = f"native (avx512; {isa} for bf16)" if isa in ("avx512bf16", "amx") else f"native ({isa})"
-            assert backends.label(False) == fp32                  # float32 products run on AVX-512 FMAs there
-    finally:
-        backends.select(before, verbose=False)
+    assert backends.label(backends.load("numpy", verbose=False)) == "numpy"
+    if backends.why_unavailable("native") is None:
+        ops = backends.load("native", verbose=False)
+        from minigpt.backends import native
+        isa = native.isa()
+        assert backends.label(ops) == backends.label(ops, True) == f"native ({isa})" and isa in native.ISAS
+        fp32 = f"native (avx512; {isa} for bf16)" if isa in ("avx512bf16", "amx") else f"native ({isa})"
+        assert backends.label(ops, False) == fp32                # float32 products run on AVX-512 FMAs there
 
 
 def test_more_threads_than_cpus_is_said_once(capsys):
-    """select(threads=N) above the CPUs runs, after one note on stderr; at the CPUs, or silenced, nothing is said."""
-    before, saved, n = backends.name(), backends._threads, backends.cpus()
+    """load(threads=N) above the CPUs runs, after one note on stderr; at the CPUs, or silenced, nothing is said."""
+    saved, n = backends._threads, backends.cpus()
     try:
-        backends.select("numpy", threads=n + 3)
+        backends.load("numpy", threads=n + 3)
         assert capsys.readouterr().err == (f"minigpt: note: {n + 3} threads on {n} CPUs take turns, slower than {n} "
                                            "threads (--threads 0 uses every CPU)\n")
         assert backends.threads() == n + 3
-        backends.select("numpy", threads=n + 3, verbose=False)
-        backends.select("numpy", threads=n)
+        backends.load("numpy", threads=n + 3, verbose=False)
+        backends.load("numpy", threads=n)
         assert capsys.readouterr().err == ""
     finally:
-        backends.select(before, threads=saved, verbose=False)
+        backends.load("numpy", threads=saved, verbose=False)

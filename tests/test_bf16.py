@@ -33,19 +33,18 @@ KERNELS = ([("numba", None)] if NUMBA is None else []) + [("native", p) for p in
 
 @pytest.fixture(params=KERNELS, ids=lambda k: k[0] + (f":{k[1]}" if k[1] else ""))
 def kernel(request):
-    """Select the backend (and force the native ISA path, or the emulated amx one) for the test; restored after."""
+    """Load the backend (and force the native ISA path, or the emulated amx one) for the test; restored after."""
     name, path = request.param
     saved = native._lib().mgk_isa() if name == "native" else None
-    backends.select(name, verbose=False)
+    ops = backends.load(name, verbose=False)
     if path == "amx-emulated":
         native._lib().mgk_emulate_amx(1)
     elif path:
         assert native._lib().mgk_set_isa(native.ISAS.index(path)) == 0
-    yield backends.current()
+    yield ops
     if saved is not None:
         native._lib().mgk_emulate_amx(0)
         native._lib().mgk_set_isa(saved)
-    backends.select("numpy", verbose=False)
 
 
 # ----------------------------------------------------------------------------
@@ -306,14 +305,12 @@ CFG = GPTConfig(vocab_size=65, block_size=32, n_layer=2, n_head=4, n_embd=64, bi
 
 def step(backend, bf16):
     """loss and flat gradients of one forward + backward from the same weights and batch."""
-    backends.select(backend, verbose=False)
     rng = np.random.default_rng(0)
     x, y = rng.integers(0, 65, (4, 32)), rng.integers(0, 65, (4, 32))
-    m = GPT(CFG, np.random.default_rng(1), bf16=bf16)
+    m = GPT(CFG, np.random.default_rng(1), bf16=bf16, ops=backends.load(backend, verbose=False))
     m.zero_grad()
     _, loss = m.forward(x, y)
     m.backward()
-    backends.select("numpy", verbose=False)
     return loss, m.grad_memory.copy()
 
 
@@ -344,17 +341,20 @@ def test_bf16_step_of_fast_backends_matches_the_emulation(backend):
 
 
 def test_products_follow_the_model_that_runs_them():
-    """A bf16 model's products are bf16 inside its forward only: a float32 model and direct calls after it are not."""
-    m16, m32 = GPT(CFG, np.random.default_rng(1), bf16=True), GPT(CFG, np.random.default_rng(1))
+    """A bf16 model's products are bf16: its backend is bound to its precision; a float32 model on the same
+    backend, and the backend itself, run float32 products, whatever ran before."""
+    numpy_ops = backends.load("numpy", verbose=False)
+    m16 = GPT(CFG, np.random.default_rng(1), bf16=True, ops=numpy_ops)
+    m32 = GPT(CFG, np.random.default_rng(1), ops=numpy_ops)
     x = np.random.default_rng(0).integers(0, 65, (2, 8))
-    backends.select("numpy", verbose=False)
     l16 = m16.forward(x)[0].copy()
     l32 = m32.forward(x)[0].copy()
     assert not np.array_equal(l16, l32)
-    m32.bf16 = True                                       # switched later (sampling with --dtype bf16)
-    assert np.array_equal(m32.forward(x)[0], l16)
+    assert m16.bf16 and m16.ops.bf16 and not m32.bf16 and not m32.ops.bf16
+    assert np.array_equal(m16.forward(x)[0], l16) and np.array_equal(m32.forward(x)[0], l32)   # in any order
     a = np.full((2, 2), 1 + 2 ** -10, np.float32)
-    assert backends.current().matmul(a, a)[0, 0] != 2.0   # outside a forward: float32 products
+    assert numpy_ops.matmul(a, a)[0, 0] != 2.0             # the backend itself: float32 products
+    assert m16.ops.matmul(a, a)[0, 0] == 2.0               # the bf16 model's: bf16 rounds a to 1
 
 
 def test_the_bisections_groups_split_every_product_and_each_changes_the_step():
@@ -396,11 +396,10 @@ def test_the_bisections_groups_split_every_product_and_each_changes_the_step():
         x = np.full((2, 2), 1 + 2 ** -10, np.float32)        # bf16 rounds it to 1: x x = 2 in bf16
         bl._now["backward"] = True
         try:
-            with backends.bf16_products(True):
-                return [backends.current().matmul(x, x, out=np.zeros_like(x), acc=acc)[0, 0] for acc in (True, False)]
+            ops = backends.load("numpy", verbose=False).with_bf16(True)
+            return [ops.matmul(x, x, out=np.zeros_like(x), acc=acc)[0, 0] for acc in (True, False)]
         finally:
             bl._now["backward"] = False
-    backends.select("numpy", verbose=False)
     assert keeping("weight-gradients", run=in_backward) == [2 * (1 + 2 ** -10) ** 2, 2.0]
     assert keeping("input-gradients", run=in_backward) == [2.0, 2 * (1 + 2 ** -10) ** 2]
 

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import tiny_cfg, write_text
+from helpers import spec, tiny_cfg, write_text
 from minigpt import checkpoint
 from minigpt.bpe import BPETokenizer
 from minigpt.errors import UserError
@@ -34,12 +34,12 @@ def make_checkpoint(path, tok, tie=True, bias=True, seed=0, **options):
     with a training run's meta; the optimizer state is empty. -> the model."""
     cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=12, n_layer=2, n_head=2, n_embd=16, bias=bias,
                     tie_weights=tie, **options)
-    model = GPT(cfg, np.random.default_rng(seed))
+    model = GPT(cfg, np.random.default_rng(seed), ops=spec())
     r = np.random.default_rng(seed + 1)
     for p in model.params().values():
         p += (0.3 * r.standard_normal(p.shape)).astype(p.dtype)
     meta = {"model_config": cfg.to_dict(), "tokenizer": tok.to_json(), "iter": 0}
-    checkpoint.save(str(path), model, AdamW(model.params()), meta)
+    checkpoint.save(str(path), model, AdamW(model.params(), ops=model.ops), meta)
     return model.eval()
 
 
@@ -82,7 +82,7 @@ def test_export_of_a_training_run_checkpoint(tmp_path):
     ckpt = os.path.join(cfg.out_dir, "ckpt_best.npz")
     export(ckpt, str(tmp_path / "hf"))
     meta, params, _ = checkpoint.load(ckpt)
-    model = GPT(GPTConfig(**meta["model_config"]))
+    model = GPT(GPTConfig(**meta["model_config"]), ops=spec())
     checkpoint.load_params(model, params)
     tok = CharTokenizer.from_json(meta["tokenizer"])
     hf_model = transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / "hf"))

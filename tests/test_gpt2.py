@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import write_text
+from helpers import spec, write_text
 from minigpt import checkpoint, gpt2
 from minigpt.errors import UserError
 from minigpt.hf import export
@@ -37,12 +37,13 @@ def gpt2_dir(tmp_path_factory):
     hf.save(str(d / "tokenizer.json"))
     tok = GPT2Tokenizer.from_pretrained(str(d))
     cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=2, n_head=2, n_embd=16, bias=True)
-    model = GPT(cfg, np.random.default_rng(0))
+    model = GPT(cfg, np.random.default_rng(0), ops=spec())
     r = np.random.default_rng(1)
     for p in model.params().values():
         p += (0.2 * r.standard_normal(p.shape)).astype(np.float32)
     ckpt = str(d / "ckpt.npz")
-    checkpoint.save(ckpt, model, AdamW(model.params()), {"model_config": cfg.to_dict(), "tokenizer": tok.to_json()})
+    checkpoint.save(ckpt, model, AdamW(model.params(), ops=model.ops),
+                    {"model_config": cfg.to_dict(), "tokenizer": tok.to_json()})
     export(ckpt, str(d / "hf"))
     return d / "hf", model, tok, d / "text.txt"
 
@@ -109,7 +110,7 @@ def test_transformers_model_loads_with_its_logits_and_greedy_tokens(gpt2_dir, tm
     ref.save_pretrained(str(tmp_path), safe_serialization=True)
     (tmp_path / "tokenizer.json").write_bytes((hf_dir / "tokenizer.json").read_bytes())
     config, params, _ = gpt2.load_gpt2(str(tmp_path))
-    model = GPT(config, np.random.default_rng(0))
+    model = GPT(config, np.random.default_rng(0), ops=spec())
     checkpoint.load_params(model, params)
     ids = tok.encode("The king shall speak to my lord.")[None].astype(np.int64)
     with torch.no_grad():

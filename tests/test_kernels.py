@@ -29,8 +29,7 @@ def test_same_bits_for_any_thread_count(name):
     s = randn(rng, (8, 64, 64), F32, 3)
     runs = []
     for threads in (1, 2):
-        backends.select(name, threads=threads, verbose=False)
-        ops = backends.current()
+        ops = backends.load(name, threads=threads, verbose=False)
         y, mean, rstd = np.empty_like(x), np.empty(300, F32), np.empty(300, F32)
         ops.layernorm(x, w, w, y, mean, rstd)
         runs.append([ops.matmul(a, b, tb=True), ops.bmm(q, k, tb=True), y, ops.causal_softmax(s.copy(), 0.25, 0)])
@@ -50,8 +49,8 @@ def _native():
 def test_native_spin_wait_keeps_results():
     # generation lets the workers wait on the CPU between products (Ops.spin); a worker that started a job
     # late, or a caller that returned before its workers, would show here as a wrong product
-    ops = _native()
-    backends.select("native", threads=2, verbose=False)
+    _native()
+    ops = backends.load("native", threads=2, verbose=False)
     rng = np.random.default_rng(4)
     shapes = ((1, 1536, 384), (3, 130, 1536), (129, 65, 300), (257, 512, 2048))    # the last outlasts the spin
     cases = [operands(rng, M, N, Kd, False, False) for M, N, Kd in shapes]
@@ -162,13 +161,11 @@ def test_auto_skips_an_unavailable_backend(monkeypatch, capsys):
         return real(name)
 
     monkeypatch.setattr(backends, "_load", no_native)
-    picked = backends.select("auto")
-    assert picked != "native" and picked in backends.BACKENDS and backends.name() == picked
+    picked = backends.load("auto").name
+    assert picked != "native" and picked in backends.BACKENDS
     err = capsys.readouterr().err
     assert f"auto -> {picked}" in err and "pretend the library is missing" in err   # what it chose, and why
     assert "native" not in backends.available()
-    from minigpt.backends import ops
-    assert ops.name == picked and backends.current().name == picked  # ops forwards to the selected backend
 
 
 def test_explicit_unavailable_backend_raises(monkeypatch, tmp_path):
@@ -177,13 +174,12 @@ def test_explicit_unavailable_backend_raises(monkeypatch, tmp_path):
     native._lib.cache_clear(), native.backend.cache_clear()
     try:
         with pytest.raises(backends.BackendUnavailable, match="MINIGPT_NATIVE_LIB"):
-            backends.select("native")
-        assert backends.name() == "numpy"                              # no silent switch happened
-        assert backends.select("auto", verbose=False) != "native"
+            backends.load("native")                                    # no silent switch to another
+        assert backends.load("auto", verbose=False).name != "native"
     finally:
         native._lib.cache_clear(), native.backend.cache_clear()
     with pytest.raises(backends.BackendUnavailable, match="unknown backend"):
-        backends.select("cuda")
+        backends.load("cuda")
 
 
 @pytest.mark.skipif(REASONS["native"] is not None, reason=str(REASONS["native"]))
@@ -194,8 +190,7 @@ def test_native_refuses_a_stale_build(monkeypatch):
     native._lib.cache_clear(), native.backend.cache_clear()
     try:
         with pytest.raises(backends.BackendUnavailable, match="pip install -e"):
-            backends.select("native")
-        assert backends.name() == "numpy"
+            backends.load("native")
     finally:
         native._lib.cache_clear(), native.backend.cache_clear()
 
@@ -206,8 +201,7 @@ def test_numba_unavailable_without_numba(monkeypatch):
     monkeypatch.setattr(numba_ops, "_backend", None)
     monkeypatch.setattr(numba_ops, "_IMPORT_ERROR", ImportError("No module named 'numba'"), raising=False)
     with pytest.raises(backends.BackendUnavailable, match="pip install numba"):
-        backends.select("numba")
-    assert backends.name() == "numpy"
+        backends.load("numba")
 
 
 @pytest.mark.parametrize("kernel", ["layernorm_fwd", "causal_softmax_fwd"])
@@ -242,17 +236,17 @@ def test_one_pool_at_a_time_blas_threads(name):
     (numpy_ops.product): BLAS gets the backend's threads, as on numpy."""
     if not _blas_threads():
         pytest.skip("numpy here has no BLAS that threadpoolctl can see")
-    backends.select(name, threads=2, verbose=False)
+    backends.load(name, threads=2, verbose=False)
     assert all(n == (1 if name == "native" else 2) for n in _blas_threads())
-    backends.select(name, threads=1, verbose=False)
+    backends.load(name, threads=1, verbose=False)
     assert all(n == 1 for n in _blas_threads())
-    backends.select("numpy", threads=2, verbose=False)
+    backends.load("numpy", threads=2, verbose=False)
     assert all(n == 2 for n in _blas_threads())                        # native's cap lifted
 
 
 def test_numpy_threads_set_blas_threads():
     if not _blas_threads():
         pytest.skip("numpy here has no BLAS that threadpoolctl can see")
-    backends.select("numpy", threads=1, verbose=False)
+    backends.load("numpy", threads=1, verbose=False)
     assert all(n == 1 for n in _blas_threads())
     assert backends.threads() == 1

@@ -6,13 +6,14 @@ import numpy as np
 import pytest
 
 from minigpt import layers as L
-from minigpt.backends import ops
 from minigpt.model import Block, GPTConfig, PER_LAYER, Table, activation_shapes, gradient_shapes, parameter_shapes
 from minigpt.model import _carve
 from gradcheck import GRAD_TOL, check_layer, num_grad, rel_err
+from helpers import spec
 
 F64 = np.float64
 B, T, C, NH = 2, 5, 8, 2
+ops = spec()                                                    # the numpy specification: it runs float64
 
 
 def x_of(rng, *shape):
@@ -29,11 +30,11 @@ def test_linear_grad(rng, bias):
 
     def backward(dy):
         dw.fill(0), db.fill(0)
-        L.linear_backward(dx, dw, db if bias else None, dy, x, w)
+        L.linear_backward(ops, dx, dw, db if bias else None, dy, x, w)
         return {"x": dx, "w": dw, **({"b": db} if bias else {})}
 
-    names = check_layer(lambda: L.linear_forward(out, x, w, b), backward, {"x": x, "w": w, **({"b": b} if bias else {})},
-                        x_of(rng, B, T, 3 * C))
+    names = check_layer(lambda: L.linear_forward(ops, out, x, w, b), backward,
+                        {"x": x, "w": w, **({"b": b} if bias else {})}, x_of(rng, B, T, 3 * C))
     assert names == (["b", "w", "x"] if bias else ["w", "x"])
 
 
@@ -53,10 +54,10 @@ def test_linear_activation_grad(rng, bias, act):
 
     def backward(dy):
         dw.fill(0), db.fill(0)
-        backward_of(dx, dw, db if bias else None, dy, dact, x, w)
+        backward_of(ops, dx, dw, db if bias else None, dy, dact, x, w)
         return {"x": dx, "w": dw, **({"b": db} if bias else {})}
 
-    check_layer(lambda: forward(out, dact, x, w, b), backward,
+    check_layer(lambda: forward(ops, out, dact, x, w, b), backward,
                 {"x": x, "w": w, **({"b": b} if bias else {})}, x_of(rng, B, T, 3 * C))
 
 
@@ -65,14 +66,14 @@ def test_linear_gelu_is_gelu_of_linear(rng):
     out, dgelu = np.empty((B, T, 3 * C)), np.empty((B, T, 3 * C))
     z = x @ w + b
     want = 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z ** 3)))
-    np.testing.assert_allclose(L.linear_gelu_forward(out, dgelu, x, w, b), want, rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(L.linear_gelu_forward(ops, out, dgelu, x, w, b), want, rtol=1e-13, atol=1e-14)
 
 
 def test_linear_relu2_is_relu_squared(rng):
     x, w, b = x_of(rng, B, T, C), 0.5 * x_of(rng, C, 3 * C), x_of(rng, 3 * C)
     out, drelu2 = np.empty((B, T, 3 * C)), np.empty((B, T, 3 * C))
     z = x @ w + b
-    np.testing.assert_allclose(L.linear_relu2_forward(out, drelu2, x, w, b), np.maximum(z, 0) ** 2, rtol=1e-13)
+    np.testing.assert_allclose(L.linear_relu2_forward(ops, out, drelu2, x, w, b), np.maximum(z, 0) ** 2, rtol=1e-13)
 
 
 def test_qk_norm_grad(rng):
@@ -128,7 +129,7 @@ def test_embedding_grad(rng):
 
     def backward(dy):
         dwte.fill(0), dwpe.fill(0)
-        L.embedding_backward(dwte, dwpe, dy, idx)
+        L.embedding_backward(ops, dwte, dwpe, dy, idx)
         return {"wte": dwte, "wpe": dwpe}
 
     check_layer(lambda: L.embedding_forward(out, idx, wte, wpe), backward, {"wte": wte, "wpe": wpe},
@@ -139,7 +140,7 @@ def test_embedding_grad(rng):
 def test_embedding_scatter_add_matches_loop(rng):
     idx, dy = rng.integers(0, 11, (B, T)), x_of(rng, B, T, C)
     dwte, dwpe = np.zeros((11, C)), np.zeros((T, C))
-    L.embedding_backward(dwte, dwpe, dy, idx)
+    L.embedding_backward(ops, dwte, dwpe, dy, idx)
     want = np.zeros((11, C))
     for b in range(B):
         for t in range(T):
@@ -163,10 +164,10 @@ def test_layernorm_grad(rng, bias):
 
     def backward(dy):
         dw.fill(0), db.fill(0)
-        L.layernorm_backward(dx, dw, db if bias else None, dy, x, w, mean, rstd)
+        L.layernorm_backward(ops, dx, dw, db if bias else None, dy, x, w, mean, rstd)
         return {"x": dx, "w": dw, **({"b": db} if bias else {})}
 
-    check_layer(lambda: L.layernorm_forward(out, mean, rstd, x, w, b), backward,
+    check_layer(lambda: L.layernorm_forward(ops, out, mean, rstd, x, w, b), backward,
                 {"x": x, "w": w, **({"b": b} if bias else {})}, x_of(rng, B, T, C))
 
 
@@ -178,10 +179,10 @@ def test_attention_grad(rng, dropout):
     dqkv = np.empty((B, T, 3 * C))
 
     def backward(dy):
-        L.attention_backward(dqkv, dy, qkv, att, NH, drop)
+        L.attention_backward(ops, dqkv, dy, qkv, att, NH, drop)
         return {"qkv": dqkv}
 
-    check_layer(lambda: L.attention_forward(y, att, qkv, NH, drop=drop), backward, {"qkv": qkv},
+    check_layer(lambda: L.attention_forward(ops, y, att, qkv, NH, drop=drop), backward, {"qkv": qkv},
                 x_of(rng, B, T, C))
 
 
@@ -190,11 +191,11 @@ def test_attention_dropout_multiplies_v_by_the_dropped_probabilities(rng):
     probabilities without dropout."""
     qkv, drop = x_of(rng, B, T, 3 * C), (0.4, 2**63 + 11)
     y0, att0 = np.empty((B, T, C)), np.empty((B, NH, T, T))
-    L.attention_forward(y0, att0, qkv, NH)                       # without dropout
+    L.attention_forward(ops, y0, att0, qkv, NH)                       # without dropout
     y, att = np.empty((B, T, C)), np.empty((B, NH, T, T))
-    L.attention_forward(y, att, qkv, NH, drop=drop)
+    L.attention_forward(ops, y, att, qkv, NH, drop=drop)
     np.testing.assert_array_equal(att, att0)                    # att keeps the probabilities
-    mask = L.dropout(np.empty(att.shape), np.ones(att.shape), *drop)
+    mask = L.dropout(ops, np.empty(att.shape), np.ones(att.shape), *drop)
     v = L.heads(qkv, NH, 3)[2]                                  # (B, nh, T, hs)
     want = (att0 * mask) @ v                                    # (B, nh, T, hs)
     np.testing.assert_allclose(y.reshape(B, T, NH, C // NH).transpose(0, 2, 1, 3), want, rtol=1e-12, atol=1e-14)
@@ -204,11 +205,11 @@ def test_attention_dropout_multiplies_v_by_the_dropped_probabilities(rng):
 def test_attention_is_causal(rng):
     qkv = x_of(rng, B, T, 3 * C)
     y, att = np.empty((B, T, C)), np.empty((B, NH, T, T))
-    want = L.attention_forward(y, att, qkv, NH).copy()
+    want = L.attention_forward(ops, y, att, qkv, NH).copy()
     for t in range(T - 1):
         q2 = qkv.copy()
         q2[:, t + 1:] = x_of(rng, B, T - t - 1, 3 * C) * 100    # change the future
-        np.testing.assert_array_equal(L.attention_forward(y, att, q2, NH)[:, :t + 1], want[:, :t + 1])
+        np.testing.assert_array_equal(L.attention_forward(ops, y, att, q2, NH)[:, :t + 1], want[:, :t + 1])
     np.testing.assert_allclose(att.sum(-1), 1.0, rtol=1e-12)   # each query's probabilities
 
 
@@ -216,11 +217,11 @@ def test_attention_with_a_kv_cache_equals_the_full_pass(rng):
     """Positions fed one call at a time (start = positions before, keys and values kept in kv) give the
     rows of one pass over all of them."""
     qkv = x_of(rng, B, T, 3 * C)
-    full = L.attention_forward(np.empty((B, T, C)), np.empty((B, NH, T, T)), qkv, NH).copy()
+    full = L.attention_forward(ops, np.empty((B, T, C)), np.empty((B, NH, T, T)), qkv, NH).copy()
     kv = (np.zeros((B, NH, 7, C // NH)), np.zeros((B, NH, 7, C // NH)))    # room for 7 positions
-    got = [L.attention_forward(np.empty((B, 2, C)), np.empty((B, NH, 2, 7)), qkv[:, :2], NH, 0, kv)[:, :2].copy()]
+    got = [L.attention_forward(ops, np.empty((B, 2, C)), np.empty((B, NH, 2, 7)), qkv[:, :2], NH, 0, kv)[:, :2].copy()]
     for t in range(2, T):
-        got.append(L.attention_forward(np.empty((B, 1, C)), np.empty((B, NH, 1, 7)), qkv[:, t:t + 1], NH, t,
+        got.append(L.attention_forward(ops, np.empty((B, 1, C)), np.empty((B, NH, 1, 7)), qkv[:, t:t + 1], NH, t,
                                        kv).copy())
     np.testing.assert_allclose(np.concatenate(got, axis=1), full, rtol=1e-12, atol=1e-14)
 
@@ -228,12 +229,12 @@ def test_attention_with_a_kv_cache_equals_the_full_pass(rng):
 def test_dropout_is_inverted_and_fresh():
     rng = np.random.default_rng(0)
     seed = L.dropout_seed(rng)
-    a = L.dropout(np.empty((64, 64)), np.ones((64, 64)), 0.5, seed)
+    a = L.dropout(ops, np.empty((64, 64)), np.ones((64, 64)), 0.5, seed)
     assert set(np.unique(a)) == {0.0, 2.0}                      # kept units are scaled by 1/(1-p)
     assert abs(a.mean() - 1.0) < 0.05                           # the expectation is kept
-    assert not np.array_equal(a, L.dropout(np.empty((64, 64)), np.ones((64, 64)), 0.5, L.dropout_seed(rng)))
+    assert not np.array_equal(a, L.dropout(ops, np.empty((64, 64)), np.ones((64, 64)), 0.5, L.dropout_seed(rng)))
     x = np.arange(1.0, 4097.0).reshape(64, 64)                  # the same seed: the same mask, on any values
-    np.testing.assert_array_equal(L.dropout(x.copy(), x, 0.5, seed), x * a)
+    np.testing.assert_array_equal(L.dropout(ops, x.copy(), x, 0.5, seed), x * a)
 
 
 # ----------------------------------------------------------------------------
@@ -256,12 +257,12 @@ def test_block_grad(rng, bias, dropout, options):
 
     def forward():
         drng.bit_generator.state = state                        # replay the same dropout masks
-        return block.forward(x, a, drng if dropout else None)
+        return block.forward(ops, x, a, drng if dropout else None)
 
     def backward(dy):
         for g in grads.values():
             g.fill(0)
-        dx = block.backward(dy.copy(), x, a, d, dropped=dropout > 0)
+        dx = block.backward(ops, dy.copy(), x, a, d, dropped=dropout > 0)
         return {"x": dx, **grads}
 
     names = check_layer(forward, backward, {"x": x, **params}, x_of(rng, B, T, C))
@@ -274,16 +275,16 @@ def test_block_grad(rng, bias, dropout, options):
 def test_cross_entropy_grad(rng):
     logits, targets = 3 * x_of(rng, B, T, 11), rng.integers(0, 11, (B, T))
     lse, dlogits = np.empty(B * T), np.empty((B, T, 11))
-    L.crossentropy_forward(lse, logits, targets)
-    L.crossentropy_backward(dlogits, logits, targets, lse, scale=0.5)
-    num = num_grad(lambda: 0.5 * L.crossentropy_forward(lse, logits, targets), logits)
+    L.crossentropy_forward(ops, lse, logits, targets)
+    L.crossentropy_backward(ops, dlogits, logits, targets, lse, scale=0.5)
+    num = num_grad(lambda: 0.5 * L.crossentropy_forward(ops, lse, logits, targets), logits)
     err = rel_err(dlogits, num)
     assert err < GRAD_TOL, f"cross-entropy input gradient (logits): rel err {err:.2e}"
 
 
 def test_cross_entropy_is_stable_and_exact():
     logits = np.array([[[1000.0, 0.0, -1000.0], [0.0, 0.0, 0.0]]])
-    loss = L.crossentropy_forward(np.empty(2), logits, np.array([[0, 2]]))
+    loss = L.crossentropy_forward(ops, np.empty(2), logits, np.array([[0, 2]]))
     assert np.isfinite(loss)
     np.testing.assert_allclose(loss, (0.0 + math.log(3)) / 2, rtol=1e-12)
 
@@ -292,9 +293,9 @@ def test_backward_accumulates(rng):
     """Parameter gradients are added (+=), never written: two backwards give twice one."""
     x, w, dy = x_of(rng, 1, 3, C), x_of(rng, C, C), x_of(rng, 1, 3, C)
     dx, dw, db = np.empty((1, 3, C)), np.zeros((C, C)), np.zeros(C)
-    L.linear_backward(dx, dw, db, dy, x, w)
+    L.linear_backward(ops, dx, dw, db, dy, x, w)
     once, once_b = dw.copy(), db.copy()
-    L.linear_backward(dx, dw, db, dy, x, w)
+    L.linear_backward(ops, dx, dw, db, dy, x, w)
     np.testing.assert_allclose(dw, 2 * once)
     np.testing.assert_allclose(db, 2 * once_b)
 

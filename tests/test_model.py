@@ -8,13 +8,14 @@ from minigpt import backends
 from minigpt.errors import UserError
 from minigpt.model import GPT, PER_LAYER, GPTConfig, Table, activation_shapes
 from gradcheck import GRAD_TOL, num_grad, rel_err
+from helpers import spec
 
 TINY = dict(vocab_size=11, block_size=6, n_layer=2, n_head=2, n_embd=8, bias=True)
 
 
 def tiny_model(seed=0, dtype=np.float64, **kw):
     cfg = GPTConfig(**{**TINY, **kw})
-    model = GPT(cfg, np.random.default_rng(seed), dtype=dtype)
+    model = GPT(cfg, np.random.default_rng(seed), dtype=dtype, ops=spec())
     if dtype == np.float64:                                    # larger weights than GPT-2 init: every path matters
         r = np.random.default_rng(seed + 100)
         for name, p in model.params().items():
@@ -97,8 +98,8 @@ def test_gpt_zero_init_proj_zeroes_only_the_output_projections():
     """--zero_init_proj: attn and mlp c_proj start at 0 (every block the identity), the other weights keep the
     draws they have without it, and the projections still get a gradient."""
     cfg = dict(vocab_size=11, block_size=6, n_layer=2, n_head=2, n_embd=8)
-    base = GPT(GPTConfig(**cfg), np.random.default_rng(0), dtype=np.float64)
-    zero = GPT(GPTConfig(**cfg, zero_init_proj=True), np.random.default_rng(0), dtype=np.float64)
+    base = GPT(GPTConfig(**cfg), np.random.default_rng(0), dtype=np.float64, ops=spec())
+    zero = GPT(GPTConfig(**cfg, zero_init_proj=True), np.random.default_rng(0), dtype=np.float64, ops=spec())
     for k, p in zero.params().items():
         if k.endswith("c_proj.weight"):
             assert not p.any(), k
@@ -218,7 +219,7 @@ def test_gpt_tables_start_on_cache_lines():
 
 def test_gpt_init_scales():
     cfg = GPTConfig(vocab_size=65, block_size=64, n_layer=8, n_head=4, n_embd=256, bias=True)
-    p = GPT(cfg, np.random.default_rng(0)).params()
+    p = GPT(cfg, np.random.default_rng(0), ops=spec()).params()
     assert abs(p["h.0.attn.c_attn.weight"].std() - 0.02) < 0.001
     assert abs(p["h.0.mlp.c_proj.weight"].std() - 0.02 / math.sqrt(16)) < 0.0005
     assert abs(p["wte.weight"].std() - 0.02) < 0.001 and p["wte.weight"].dtype == np.float32
@@ -238,7 +239,7 @@ def test_gpt_is_causal():
 
 def test_gpt_init_loss_is_log_vocab():
     cfg = GPTConfig(vocab_size=65, block_size=32, n_layer=2, n_head=4, n_embd=64)
-    model = GPT(cfg, np.random.default_rng(0))
+    model = GPT(cfg, np.random.default_rng(0), ops=spec())
     x, y = batch(np.random.default_rng(0), B=4, T=32, V=65)
     _, loss = model.forward(x, y)
     assert abs(loss - math.log(65)) < 0.1
@@ -246,7 +247,7 @@ def test_gpt_init_loss_is_log_vocab():
 
 def test_gpt_overfits_one_batch():
     cfg = GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=2, n_embd=32)
-    model = GPT(cfg, np.random.default_rng(0))
+    model = GPT(cfg, np.random.default_rng(0), ops=spec())
     x, y = batch(np.random.default_rng(4), B=4, T=16)
     m = {k: np.zeros_like(v) for k, v in model.params().items()}
     v2 = {k: np.zeros_like(v) for k, v in model.params().items()}
@@ -309,8 +310,7 @@ def test_gpt_backends_match_numpy_float32(backend):
     cfg = GPTConfig(vocab_size=29, block_size=16, n_layer=2, n_head=2, n_embd=32, dropout=0.1)
     out = {}
     for name in ("numpy", backend):
-        backends.select(name, verbose=False)
-        model = GPT(cfg, np.random.default_rng(0))
+        model = GPT(cfg, np.random.default_rng(0), ops=backends.load(name, verbose=False))
         r = np.random.default_rng(2)
         for p in model.params().values():                      # non-zero biases, uneven LayerNorm gains
             p += (0.1 * r.standard_normal(p.shape)).astype(np.float32)
@@ -337,10 +337,10 @@ def test_training_step_allocates_nothing_large(backend):
     (32 KB), so the activation here is 128 KB to tell those from arrays that grow with the batch."""
     import tracemalloc
     from minigpt.optim import AdamW, clip_grad_norm
-    backends.select(backend, verbose=False)
     B, T, C, V = 8, 64, 64, 65
-    model = GPT(GPTConfig(vocab_size=V, block_size=T, n_layer=2, n_head=2, n_embd=C), np.random.default_rng(0))
-    opt = AdamW(model.params())
+    model = GPT(GPTConfig(vocab_size=V, block_size=T, n_layer=2, n_head=2, n_embd=C), np.random.default_rng(0),
+                ops=backends.load(backend, verbose=False))
+    opt = AdamW(model.params(), ops=model.ops)
     x, y = batch(np.random.default_rng(1), B=B, T=T, V=V)
 
     def forward():

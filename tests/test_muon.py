@@ -11,7 +11,7 @@ from minigpt.backends.numpy_ops import round_bf16
 from minigpt.data import CharTokenizer, Dataset
 from minigpt.model import GPT, GPTConfig
 from minigpt.optim import AdamW, Muon, clip_grad_norm, get_lr, muon_params, newton_schulz
-from helpers import write_text
+from helpers import spec, write_text
 
 SHAPES = [(5, 3), (3, 7), (17, 64), (64, 17), (1, 40), (40, 1), (32, 32)]
 ABC = (3.4445, -4.7750, 2.0315)   # the quintic's coefficients, written out (not optim.NS_COEFFS): a typo there fails
@@ -38,7 +38,7 @@ def frob_err(a, b):
 @pytest.mark.parametrize("shape", SHAPES)
 def test_newton_schulz_matches_float64_reference(shape):
     G = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
-    X = newton_schulz(G)
+    X = newton_schulz(spec(), G)
     assert X.shape == shape and X.dtype == np.float32
     assert frob_err(X, ns_reference(G)) < 2e-5                         # float32 rounding, amplified <= a^5
 
@@ -49,10 +49,10 @@ def test_newton_schulz_of_a_stack_on_the_fast_backends(use, backend):
     from minigpt import backends
     if backend not in backends.available():
         pytest.skip(f"{backend}: {backends.why_unavailable(backend)}")
-    use(backend)
+    ops = use(backend)
     for shape in ((3, 17, 40), (2, 40, 17), (4, 33, 33)):
         G = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
-        X = newton_schulz(G)
+        X = newton_schulz(ops, G)
         assert X.shape == shape
         for g, x in zip(G, X):
             assert frob_err(x, ns_reference(g)) < 2e-5
@@ -65,7 +65,7 @@ def test_newton_schulz_keeps_singular_vectors_and_bounds_values(shape):
     G = np.random.default_rng(7 + sum(shape)).standard_normal(shape)
     U, s, Vt = np.linalg.svd(G, full_matrices=False)                  # (m, k), (k,), (k, n)
     assert s.min() / np.linalg.norm(G) >= 0.002                        # well-conditioned enough for the band
-    X = newton_schulz(G.astype(np.float32)).astype(np.float64)
+    X = newton_schulz(spec(), G.astype(np.float32)).astype(np.float64)
     D = U.T @ X @ Vt.T                                                 # (k, k): diagonal iff same vectors
     off = D - np.diag(np.diag(D))
     assert np.abs(off).max() < 1e-4, np.abs(off).max()
@@ -105,20 +105,20 @@ def test_newton_schulz_in_bf16_matches_its_emulation(use, backend):
     from minigpt import backends
     if backend not in backends.available():
         pytest.skip(f"{backend}: {backends.why_unavailable(backend)}")
-    use(backend)
+    ops = use(backend)
     for shape in ((5, 3), (3, 7), (17, 64), (64, 17), (1, 40), (32, 32), (3, 17, 40)):
         G = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
-        X = newton_schulz(G, steps=1, bf16=True)
+        X = newton_schulz(ops, G, steps=1, bf16=True)
         assert X.shape == shape and X.dtype == np.float32
         for g, x, x32 in zip(G.reshape(-1, *shape[-2:]), X.reshape(-1, *shape[-2:]),
-                             newton_schulz(G, steps=1).reshape(-1, *shape[-2:])):
+                             newton_schulz(ops, G, steps=1).reshape(-1, *shape[-2:])):
             want = ns_reference_bf16(g, steps=1)
             assert frob_err(x, want) < 2e-5, (shape, frob_err(x, want))
             assert frob_err(x32, want) > 2e-5, shape                   # the test can tell bf16 from float32
 
 
 def test_newton_schulz_of_zero_is_zero():
-    assert not newton_schulz(np.zeros((4, 6), np.float32)).any()      # the +1e-7 keeps a zero gradient finite
+    assert not newton_schulz(spec(), np.zeros((4, 6), np.float32)).any()      # the +1e-7 keeps a zero gradient finite
 
 
 # ----------------------------------------------------------------------------
@@ -127,7 +127,7 @@ def test_newton_schulz_of_zero_is_zero():
 def tiny_gpt(seed=0):
     """Every kind of parameter: biases, LayerNorms, both embeddings and an untied LM head."""
     cfg = GPTConfig(vocab_size=13, block_size=8, n_layer=2, n_head=2, n_embd=16, bias=True, tie_weights=False)
-    return GPT(cfg, np.random.default_rng(seed))
+    return GPT(cfg, np.random.default_rng(seed), ops=spec())
 
 
 def random_grads(model, seed):
@@ -141,7 +141,7 @@ def test_muon_params_are_the_block_matrices():
     params = tiny_gpt().params()
     want = {f"h.{i}.{m}.weight" for i in range(2) for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")}
     assert muon_params(params) == want
-    opt = Muon(params)
+    opt = Muon(params, ops=spec())
     assert set(opt.momentum_buf) == want and set(opt.m) == set(opt.v) == set(params) - want
     assert opt.decay == {"wte.weight", "wpe.weight", "lm_head.weight"}
 
@@ -162,7 +162,7 @@ def muon_reference(p, bufs, g, lr, name, ratio, mu, wd):
 
 def test_muon_step_matches_float64_reference_and_adamw():
     model, twin = tiny_gpt(), tiny_gpt()                               # twin: the same params, stepped by AdamW
-    kw = dict(betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
+    kw = dict(betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, ops=spec())
     opt = Muon(model.params(), lr_ratio=25.0, momentum=0.95, muon_weight_decay=0.5, **kw)
     adam = AdamW(twin.params(), **kw)
     names = muon_params(model.params())
@@ -190,7 +190,8 @@ def test_muon_step_matches_float64_reference_and_adamw():
 def test_muon_momentum_warmup_matches_float64_reference():
     """--muon_momentum_warmup 3: momentum 0.85, 0.90, then 0.95 from step 3 on, in the buffer and the update."""
     model = tiny_gpt()
-    opt = Muon(model.params(), lr_ratio=20.0, momentum=0.95, muon_weight_decay=0.1, momentum_warmup=3)
+    opt = Muon(model.params(), lr_ratio=20.0, momentum=0.95, muon_weight_decay=0.1, momentum_warmup=3,
+               ops=model.ops)
     names = muon_params(model.params())
     ref = {k: model.params()[k].astype(np.float64) for k in names}
     bufs = {k: np.zeros_like(ref[k]) for k in names}
@@ -209,8 +210,9 @@ def test_muon_momentum_warmup_matches_float64_reference():
 def test_embed_lr_ratio_scales_only_the_embeddings_adamw_lr(opt_class):
     """--embed_lr_ratio 4: wte and wpe take AdamW steps at 4 x lr; every other parameter's step is unchanged."""
     model, twin = tiny_gpt(), tiny_gpt()
-    opt, plain = opt_class(model.params()).scale_lr(("wte.weight", "wpe.weight"), 4.0), opt_class(twin.params())
-    emb = AdamW({k: twin.params()[k].copy() for k in ("wte.weight", "wpe.weight")})
+    opt = opt_class(model.params(), ops=model.ops).scale_lr(("wte.weight", "wpe.weight"), 4.0)
+    plain = opt_class(twin.params(), ops=twin.ops)
+    emb = AdamW({k: twin.params()[k].copy() for k in ("wte.weight", "wpe.weight")}, ops=twin.ops)
     emb_params = {k: model.params()[k].copy() for k in emb.m}
     for step in range(3):
         random_grads(model, seed=step)
@@ -231,7 +233,7 @@ def test_muon_of_a_bf16_run_orthogonalises_in_bf16(dtype):
     Newton-Schulz step, as in test_newton_schulz_in_bf16_matches_its_emulation (which says why)."""
     from minigpt.config import TrainConfig
     from minigpt.train import make_optimizer
-    model = GPT(tiny_gpt().config, np.random.default_rng(0), bf16=dtype == "bf16")
+    model = GPT(tiny_gpt().config, np.random.default_rng(0), bf16=dtype == "bf16", ops=spec())
     opt = make_optimizer(TrainConfig(optimizer="muon", dtype=dtype, muon_lr_ratio=20.0, weight_decay=0.1), model)
     opt.ns_steps = 1
     grads = random_grads(model, seed=3)
@@ -248,7 +250,7 @@ def test_muon_of_a_bf16_run_orthogonalises_in_bf16(dtype):
 
 def test_muon_without_nesterov_uses_the_buffer():
     model = tiny_gpt()
-    opt = Muon(model.params(), lr_ratio=20.0, nesterov=False, muon_weight_decay=0.0)
+    opt = Muon(model.params(), lr_ratio=20.0, nesterov=False, muon_weight_decay=0.0, ops=model.ops)
     k = "h.1.mlp.c_fc.weight"
     p0 = model.params()[k].copy()
     g0 = random_grads(model, 0)[k].copy()
@@ -267,7 +269,7 @@ def test_muon_without_nesterov_uses_the_buffer():
 
 def test_muon_state_round_trips_through_a_checkpoint(tmp_path):
     model = tiny_gpt()
-    opt = Muon(model.params())
+    opt = Muon(model.params(), ops=model.ops)
     for s in range(3):
         opt.step(model.params(), random_grads(model, s), 1e-3)
     path = str(tmp_path / "c.npz")
@@ -276,7 +278,7 @@ def test_muon_state_round_trips_through_a_checkpoint(tmp_path):
     assert state["name"] == "muon" and set(state["slots"]) == {"momentum", "m", "v"}
     resumed = tiny_gpt(seed=1)
     checkpoint.load_params(resumed, params)
-    opt2 = Muon(resumed.params())
+    opt2 = Muon(resumed.params(), ops=resumed.ops)
     opt2.load_state(state["t"], state["slots"], state["name"])
     assert opt2.t == 3
     opt.step(model.params(), random_grads(model, 9), 1e-3)             # the next step is the same in both
@@ -287,14 +289,14 @@ def test_muon_state_round_trips_through_a_checkpoint(tmp_path):
 
 def test_muon_load_state_refuses_other_state():
     model = tiny_gpt()
-    opt = Muon(model.params())
-    adam = AdamW(model.params())
+    opt = Muon(model.params(), ops=model.ops)
+    adam = AdamW(model.params(), ops=model.ops)
     with pytest.raises(ValueError, match="the optimizer state is adamw's, not muon's"):
         opt.load_state(*adam.state(), "adamw")
     with pytest.raises(ValueError, match=r"state holds \['m', 'v'\], not muon's \['m', 'momentum', 'v'\]"):
         opt.load_state(*adam.state())                                  # AdamW's slots, unnamed
     small = Muon(GPT(GPTConfig(vocab_size=13, block_size=8, n_layer=2, n_head=2, n_embd=8, bias=True,
-                               tie_weights=False), np.random.default_rng(0)).params())
+                               tie_weights=False), np.random.default_rng(0), ops=spec()).params(), ops=spec())
     with pytest.raises(ValueError, match=r"momentum\[.*\] has shape"):
         opt.load_state(*small.state())
     slots = {k: dict(v) for k, v in opt.slots.items()}
@@ -311,8 +313,8 @@ def test_muon_training_loss_falls(tmp_path):
     tok = CharTokenizer.from_text(text)
     data = Dataset(text, tok, 16)
     model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=False),
-                np.random.default_rng(0))
-    opt = Muon(model.params())
+                np.random.default_rng(0), ops=spec())
+    opt = Muon(model.params(), ops=model.ops)
     rng = np.random.default_rng(1)
     losses = []
     for it in range(30):

@@ -22,13 +22,13 @@ PATHS = list(native.ISAS[:native._lib().mgk_cpu_isa() + 1]) if REASON is None el
 
 @pytest.fixture(params=PATHS)
 def path(request):
-    """Select native and force the ISA path request.param for the test; the path in use is restored after."""
+    """Load native and force the ISA path request.param for the test; the path in use is restored after."""
     lib = native._lib()
     saved = lib.mgk_isa()
-    backends.select("native", verbose=False)
+    ops = backends.load("native", verbose=False)
     assert lib.mgk_set_isa(native.ISAS.index(request.param)) == 0
     assert native.isa() == request.param
-    yield backends.current()
+    yield ops
     lib.mgk_set_isa(saved)
 
 
@@ -173,13 +173,12 @@ def test_fused_attention_dropout_keeps_subnormal_probabilities_every_path(path, 
     mask = np.ones((B, nh, T, T), np.float32)
     kept = path.dropout(mask, *drop, out=mask)[:, :, 2, 2] > 0
     assert kept.any() and not kept.all()                          # the seed keeps some items' and drops others'
-    res = []
-    composed = (lambda *a: backends.Ops.attention(path, *a), lambda *a: backends.Ops.attention_backward(path, *a))
-    for fwd, bwd in ((path.attention, path.attention_backward), composed):
+    res, ops = [], path.with_bf16(bf16)
+    composed = (lambda *a: backends.Ops.attention(ops, *a), lambda *a: backends.Ops.attention_backward(ops, *a))
+    for fwd, bwd in ((ops.attention, ops.attention_backward), composed):
         att, y, dq, dk, dv = np.zeros((B, nh, T, T), np.float32), *np.zeros((4, B, nh, T, hs), np.float32)
-        with backends.bf16_products(bf16):
-            fwd(q, k, v, att, y, scale, 0, drop)
-            bwd(q, k, v, att, dy, dq, dk, dv, scale, drop)
+        fwd(q, k, v, att, y, scale, 0, drop)
+        bwd(q, k, v, att, dy, dq, dk, dv, scale, drop)
         res.append((att, y, dq, dk, dv))
     for name, got, want in zip(("att", "y", "dq", "dk", "dv"), *res):
         np.testing.assert_array_equal(got, want, err_msg=name)
@@ -193,10 +192,10 @@ def test_gpt_step_every_path_matches_numpy():
     x, y = rng.integers(0, 29, (3, 16)), rng.integers(0, 29, (3, 16))
 
     def step(name, isa=None):
-        backends.select(name, verbose=False)
+        ops = backends.load(name, verbose=False)
         if isa is not None:
             assert native._lib().mgk_set_isa(native.ISAS.index(isa)) == 0
-        model = GPT(cfg, np.random.default_rng(0))
+        model = GPT(cfg, np.random.default_rng(0), ops=ops)
         model.zero_grad()
         loss = model.forward(x, y)[1]
         model.backward()
@@ -222,14 +221,14 @@ def test_a_forked_child_runs_products_while_a_parent_thread_is_in_one():
     import signal
     import threading
     import time
-    backends.select("native", verbose=False)
+    ops = backends.load("native", verbose=False)
     big = np.ones((1024, 1024), np.float32)
     a = np.random.default_rng(0).standard_normal((64, 48)).astype(np.float32)
     done, started = threading.Event(), threading.Event()
 
     def products():
         while not done.is_set():
-            backends.ops.matmul(big, big)
+            ops.matmul(big, big)
             started.set()
     worker = threading.Thread(target=products)
     worker.start()
@@ -237,7 +236,7 @@ def test_a_forked_child_runs_products_while_a_parent_thread_is_in_one():
         started.wait(30)
         pid = os.fork()
         if pid == 0:                                      # the child: one product, then out (no pytest teardown)
-            ok = np.allclose(backends.ops.matmul(a, a.T), a.astype(np.float64) @ a.T, atol=1e-3)
+            ok = np.allclose(ops.matmul(a, a.T), a.astype(np.float64) @ a.T, atol=1e-3)
             os._exit(0 if ok else 1)
         t0 = time.time()
         while (status := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.time() - t0 < 10:

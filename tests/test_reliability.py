@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from minigpt import checkpoint, outdir
-from helpers import write_text
+from helpers import spec, write_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--max_iters=4",
@@ -405,8 +405,9 @@ def test_save_retries_a_temporary_removed_before_it_was_locked(tmp_path, monkeyp
             assert outdir.remove_stale(str(tmp_path)) == [(os.path.basename(path), 0)]
         return fd, path
     monkeypatch.setattr(tempfile, "mkstemp", racing_mkstemp)
-    model = GPT(GPTConfig(vocab_size=11, block_size=4, n_layer=1, n_head=1, n_embd=8), np.random.default_rng(0))
-    checkpoint.save(str(tmp_path / "ckpt.npz"), model, AdamW(model.params()), {"iter": 0})
+    model = GPT(GPTConfig(vocab_size=11, block_size=4, n_layer=1, n_head=1, n_embd=8), np.random.default_rng(0),
+                ops=spec())
+    checkpoint.save(str(tmp_path / "ckpt.npz"), model, AdamW(model.params(), ops=model.ops), {"iter": 0})
     assert len(made) == 2 and sorted(os.listdir(tmp_path)) == ["ckpt.npz"]
     assert checkpoint.load(str(tmp_path / "ckpt.npz"))[0]["iter"] == 0
 

@@ -15,7 +15,7 @@ from dataclasses import fields
 import numpy as np
 import pytest
 
-from helpers import tiny_cfg, write_text
+from helpers import spec, tiny_cfg, write_text
 from minigpt import checkpoint, lens, report_page
 from minigpt.model import GPT, GPTConfig
 from minigpt.report import ReportConfig, write_report
@@ -29,7 +29,7 @@ CFG = GPTConfig(vocab_size=13, block_size=12, n_layer=2, n_head=2, n_embd=16, bi
 
 
 def model_and_ids(seed=0, T=9):
-    m = GPT(CFG, np.random.default_rng(seed), dtype=np.float64)
+    m = GPT(CFG, np.random.default_rng(seed), dtype=np.float64, ops=spec())
     r = np.random.default_rng(seed + 1)
     for p in m.params().values():                                       # sharper attention than at init
         p += 0.3 * r.standard_normal(p.shape)
@@ -207,7 +207,8 @@ def test_next_token_reads_what_the_sampler_reads_and_the_worst_tokens_what_the_m
     assert "sections 2-5 show the prompt&#x27;s last 6 tokens (the maps draw at most 6); section 6 reads the last " \
            f"{bs}, as the sampler does" in page
     val = text[int(len(text) * 0.9):][:2000]                              # the report's first val_chars of val
-    losses = lens.token_losses(R.load_model(str(out / "ckpt_best.npz"))[0], [vocab.index(c) for c in val], bs)
+    losses = lens.token_losses(R.load_model(str(out / "ckpt_best.npz"), ops=spec())[0], [vocab.index(c) for c in val],
+                               bs)
     want = [shown(val[max(k - 15, k - k % bs):k + 1]) for k in np.argsort(-losses, kind="stable")[:20]]
     wrong = html.unescape(re.search(r'<section id="sec-wrong".*?</section>', page, re.S).group(0))
     assert re.findall(r"<li><code>(.*?)</code>", wrong, re.S) == want

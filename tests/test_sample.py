@@ -13,12 +13,13 @@ from minigpt.data import CharTokenizer
 from minigpt.model import GPT, GPTConfig
 from minigpt.optim import AdamW
 from minigpt.sample import Decoder, generate, sample_next
+from helpers import spec
 
 CFG = GPTConfig(vocab_size=13, block_size=8, n_layer=2, n_head=2, n_embd=16)
 
 
-def model_f32(seed=0, block=CFG.block_size):
-    m = GPT(replace(CFG, block_size=block), np.random.default_rng(seed))
+def model_f32(seed=0, block=CFG.block_size, ops=None):
+    m = GPT(replace(CFG, block_size=block), np.random.default_rng(seed), ops=ops or spec())
     r = np.random.default_rng(seed + 1)
     for p in m.params().values():                      # sharper distributions than GPT-2 init
         p += (0.2 * r.standard_normal(p.shape)).astype(p.dtype)
@@ -82,8 +83,7 @@ def test_kv_cache_logits_match_full_recompute_at_every_step(block, prompt, backe
     # past block_size every step re-prefills the last block_size tokens: covered by the 3 * block steps
     if backend not in backends.available():
         pytest.skip(f"{backend} backend not available here")
-    backends.select(backend, verbose=False)
-    m = model_f32(block=block)
+    m = model_f32(block=block, ops=backends.load(backend, verbose=False))
     rng = np.random.default_rng(3)
     idx = rng.integers(0, 13, (2, prompt))
     full, cached = Decoder(m, idx, use_cache=False), Decoder(m, idx, use_cache=True)
@@ -103,7 +103,7 @@ def test_kv_cache_samples_the_same_tokens(kw):
 
 
 def test_kv_cache_float64_is_exact_to_rounding():
-    m = GPT(CFG, np.random.default_rng(0), dtype=np.float64).eval()
+    m = GPT(CFG, np.random.default_rng(0), dtype=np.float64, ops=spec()).eval()
     idx = np.array([[4, 5, 6, 7]])
     full, cached = Decoder(m, idx, False), Decoder(m, idx, True)
     for t in range(12):
@@ -137,10 +137,11 @@ def test_sample_command_help_lists_every_setting():
 
 
 def test_sample_command_streams_batched_samples(tmp_path):
-    model = GPT(CFG, np.random.default_rng(0))
+    model = GPT(CFG, np.random.default_rng(0), ops=spec())
     tok = CharTokenizer(list("abcdefghijkl\n"))
     path = str(tmp_path / "c.npz")
-    checkpoint.save(path, model, AdamW(model.params()), {"tokenizer": tok.to_json(), "model_config": CFG.to_dict()})
+    checkpoint.save(path, model, AdamW(model.params(), ops=model.ops),
+                    {"tokenizer": tok.to_json(), "model_config": CFG.to_dict()})
     cmd = [sys.executable, "-m", "minigpt.sample", "--ckpt", path, "--prompt", "abc", "--num_samples", "3",
            "--max_new_tokens", "12", "--seed", "4", "--backend", "numpy"]
     r1 = subprocess.run(cmd, capture_output=True, text=True, timeout=60)

@@ -13,6 +13,7 @@ SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, SCRIPTS)                          # torch_twin.py is a script-side module, not part of the package
 
 from minigpt.model import GPT, GPTConfig            # noqa: E402
+from helpers import spec                            # noqa: E402
 from torch_twin import TorchGPT                     # noqa: E402
 
 
@@ -20,7 +21,7 @@ from torch_twin import TorchGPT                     # noqa: E402
 @pytest.mark.parametrize("bias", [True, False])
 def test_gpt_matches_pytorch_float64(tie, bias):
     cfg = GPTConfig(vocab_size=29, block_size=12, n_layer=3, n_head=4, n_embd=16, bias=bias, tie_weights=tie)
-    model = GPT(cfg, np.random.default_rng(0), dtype=np.float64)
+    model = GPT(cfg, np.random.default_rng(0), dtype=np.float64, ops=spec())
     r = np.random.default_rng(1)
     for p in model.params().values():
         p += 0.1 * r.standard_normal(p.shape)
@@ -40,14 +41,14 @@ def test_gpt_matches_pytorch_float64(tie, bias):
 def test_adamw_and_clipping_match_pytorch():
     from minigpt.optim import AdamW, clip_grad_norm
     cfg = GPTConfig(vocab_size=13, block_size=8, n_layer=2, n_head=2, n_embd=8, bias=True)
-    model = GPT(cfg, np.random.default_rng(0), dtype=np.float64)
+    model = GPT(cfg, np.random.default_rng(0), dtype=np.float64, ops=spec())
     tm = TorchGPT.from_minigpt(model, torch.float64)
     names = tm.minigpt_names()
     decay = [p for k, (p, _) in names.items() if p.dim() >= 2]
     no_decay = [p for k, (p, _) in names.items() if p.dim() < 2]
     topt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                              lr=1e-2, betas=(0.9, 0.99), eps=1e-8)
-    opt = AdamW(model.params(), betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
+    opt = AdamW(model.params(), betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, ops=model.ops)
     r = np.random.default_rng(2)
     for step in range(5):
         x, y = r.integers(0, 13, (2, 8)), r.integers(0, 13, (2, 8))

@@ -18,7 +18,7 @@ from minigpt.model import GPT, GPTConfig
 from minigpt.optim import AdamW, clip_grad_norm, get_lr
 from minigpt.outdir import OutDir
 from minigpt.train import train, whole_split_loss
-from helpers import TINY_TRAIN, tiny_cfg, write_text
+from helpers import TINY_TRAIN, spec, tiny_cfg, write_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,7 +56,7 @@ def test_tokenizer_round_trip_and_batches(tmp_path):
 def test_adamw_matches_hand_computed_step():
     p = {"w": np.array([[1.0, -2.0]]), "b": np.array([0.5])}
     g = {"w": np.array([[0.1, 0.3]]), "b": np.array([-0.2])}
-    opt = AdamW(p, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
+    opt = AdamW(p, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, ops=spec())
     opt.step(p, g, lr=0.01)
     # step 1: m = 0.1 g, v = 0.01 g^2, m_hat = g, v_hat = g^2 -> update = lr * g / (|g| + eps)
     w_want = np.array([[1.0, -2.0]]) * (1 - 0.01 * 0.1) - 0.01 * np.array([0.1, 0.3]) / (np.array([0.1, 0.3]) + 1e-8)
@@ -76,7 +76,7 @@ def test_adamw_matches_the_textbook_over_steps_with_changing_gradients():
     want = {k: v.copy() for k, v in p.items()}
     m = {k: np.zeros_like(v) for k, v in p.items()}
     v2 = {k: np.zeros_like(v) for k, v in p.items()}
-    opt = AdamW(p, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.3)
+    opt = AdamW(p, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.3, ops=spec())
     for t, lr in enumerate((0.01, 0.03, 0.002), start=1):
         g = {k: rng.standard_normal(x.shape) * 10.0 ** rng.integers(-3, 2, x.shape) for k, x in p.items()}
         opt.step(p, g, lr=lr)
@@ -90,8 +90,9 @@ def test_adamw_matches_the_textbook_over_steps_with_changing_gradients():
 
 
 def test_weight_decay_only_on_matrices_and_embeddings():
-    model = GPT(GPTConfig(vocab_size=11, block_size=4, n_layer=1, n_head=1, n_embd=4), np.random.default_rng(0))
-    decay = AdamW(model.params()).decay
+    model = GPT(GPTConfig(vocab_size=11, block_size=4, n_layer=1, n_head=1, n_embd=4), np.random.default_rng(0),
+                ops=spec())
+    decay = AdamW(model.params(), ops=model.ops).decay
     assert {"wte.weight", "wpe.weight", "h.0.attn.c_attn.weight"} <= decay
     assert not any(k.endswith(".bias") or ".ln_" in k or k.startswith("ln_f") for k in decay)
 
@@ -133,9 +134,9 @@ def test_gradient_accumulation_equals_full_batch():
     cfg = GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=8)
     rng = np.random.default_rng(0)
     x, y = rng.integers(0, 11, (6, 8)), rng.integers(0, 11, (6, 8))
-    full = GPT(cfg, np.random.default_rng(1), dtype=np.float64)
+    full = GPT(cfg, np.random.default_rng(1), dtype=np.float64, ops=spec())
     full.zero_grad(); full.forward(x, y); full.backward()
-    acc = GPT(cfg, np.random.default_rng(1), dtype=np.float64)
+    acc = GPT(cfg, np.random.default_rng(1), dtype=np.float64, ops=spec())
     acc.zero_grad()
     for k in range(3):                                                  # 3 micro-batches of 2
         acc.forward(x[2 * k:2 * k + 2], y[2 * k:2 * k + 2])
@@ -147,7 +148,7 @@ def test_gradient_accumulation_equals_full_batch():
 def test_whole_split_loss_counts_every_target_once(rng):
     """Against a float64 reference that scores each target with the context of its block, tail included."""
     cfg = GPTConfig(vocab_size=7, block_size=5, n_layer=1, n_head=1, n_embd=8)
-    model = GPT(cfg, rng, dtype=np.float64)
+    model = GPT(cfg, rng, dtype=np.float64, ops=spec())
     ids = rng.integers(0, 7, 23).astype(np.uint16)             # 22 targets: 4 blocks of 5 and a tail of 2
     nll = []
     for s in range(0, 22, 5):
@@ -199,12 +200,12 @@ def test_train_steps_equal_a_hand_replay(tmp_path, optimizer):
     text = load_text(cfg.data)
     tok = CharTokenizer.from_text(text)
     data = Dataset(text, tok, cfg.block_size)
-    model = GPT(cfg.model_config(tok.vocab_size), np.random.default_rng([cfg.seed, 0]))
+    model = GPT(cfg.model_config(tok.vocab_size), np.random.default_rng([cfg.seed, 0]), ops=spec())   # cfg's
     if optimizer == "muon":
         opt = Muon(model.params(), lr_ratio=7.0, betas=(0.8, 0.95), weight_decay=0.3, muon_weight_decay=0.3,
-                   momentum_warmup=2)
+                   momentum_warmup=2, ops=model.ops)
     else:
-        opt = AdamW(model.params(), (0.8, 0.95), weight_decay=0.3)
+        opt = AdamW(model.params(), (0.8, 0.95), weight_decay=0.3, ops=model.ops)
     opt.scale_lr(("wte.weight", "wpe.weight"), 2.0)
     batches = np.random.default_rng([cfg.seed, 1])
     for it, row in enumerate(rows):
@@ -226,8 +227,9 @@ def test_train_steps_equal_a_hand_replay(tmp_path, optimizer):
 
 
 def test_checkpoint_round_trip_restores_every_array(tmp_path):
-    model = GPT(GPTConfig(vocab_size=11, block_size=4, n_layer=1, n_head=1, n_embd=4), np.random.default_rng(0))
-    opt = AdamW(model.params())
+    model = GPT(GPTConfig(vocab_size=11, block_size=4, n_layer=1, n_head=1, n_embd=4), np.random.default_rng(0),
+                ops=spec())
+    opt = AdamW(model.params(), ops=model.ops)
     for k, g in model.grads().items():
         g[...] = np.random.default_rng(1).standard_normal(g.shape)
     opt.step(model.params(), model.grads(), 1e-3)
@@ -418,7 +420,7 @@ def test_train_shakespeare_script_smoke(tmp_path):
                         cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert ev.returncode == 0, ev.stderr
     from minigpt.sample import load_model                               # the script reports the loop's measure
-    model, tok = load_model(str(out / "ckpt_last.npz"))
+    model, tok = load_model(str(out / "ckpt_last.npz"), ops=spec())
     ids = Dataset(data.read_text(), tok, 16).splits["val"]
     assert f"val  : whole split {whole_split_loss(model, ids, 16, 4):.4f}" in ev.stdout
     short = subprocess.run([sys.executable, "scripts/eval_checkpoint.py", "--ckpt", str(out / "ckpt_last.npz"),
@@ -447,7 +449,7 @@ def test_default_run_writes_only_into_out_dir(tmp_path):
 def test_the_package_never_imports_torch():
     """PyTorch is not a dependency: the twin lives in scripts/, and no module of the package imports it."""
     code = ("import sys, minigpt.model, minigpt.train, minigpt.sample, minigpt.checkpoint, minigpt.backends; "
-            "from minigpt import backends; backends.select('auto', verbose=False); "
+            "from minigpt import backends; backends.load('auto', verbose=False); "
             "assert 'torch' not in sys.modules, 'torch was imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -495,7 +497,7 @@ def test_bpe_run_saves_its_tokenizer_and_samples(tmp_path):
     cfg = tiny_cfg(tmp_path, tokenizer="bpe", vocab_size=300, max_iters=8)
     res = train(cfg)
     assert isinstance(res["tokenizer"], BPETokenizer) and res["tokenizer"].vocab_size == 300
-    model, tok = load_model(str(tmp_path / "out" / "ckpt_last.npz"))
+    model, tok = load_model(str(tmp_path / "out" / "ckpt_last.npz"), ops=spec())
     assert isinstance(tok, BPETokenizer) and model.config.vocab_size == 300
     final = [r for r in read_log(res["log"]) if r["kind"] == "eval"][-1]
     val_text = open(cfg.data, encoding="utf-8").read()[int(0.9 * len(open(cfg.data, encoding="utf-8").read())):]

@@ -1,13 +1,15 @@
-"""The backends: the one place that chooses who runs the ops a training step needs (declared in interface.py).
+"""The backends: who runs the ops a training step needs (declared in interface.py), and the choice of one.
 
-Every layer calls `ops.<op>(...)` (ops forwards to the selected backend) and never asks which backend it is:
+A backend is an Ops object that its holder calls, never a setting looked up behind a call: the model holds the
+one it runs on (GPT.ops) and hands it to every layer, and the optimizer holds the same one.
   numpy  - numpy_ops.py: the executable specification in plain NumPy; float32 and float64 (gradient tests)
   numba  - numba_ops.py: fused numba kernels (numba_kernels.py), and the specification's products (BLAS); float32
   native - native.py: every op in the C library native/ (AMX, AVX512_BF16, AVX-512, AVX2+FMA or portable C, chosen
            at run time), through ctypes; float32
-interface.py declares every op with its shapes (Ops) and checks their arguments for all three. This file chooses:
-an explicitly requested backend that cannot run (or cannot run the model's dtype) raises BackendUnavailable;
-only "auto" chooses, and it says what it chose. It also owns every thread count (set_threads).
+interface.py declares every op with its shapes (Ops) and checks their arguments for all three. This file chooses
+(load): an explicitly requested backend that cannot run (or cannot run the model's dtype) raises
+BackendUnavailable; only "auto" chooses, and it says what it chose. The thread pools are the process's, so this
+file owns every thread count: load sets them for the backend it returns.
 """
 import importlib
 import os
@@ -15,7 +17,7 @@ import sys
 
 import numpy as np
 
-from .interface import Ops, bf16_products  # noqa: F401  (the interface, as backends.Ops and backends.bf16_products)
+from .interface import Ops  # noqa: F401  (the interface, as backends.Ops)
 
 BACKENDS = ("numpy", "numba", "native")
 # fastest first (reports/benchmarks.md): native's C, else numba's kernels, else the plain NumPy specification
@@ -27,13 +29,8 @@ class BackendUnavailable(RuntimeError):
 
 
 # ----------------------------------------------------------------------------
-# selection: the one place that chooses a backend and sets thread counts
+# choosing a backend
 
-_current = None
-_auto = False             # _current was chosen by "auto": ensure() may choose again for another dtype
-_auto_for = None          # ... for this dtype (None: for any, or chosen by name)
-_threads = 0              # 0: every CPU this process may run on
-_blas_cap = None          # threadpoolctl limiter, active while native threads own the cores
 _MODULES = {"numpy": ("numpy_ops", "NumpyOps"), "numba": ("numba_ops", "NumbaOps"), "native": ("native", "NativeOps")}
 
 
@@ -48,7 +45,7 @@ def _import(name):
 def _load(name):
     if name not in BACKENDS:
         raise BackendUnavailable(f"unknown backend {name!r}; choose one of auto, {', '.join(BACKENDS)}")
-    return _import(name).backend()       # raises BackendUnavailable with the reason and the fix
+    return _import(name).backend()       # one Ops per backend and process; raises BackendUnavailable with the fix
 
 
 def _dtypes(name):
@@ -77,11 +74,14 @@ def _dtype_fix(name, dtype):
         "cast the model to float32"
 
 
-def select(name="auto", threads=None, verbose=None, dtype=None):
-    """Select the backend by name; returns the name that runs. 'auto' takes the first of AUTO_ORDER that loads
-    and runs dtype (None: any) and says which on stderr (verbose=False silences it); an explicit backend that
-    cannot run dtype raises BackendUnavailable. threads: see set_threads (None keeps the current)."""
-    global _current, _auto, _auto_for
+def load(name=None, dtype=None, threads=None, verbose=None):
+    """The backend `name` (None: $MINIGPT_BACKEND, else auto) as an Ops, with the thread pools set for it.
+    'auto' takes the first of AUTO_ORDER that loads and runs dtype (None: any) and says which on stderr
+    (verbose=False silences it); an explicit backend that cannot run dtype raises BackendUnavailable.
+    threads: of every pool (0: every CPU; None keeps the count set before)."""
+    if name is None:
+        from ..config import default_backend
+        name = default_backend()
     name = (name or "auto").lower()
     dtype = None if dtype is None else np.dtype(dtype)
     if name == "auto":
@@ -109,60 +109,76 @@ def select(name="auto", threads=None, verbose=None, dtype=None):
         impl = _load(name)
         if verbose:
             print(f"minigpt: backend {impl.name}", file=sys.stderr)
-    _current, _auto, _auto_for = impl, name == "auto", dtype if name == "auto" else None
-    _cap_blas(impl.name == "native")
-    set_threads(_threads if threads is None else threads)
-    if threads and threads > cpus() and verbose is not False:
-        print(f"minigpt: note: {threads} threads on {cpus()} CPUs take turns, slower than {cpus()} threads "
-              "(--threads 0 uses every CPU)", file=sys.stderr)
-    return impl.name
+    _set_threads(impl, threads, verbose)
+    return impl
+
+
+def check_dtype(ops, dtype):
+    """BackendUnavailable, with the fix, unless backend ops runs a model of dtype (GPT checks the one it is given)."""
+    dtype = np.dtype(dtype)
+    if dtype not in ops.dtypes:
+        raise BackendUnavailable(f"the model is {dtype}, but the selected backend, {ops.name}, runs "
+                                 f"{_names(ops.dtypes)} only. {_dtype_fix(ops.name, dtype)}")
 
 
 def select_backend(cfg, verbose=None, threads=None):
-    """select() as every command calls it: cfg.backend with threads (default: cfg.threads, 0 for every CPU); a
-    UserError if it cannot run here, worded "--backend NAME: why" (the reason names the backend once)."""
+    """load() as every command calls it: cfg.backend with threads (default: cfg.threads, 0 for every CPU); -> the
+    Ops, or a UserError if it cannot run here, worded "--backend NAME: why" (the reason names the backend once)."""
     from ..errors import UserError
     try:
-        select(cfg.backend, threads=threads or cfg.threads or None, verbose=verbose)
+        return load(cfg.backend, threads=threads or cfg.threads or None, verbose=verbose)
     except BackendUnavailable as e:
         why = str(e).removeprefix(f"{cfg.backend}: ")
         raise UserError(f"--backend {cfg.backend}: {why}") from None
 
 
-def ensure(dtype):
-    """The model calls this at the start of each forward with its dtype. Nothing happens when the current
-    backend runs dtype and was not chosen by "auto" for another dtype (_keeps). Else a backend "auto" chose (or
-    the lazy default) is chosen again for dtype, saying so: a float32 model after a float64 one (a gradient
-    check) goes back to the fast backend; an explicitly selected one raises BackendUnavailable with the fix."""
-    if _current is not None and _keeps(dtype):
-        return
-    dtype = np.dtype(dtype)              # a scalar type or a name: compared as a dtype now
-    if _current is None:                 # nothing selected yet: current()'s default, for this dtype
-        from ..config import default_backend
-        select(default_backend(), dtype=dtype)
-    elif not _keeps(dtype):
-        if not _auto:
-            raise BackendUnavailable(f"the model is {dtype}, but the selected backend, {_current.name}, runs "
-                                     f"{_names(_current.dtypes)} only. {_dtype_fix(_current.name, dtype)}")
-        select("auto", dtype=dtype)
+def label(ops, bf16=None):
+    """Backend ops as the commands print it: native with the ISA path its library runs, e.g. "native (avx2)"
+    (MINIGPT_ISA may force a lower one); the others by name. bf16=False (a float32 model): the bf16 paths name
+    the AVX-512 FMAs that run float32 products too, e.g. "native (avx512; amx for bf16)"."""
+    if ops.name != "native":
+        return ops.name
+    isa = _import("native").isa()
+    return f"native (avx512; {isa} for bf16)" if bf16 is False and isa in ("avx512bf16", "amx") else f"native ({isa})"
 
 
-def _keeps(dtype):
-    """The current backend runs dtype, and "auto" did not choose it for another (`is None` first: np.dtype(None)
-    is float64, so a dtype compares equal to None)."""
-    return dtype in _current.dtypes and (_auto_for is None or _auto_for == dtype)
+def why_unavailable(name):
+    """The reason backend `name` cannot run here, or None if it loads."""
+    try:
+        _load(name)
+        return None
+    except BackendUnavailable as e:
+        return str(e)
 
 
-def set_threads(n=0):
-    """Threads of every pool of the current backend (0: all CPUs). BLAS takes them on numpy and numba (their
-    products) and gets 1 on native."""
+def available():
+    """Names of the backends that load on this machine."""
+    return [n for n in BACKENDS if why_unavailable(n) is None]
+
+
+# ----------------------------------------------------------------------------
+# thread counts: the process has one set of pools (BLAS's, numba's, the C library's), so they are set here, for the
+# backend that load returns
+
+_threads = 0              # 0: every CPU this process may run on
+_blas_cap = None          # threadpoolctl limiter, active while native threads own the cores
+
+
+def _set_threads(ops, n, verbose):
+    """Threads of every pool of backend ops: n (0: all CPUs; None: as set before). BLAS takes them on numpy and
+    numba (their products) and gets 1 on native."""
     global _threads
-    _threads = int(n or 0)
-    current().set_threads(threads())
+    if n is not None:
+        _threads = int(n)
+    _cap_blas(ops.name == "native")
+    ops.set_threads(threads())
+    if n and n > cpus() and verbose is not False:
+        print(f"minigpt: note: {n} threads on {cpus()} CPUs take turns, slower than {cpus()} threads "
+              "(--threads 0 uses every CPU)", file=sys.stderr)
 
 
 def threads():
-    """Threads the current backend runs on."""
+    """Threads the backends run on."""
     return _threads or cpus()
 
 
@@ -183,49 +199,3 @@ def _cap_blas(on):
     elif not on and _blas_cap is not None:
         _blas_cap.restore_original_limits()
         _blas_cap = None
-
-
-def current():
-    """The selected backend's Ops (on first use: $MINIGPT_BACKEND, else auto)."""
-    if _current is None:
-        from ..config import default_backend
-        select(default_backend())
-    return _current
-
-
-def name():
-    return current().name
-
-
-def label(bf16=None):
-    """The current backend as the commands print it: native with the ISA path its library runs, e.g.
-    "native (avx2)" (MINIGPT_ISA may force a lower one); the others by name. bf16=False (a float32 model): the
-    bf16 paths name the AVX-512 FMAs that run float32 products too, e.g. "native (avx512; amx for bf16)"."""
-    if name() != "native":
-        return name()
-    isa = _import("native").isa()
-    return f"native (avx512; {isa} for bf16)" if bf16 is False and isa in ("avx512bf16", "amx") else f"native ({isa})"
-
-
-def why_unavailable(name):
-    """The reason backend `name` cannot run here, or None if it loads."""
-    try:
-        _load(name)
-        return None
-    except BackendUnavailable as e:
-        return str(e)
-
-
-def available():
-    """Names of the backends that load on this machine."""
-    return [n for n in BACKENDS if why_unavailable(n) is None]
-
-
-class _CurrentBackend:
-    """`ops.matmul(...)` runs the current backend's matmul: the layers' one handle on the backends."""
-
-    def __getattr__(self, attr):
-        return getattr(current(), attr)
-
-
-ops = _CurrentBackend()

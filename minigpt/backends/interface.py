@@ -1,11 +1,12 @@
 """The op interface: Ops declares every op a training step needs, with its shapes, and checks each op's arguments
 once for every backend before calling the backend's own (_<op>). The ops write caller-owned arrays (out=...),
 accept strided views, and allocate nothing of activation size per call (scratch is kept per shape). A float32
-model may ask for bfloat16 products (bf16_products): every backend rounds the operands to bf16 and sums in
-float32: numpy by the formula (numpy_ops.round_bf16) into scratch before the fp32 product (numba too: it runs
-the specification's products), native in C as it packs. Which backend runs them is chosen in __init__.py.
+model may run bfloat16 products: its backend is bound to that precision (ops.with_bf16(True)), and every backend
+rounds the operands to bf16 and sums in float32: numpy by the formula (numpy_ops.round_bf16) into scratch before
+the fp32 product (numba too: it runs the specification's products), native in C as it packs. Which backend a
+model holds is chosen in __init__.py (load).
 """
-import contextlib
+import copy
 import functools
 import math
 
@@ -67,22 +68,33 @@ class Ops:
     outputs last (out=); layers.py's functions take their outputs first. embedding_backward(dW, idx, dout) keeps
     np.add.at(dW, idx, dout)'s order."""
     name = "?"
-    dtypes = frozenset()         # the dtypes a model runs on this backend (select and ensure check it)
+    dtypes = frozenset()         # the dtypes a model runs on this backend (load and GPT check it)
     own_causal = False           # True: _bmm takes causal= and start= (native skips the zeros, numba zeroes the future)
+    bf16 = False                 # matmul/bmm's bf16=None: the precision of the model that holds this Ops (with_bf16)
 
     def __init__(self):
         self._scratch = {}       # (slot, shape, dtype) -> array, see _tmp
         self._calls = {}         # op -> its Contiguous, see _contiguous
 
+    def with_bf16(self, on=True):
+        """This backend with its products (matmul, bmm, and attention's) in bf16 when on, else float32, unless a
+        call says bf16= itself: itself if it already is, else a shallow copy that shares the kernels, the
+        scratch and the thread pools. A model holds the one of its precision (GPT.ops)."""
+        if bool(on) == self.bf16:
+            return self
+        twin = copy.copy(self)
+        twin.bf16 = bool(on)
+        return twin
+
     # ---- products: op(x) is x, or its last two axes swapped when the flag is set
     def matmul(self, a, b, ta=False, tb=False, out=None, acc=False, bf16=None):
         """op(a) (M, K) @ op(b) (K, N) -> out (M, N), 2-D; acc=True adds into out. bf16=True rounds every
         element of a and b to bfloat16 (numpy_ops.round_bf16) and sums the exact products in float32 (float32
-        arrays only); None: as the running model asks (bf16_products)."""
+        arrays only); None: this Ops' precision (with_bf16)."""
         M, N, _ = _check_product(a, b, ta, tb, out, acc, batched=False)
         if out is None:
             out = np.empty((M, N), np.result_type(a, b))
-        return self._matmul(a, b, bool(ta), bool(tb), out, acc, _check_bf16(bf16, a, b, out))
+        return self._matmul(a, b, bool(ta), bool(tb), out, acc, self._precision(bf16, a, b, out))
 
     def bmm(self, a, b, ta=False, tb=False, out=None, acc=False, bf16=None, causal=None, start=0):
         """op(a) (..., M, K) @ op(b) (..., K, N) -> out (..., M, N) over equal leading dims; acc adds into out;
@@ -96,13 +108,21 @@ class Ops:
                              "(not with acc), start >= 0")
         if out is None:
             out = np.empty((*a.shape[:-2], M, N), np.result_type(a, b))
-        bf16 = _check_bf16(bf16, a, b, out)
+        bf16 = self._precision(bf16, a, b, out)
         if causal is not None and self.own_causal:            # the backend does it itself
             return self._bmm(a, b, bool(ta), bool(tb), out, acc, bf16, causal=causal, start=start)
         self._bmm(a, b, bool(ta), bool(tb), out, acc, bf16)
         if causal == "out":
             np.copyto(out, 0, where=future(M, N, start))
         return out
+
+    def _precision(self, bf16, *arrays):
+        """A product's bf16: as the call says, else (None) this Ops' own; TypeError for bf16 on other than float32."""
+        bf16 = self.bf16 if bf16 is None else bool(bf16)
+        if bf16 and any(x.dtype != np.float32 for x in arrays):
+            raise TypeError(f"bf16 products take float32 arrays, got {', '.join(str(x.dtype) for x in arrays)}: "
+                            "bf16 is a float32 model's precision (float64 is for gradient tests)")
+        return bf16
 
     def _matmul(self, a, b, ta, tb, out, acc, bf16):     # checked by matmul; out exists; returns out
         raise NotImplementedError
@@ -313,29 +333,6 @@ def _check_product(a, b, ta, tb, out, acc, batched):
         if np.may_share_memory(out, a) or np.may_share_memory(out, b):
             raise ValueError("matmul: out= must not overlap the inputs")
     return M, N, K
-
-
-_bf16 = False             # the running model's products are bf16 (bf16_products); matmul/bmm's bf16=None
-
-
-@contextlib.contextmanager
-def bf16_products(on=True):
-    """Within the block, matmul and bmm (bf16=None) round their operands to bf16: the model runs its forward
-    and backward in this, with its own setting; the setting before is restored after."""
-    global _bf16
-    before, _bf16 = _bf16, bool(on)
-    try:
-        yield
-    finally:
-        _bf16 = before
-
-
-def _check_bf16(bf16, *arrays):
-    bf16 = _bf16 if bf16 is None else bool(bf16)
-    if bf16 and any(x.dtype != np.float32 for x in arrays):
-        raise TypeError(f"bf16 products take float32 arrays, got {', '.join(str(x.dtype) for x in arrays)}: "
-                        "bf16 is a float32 model's precision (float64 is for gradient tests)")
-    return bf16
 
 
 def check_float32(*arrays, backend):

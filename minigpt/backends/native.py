@@ -28,7 +28,7 @@ import os
 import numpy as np
 
 from . import BackendUnavailable
-from .interface import Ops, _check_bf16, check_dropout, check_float32, check_shapes, dropout_keep_from, gemm_dims
+from .interface import Ops, check_dropout, check_float32, check_shapes, dropout_keep_from, gemm_dims
 
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # minigpt/
 # the C library's error codes (mgk.h): what each means, and the exception it raises here (out of memory: MemoryError,
@@ -230,7 +230,7 @@ class NativeOps(Ops):
         lead, (T, hs), Tk = q.shape[:-2], q.shape[-2:], k.shape[-2]
         check_shapes("native attention", ((*lead, Tk, hs), k, v), ((*lead, T, Tk), att), (q.shape, y))
         _outputs("attention", (att, y), (q, k, v))
-        rc = self.lib.mgk_attention_fwd(_check_bf16(None, q), *_lead(lead), T, Tk, hs, start, scale,
+        rc = self.lib.mgk_attention_fwd(self.bf16, *_lead(lead), T, Tk, hs, start, scale,
                                         *[f for x in views for f in x], *_drop_args(att, drop))
         _check(rc, "attention", q, k)
         return y
@@ -243,7 +243,7 @@ class NativeOps(Ops):
         lead, (T, hs) = q.shape[:-2], q.shape[-2:]
         check_shapes("native attention_backward", (q.shape, k, v, dy, dq, dk, dv), ((*lead, T, T), att))
         _outputs("attention_backward", (dq, dk, dv), (q, k, v, att, dy))
-        rc = self.lib.mgk_attention_bwd(_check_bf16(None, q), *_lead(lead), T, hs, scale,
+        rc = self.lib.mgk_attention_bwd(self.bf16, *_lead(lead), T, hs, scale,
                                         *[f for x in views for f in x], *_drop_args(att, drop))
         _check(rc, "attention_backward", q, dy)
         return dq, dk, dv

@@ -36,12 +36,12 @@ class NumbaOps(Ops):
 
     def __init__(self):
         super().__init__()
-        self.nt = 1
+        self.pool = {"threads": 1}       # numba's pool size, in a dict that with_bf16's copies share
         self._none = {}
 
     # ---- plumbing: thread counts, the absent bias (views: Ops._contiguous)
     def _threads(self, work):
-        n = 1 if work < SERIAL_BELOW else self.nt
+        n = 1 if work < SERIAL_BELOW else self.pool["threads"]
         if numba.get_num_threads() != n:
             numba.set_num_threads(n)
 
@@ -53,8 +53,8 @@ class NumbaOps(Ops):
 
     def set_threads(self, n):
         from threadpoolctl import threadpool_limits
-        self.nt = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))   # numba's pool is no larger than it started
-        numba.set_num_threads(self.nt)
+        self.pool["threads"] = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))   # no more than it started with
+        numba.set_num_threads(self.pool["threads"])
         threadpool_limits(max(1, int(n)), user_api="blas")         # the products' pool (backends._cap_blas: one
                                                                    # pool at a time)
 
