@@ -60,7 +60,8 @@ def train_tokenizer(corpus, path):
 
 
 def run(cmd, env=None):
-    """(wall s, peak RSS MB, stdout lines with the seconds they came at, return code, stderr) of a command."""
+    """(wall s, peak RSS MB, stdout lines with the seconds they came at, return code, stderr, CPU s) of a
+    command (CPU s: its and its workers' user + system time)."""
     env = dict(env or os.environ, PYTHONUNBUFFERED="1")                  # lines as they are printed
     with tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
@@ -69,12 +70,13 @@ def run(cmd, env=None):
         _, status, usage = os.wait4(p.pid, 0)                             # ru_maxrss: it and its workers
         p.returncode = os.waitstatus_to_exitcode(status)
         err.seek(0)
-        return time.perf_counter() - t0, usage.ru_maxrss / 1024, lines, p.returncode, err.read()
+        return (time.perf_counter() - t0, usage.ru_maxrss / 1024, lines, p.returncode, err.read(),
+                usage.ru_utime + usage.ru_stime)
 
 
 def child(kind, *args, env=None):
     """What `bench_data.py --child kind args...` returns, run in its own process."""
-    _, _, lines, rc, err = run([sys.executable, __file__, "--child", kind, *args], env)
+    _, _, lines, rc, err, _ = run([sys.executable, __file__, "--child", kind, *args], env)
     if rc:
         sys.exit(f"error: the {kind} child failed: {err.strip()[-800:]}")
     return json.loads(lines[-1][1])
@@ -83,17 +85,17 @@ def child(kind, *args, env=None):
 def hf_child(corpus, tokenizer):
     """encode_batch over the corpus's lines, 10 MB at a time: {"seconds", "tokens"}."""
     from tokenizers import Tokenizer
-    tok, secs, tokens = Tokenizer.from_file(tokenizer), 0.0, 0
+    tok, secs, cpu_s, tokens = Tokenizer.from_file(tokenizer), 0.0, 0.0, 0
     with open(corpus, encoding="utf-8") as f:
         while True:
             lines = f.readlines(10_000_000)
             if not lines:
                 break
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             enc = tok.encode_batch(lines)
-            secs += time.perf_counter() - t0
+            secs, cpu_s = secs + time.perf_counter() - t0, cpu_s + time.process_time() - c0
             tokens += sum(len(e.ids) for e in enc)
-    return {"seconds": secs, "tokens": tokens}
+    return {"seconds": secs, "tokens": tokens, "cpu": cpu_s / secs}
 
 
 def check_ids(corpus, tokenizer, prepared):
@@ -112,11 +114,11 @@ def check_ids(corpus, tokenizer, prepared):
 def train_row(d, tmp):
     """(seconds to the first step, peak RSS MB, note) of a 1-step training run on directory d."""
     out = os.path.join(tmp, "run")
-    wall, rss, lines, rc, err = run([sys.executable, "-m", "minigpt.train", "--data", d, "--max_iters", "1",
-                                     "--out_dir", out, "--sample_chars", "0", "--eval_iters", "1"])
+    wall, rss, lines, rc, err, _ = run([sys.executable, "-m", "minigpt.train", "--data", d, "--max_iters", "1",
+                                        "--out_dir", out, "--sample_chars", "0", "--eval_iters", "1"])
     if rc:
-        last = (err.strip().splitlines() or ["(no output)"])[-1]
-        return None, None, f"not yet wired: training refused `--data DIR` ({last[:160]})"
+        last = (err.strip().splitlines() or ["(no output)"])[-1].replace(d, "DIR")
+        return None, None, f"not yet wired: `python -m minigpt.train --data DIR` said `{last[:200]}`"
     first = next((t for t, ln in lines if FIRST_STEP.search(ln)), None)
     return first, rss, "" if first is not None else f"no step-0 line seen; the whole run took {wall:.1f} s"
 
@@ -148,17 +150,18 @@ def main():
         for kind, spec in (("gpt2", tok), ("char", "char")):
             d = os.path.join(a.tmp, f"prepared_{kind}_{mb}mb")
             shutil.rmtree(d, ignore_errors=True)                            # prepare it again, timed
-            wall, rss, _, rc, err = run([sys.executable, "scripts/prepare_data.py", path, "--out", d, "--tokenizer",
-                                         spec, "--quiet"])
+            wall, rss, _, rc, err, cpu_s = run([sys.executable, "scripts/prepare_data.py", path, "--out", d,
+                                                "--tokenizer", spec, "--quiet"])
             if rc:
                 sys.exit(f"error: prepare_data.py failed on {path}: {err.strip()[-500:]}")
             m = json.load(open(os.path.join(d, "manifest.json")))
             r[kind] = {"mbs": size / 1e6 / m["seconds"], "rss": rss, "tokens": sum(m["tokens"].values()),
-                       "seconds": m["seconds"], "first": train_row(d, a.tmp)}
+                       "seconds": m["seconds"], "cpu": cpu_s / wall, "first": train_row(d, a.tmp)}
             print(mb, kind, r[kind], flush=True)
         r["ids_equal"] = child("check", path, tok, os.path.join(a.tmp, f"prepared_gpt2_{mb}mb"))
         hf = child("hf", path, tok, env=env)
-        r["hf"] = {"mbs": size / 1e6 / hf["seconds"], "tokens": hf["tokens"], "seconds": hf["seconds"]}
+        r["hf"] = {"mbs": size / 1e6 / hf["seconds"], "tokens": hf["tokens"], "seconds": hf["seconds"],
+                   "cpu": hf["cpu"]}
         print(mb, "hf", r["hf"], flush=True)
         rows.append(r)
     load.append(os.getloadavg()[0])
@@ -187,19 +190,25 @@ def write_report(a, rows, tok, n, load):
          "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         g, c, h = r["gpt2"], r["char"], r["hf"]
-        L.append(f"| {r['mb']:,} MB | {g['mbs']:.2f} MB/s ({g['seconds']:.0f} s) | {h['mbs']:.2f} MB/s "
-                 f"({h['seconds']:.0f} s) | {c['mbs']:.1f} MB/s ({c['seconds']:.1f} s) | {mem(g['rss'])} / "
-                 f"{mem(c['rss'])} | {first(g['first'])} | {first(c['first'])} |")
+        L.append(f"| {r['mb']:,} MB | {g['mbs']:.2f} MB/s ({g['seconds']:.0f} s; {g['cpu']:.2f}) | {h['mbs']:.2f} "
+                 f"MB/s ({h['seconds']:.0f} s; {h['cpu']:.2f}) | {c['mbs']:.1f} MB/s ({c['seconds']:.1f} s) | "
+                 f"{mem(g['rss'])} / {mem(c['rss'])} | {first(g['first'])} | {first(c['first'])} |")
     notes = sorted({x[kind]["first"][2] for x in rows for kind in ("gpt2", "char") if x[kind]["first"][2]})
+    busy = [f"{r['mb']:,} MB {k} {r[k]['cpu']:.2f}" for r in rows for k in ("gpt2", "hf") if r[k]["cpu"] < 0.9 * n]
     L += ["", "MB/s is the corpus's bytes over the time: prepare's whole run as its manifest records it (scan, "
           "encoding in worker processes, shards written), `tokenizers`' encode_batch calls alone (reading the "
-          "lines and gathering the ids not counted). Tokens: " + "; ".join(
+          "lines and gathering the ids not counted). After the seconds: CPU seconds over wall seconds (prepare: "
+          "its process and workers over the whole process; `tokenizers`: its threads over the encode_batch calls), "
+          f"at most {n}: lower when other jobs took turns on the CPUs (see the load averages) or, for prepare, in "
+          "its serial parts (start-up, the scan)"
+          + (f"; below 90% of {n} here: {', '.join(busy)}, rows that may understate the speed" if busy else "")
+          + ". Tokens: " + "; ".join(
               f"{r['mb']:,} MB: prepare {r['gpt2']['tokens']:,}, `tokenizers` (lines) {r['hf']['tokens']:,}"
               for r in rows) + " (a batch of lines cuts whitespace runs at every line end, the whole text does "
           "not). minigpt's ids equal `tokenizers`' encode of the corpus's first MB: "
           + ", ".join(f"{r['mb']:,} MB {'yes' if r['ids_equal'] else 'NO'}" for r in rows) + "."]
     if notes:
-        L += ["", "Training: " + "; ".join(notes) + "."]
+        L += ["", "Training: " + "; ".join(notes) + " (the time-to-first-step and peak-memory columns wait for it)."]
     out = a.out if os.path.isabs(a.out) else os.path.join(ROOT, a.out)
     with open(out, "w") as f:
         f.write("\n".join(L) + "\n")
