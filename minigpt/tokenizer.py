@@ -23,8 +23,9 @@ def tokenizer_from_json(s):
         return BPETokenizer.from_json(s)
     if kind == "gpt2":
         return GPT2Tokenizer.from_json(s)
-    raise UserError("the checkpoint's tokenizer is neither a character list nor a BPE tokenizer (kind 'bpe' or "
-                    "'gpt2'); it may be damaged or from a newer minigpt")
+    raise UserError("the tokenizer JSON (a checkpoint's, or a prepared directory's tokenizer.json) is neither a "
+                    "character list nor a BPE tokenizer (kind 'bpe' or 'gpt2'); it may be damaged or from a newer "
+                    "minigpt")
 
 
 def tokenizer_kind(tok):

@@ -325,6 +325,11 @@ def test_bad_shards_are_named(tmp_path, text):
         open_prepared(out, 5000)
     with pytest.raises(UserError, match="not .*'s \\(tokenizer.json, a char tokenizer of"):
         open_prepared(out, 8, CharTokenizer("abc"))
+    manifest = open(os.path.join(out, "manifest.json")).read()
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        f.write(manifest[:len(manifest) // 2])
+    with pytest.raises(UserError, match="manifest.json is damaged or not minigpt's"):
+        open_prepared(out, 8)
     d = tmp_path / "llmc"
     d.mkdir()
     hand_shard(d / "x_train_000000.bin", np.arange(100))
