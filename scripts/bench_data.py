@@ -27,7 +27,7 @@ from bench_util import command, cpu, cpu_line, revision  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = [os.path.join(ROOT, "data", "tinyshakespeare.txt"), os.path.join(ROOT, "..", "shared", "data",
                                                                             "tinyshakespeare.txt")]
-FIRST_STEP = re.compile(r"(?i)\b(iter|step)\s*0\b")          # a training log line of the first step
+FIRST_STEP = re.compile(r"\b(iter|step)\s*0\s*\|")           # the log line of the first step: "iter 0 | loss ..."
 
 
 def generate(path, mb):
@@ -115,7 +115,7 @@ def train_row(d, tmp):
     """(seconds to the first step, peak RSS MB, note) of a 1-step training run on directory d."""
     out = os.path.join(tmp, "run")
     wall, rss, lines, rc, err, _ = run([sys.executable, "-m", "minigpt.train", "--data", d, "--max_iters", "1",
-                                        "--out_dir", out, "--sample_chars", "0", "--eval_iters", "1"])
+                                        "--out_dir", out, "--eval_iters", "1", "--log_interval", "1"])
     if rc:
         last = (err.strip().splitlines() or ["(no output)"])[-1].replace(d, "DIR")
         return None, None, f"not yet wired: `python -m minigpt.train --data DIR` said `{last[:200]}`"
