@@ -139,8 +139,9 @@ class GPTConfig(ModelShape):
 class TrainConfig(ModelShape):
     """Every setting of a training run; each is a --key on the command line (the model's first)."""
     # data and output
-    data: str = setting("data/tinyshakespeare.txt", "UTF-8 text to train on (train_shakespeare.py downloads the "
-                                                    "default when it is missing)")
+    data: str = setting("data/tinyshakespeare.txt", "a UTF-8 text file to train on (train_shakespeare.py downloads "
+                                                    "the default when it is missing), or a directory of token "
+                                                    "shards (scripts/prepare_data.py's, llm.c's or nanoGPT's)")
     out_dir: str = common("out_dir")
     plot: str = setting("loss_curve.png", "loss-curve PNG made at the end, in --out_dir: a name, or a path inside "
                                           "it; '' for none (train_shakespeare.py only)")
@@ -158,7 +159,8 @@ class TrainConfig(ModelShape):
                                  "tokenizer come from it, and --preset finetune's defaults apply (block 64, batch "
                                  "4 x 8, lr 3e-5, 20 iterations: sized for a 124M model on 2 cores)")
     tokenizer: str = setting("char", "char: one token per character | bpe: byte-level BPE trained on the training "
-                                     "split (minigpt/bpe.py)")
+                                     "split (minigpt/bpe.py) | PATH: the tokenizer (a GPT-2 directory or a "
+                                     "tokenizer.json) of a --data folder of llm.c's or nanoGPT's shards")
     vocab_size: int = setting(512, "tokens of the BPE vocabulary (with --tokenizer bpe): 256 bytes + merges")
     # optimisation
     batch_size: int = setting(12, "sequences per micro-batch")
@@ -186,6 +188,8 @@ class TrainConfig(ModelShape):
     # evaluation, logging, sampling
     eval_interval: int = setting(250, "evaluate and checkpoint every this many steps (and at the end)")
     eval_iters: int = setting(20, "batches per split in each evaluation")
+    val_tokens: int = setting(2_000_000, "tokens of the validation split the final evaluation scores, each once: "
+                                         "its first N (0: all of it)")
     log_interval: int = setting(10, "print a progress line every this many steps (log.jsonl gets every step)")
     sample_chars: int = setting(500, "tokens sampled at the end: characters, or BPE tokens (0: no sample; "
                                      "train_shakespeare.py only)")
@@ -246,11 +250,12 @@ class EvalConfig:
     """scripts/eval_checkpoint.py"""
     out_dir: str = common("out_dir")
     ckpt: str = common("ckpt")
-    data: str = setting("", "the UTF-8 text it was trained on, split as in training (default: the run's --data, "
-                            "from the checkpoint)")
+    data: str = setting("", "the UTF-8 text it was trained on, split as in training, or its directory of token "
+                            "shards (default: the run's --data, from the checkpoint)")
     draws: int = setting(10, "independent draws of eval_iters batches, for the spread of the estimate (0: none)")
     context: int = setting(0, "tokens of context at most, in blocks of that length (0: the model's block_size)")
     splits: str = setting("train,val", "the splits to measure, comma-separated")
+    max_tokens: int = setting(0, "tokens of each split scored, each once: its first N (0: the whole split)")
     backend: str = common("backend")
     threads: int = common("threads")
     dtype: str = common("dtype")
@@ -277,7 +282,7 @@ def check_sample(cfg):
 
 
 _POSITIVE = ("batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval", "lr_decay_iters")
-_NON_NEGATIVE = ("snapshots", "max_iters", "max_time", "muon_lr_ratio", "warmup_iters", "sample_chars",
+_NON_NEGATIVE = ("snapshots", "val_tokens", "max_iters", "max_time", "muon_lr_ratio", "warmup_iters", "sample_chars",
                  "seed", "lr", "min_lr", "weight_decay", "grad_clip", "muon_momentum_warmup", "embed_lr_ratio")
 
 
@@ -336,8 +341,9 @@ def check(cfg, given=None):
         raise UserError("--preset speedrun trains to a time budget: add --max_time SECONDS (e.g. --max_time 60)")
     if cfg.optimizer not in ("adamw", "muon"):
         raise UserError(f"--optimizer must be adamw or muon, got {cfg.optimizer!r}")
-    if cfg.tokenizer not in ("char", "bpe"):
-        raise UserError(f"--tokenizer must be char or bpe, got {cfg.tokenizer!r}")
+    if cfg.tokenizer not in ("char", "bpe") and not os.path.exists(cfg.tokenizer):
+        raise UserError(f"--tokenizer must be char, bpe or the path of a tokenizer (a GPT-2 directory or a "
+                        f"tokenizer.json), got {cfg.tokenizer!r}")
     if cfg.tokenizer == "bpe" and cfg.vocab_size < 257:
         raise UserError(f"--vocab_size must be at least 257 (256 byte tokens and one merge), got {cfg.vocab_size}; "
                         "try 512 or 1024")

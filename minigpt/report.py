@@ -30,6 +30,7 @@ from .sample import generate, load_model, start_text
 MAX_T = 64                  # prompt tokens drawn: attention maps are T x T per head
 MAX_SNAPSHOTS = 6           # snapshots shown side by side (spread over those the run kept)
 FREQ_CHARS = 20000          # characters of validation text whose token counts pick the embedding labels
+VAL_DIR_TOKENS = 50000      # validation tokens decoded from a run's directory of token shards
 BAR_SETTINGS = [("temperature 1", 1.0, 0, 1.0), ("temperature 0.8 (the sampler's default)", 0.8, 0, 1.0),
                 ("temperature 0.5", 0.5, 0, 1.0), ("temperature 1.5", 1.5, 0, 1.0), ("top-k 5", 1.0, 5, 1.0),
                 ("top-p 0.9", 1.0, 0, 0.9)]
@@ -52,7 +53,8 @@ def write_report(cfg, verbose=False):
     """Build out_dir/report.html for cfg (a ReportConfig); -> its path. Written to a temporary name, renamed."""
     check_ranges(cfg, positive=("val_chars", "sample_tokens"), non_negative=("samples", "seed"))
     check_common(cfg)
-    typed = load_text(cfg.data) if cfg.data else None    # a typed --data must be readable: checked before any work
+    if cfg.data and not os.path.isdir(cfg.data):
+        load_text(cfg.data)                              # a typed --data must be readable: checked before any work
     run = OutDir(cfg.out_dir)
     ckpt = cfg.ckpt or run.checkpoint()
     loaded = checkpoint.load(ckpt)
@@ -62,7 +64,7 @@ def write_report(cfg, verbose=False):
     meta = loaded[0]
     notes, sections, data = [], [], {}
     rows = _read_log(run.log, notes)
-    val_text = _validation_text(typed, meta, notes)
+    val_text = _validation_text(cfg.data, meta, notes, tok)
     prompt = cfg.prompt or (val_text[:MAX_T] if val_text else "\n")
     ids = _encode(tok, prompt, "--prompt")
     select_backend(cfg, verbose=verbose)                 # its "backend" line: once every setting has passed
@@ -160,16 +162,20 @@ def _read_log(path, notes):
     return rows
 
 
-def _validation_text(text, meta, notes):
-    """The validation split of text (the typed --data's), else of the run's own --data, named in its checkpoint:
-    that one may be gone since (moved, another machine), which is a note on the page, not an error."""
-    if text is None:
+def _validation_text(path, meta, notes, tok):
+    """The validation split of path (the typed --data), else of the run's own --data, named in its checkpoint:
+    that one may be gone since (moved, another machine), which is a note on the page, not an error. A directory
+    of token shards gives the text of its first VAL_DIR_TOKENS validation tokens."""
+    if not path:
         path = meta.get("train_config", {}).get("data", "")
         if not path or not os.path.exists(path):
             notes.append(f"the training text {path!r} is not here: no validation sections (pass --data PATH)")
             return ""
-        text = load_text(path)
-    return split_text(text)[1]
+    if os.path.isdir(path):
+        from .train import open_data                     # (train.py imports what the report does not need)
+        _, data = open_data(path, tok, meta["model_config"]["block_size"])
+        return tok.decode(data.ids("val", VAL_DIR_TOKENS))
+    return split_text(load_text(path))[1]
 
 
 def _encode(tok, text, what):

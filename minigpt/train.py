@@ -34,11 +34,15 @@ from .bpe import BPETokenizer
 from .config import (PRESETS, ModelShape, TrainConfig, check, default_backend, parse_args, plot_inside_out_dir,
                      quiet_stdout, run_command)
 from .data import CharTokenizer, Dataset, load_text, split_text
+from .shards import open_prepared
 from .errors import CannotSave, Diverged, OutOfMemory, StoppedTwice, UserError, exit_code
 from .model import GPT, activation_shapes, gradient_shapes, parameter_shapes
 from .optim import AdamW, Muon, clip_grad_norm, get_lr
 from .outdir import MAX_SNAPSHOT_PARAMS, OutDir
-from .tokenizer import tokenizer_from_json
+from .tokenizer import tokenizer_from_json, tokenizer_from_path
+
+
+VAL_PROGRESS_TOKENS = 1_000_000        # a final score of more tokens says first that it is under way
 
 
 @dataclass
@@ -114,7 +118,11 @@ def settings(cfg, given, fetch, out):
         say(note)
     if fetch is not None and not os.path.exists(cfg.data):
         fetch(cfg.data)
-    load_text(cfg.data)                                       # a missing or unusable text fails before out_dir
+    if not os.path.isdir(cfg.data):                           # a directory of shards: setup opens it
+        load_text(cfg.data)                                   # a missing or unusable text fails before out_dir
+    elif not ckpt and given and ({"vocab_size"} | ({"tokenizer"} if cfg.tokenizer in ("char", "bpe") else set())) & given:
+        raise UserError(f"--data {cfg.data} is a directory of token shards, already tokenized: drop --tokenizer and "
+                        "--vocab_size (or name the tokenizer of a folder of llm.c's shards with --tokenizer PATH)")
     out.ensure_writable()                                     # is made (read again by setup, on every rank)
     return ckpt
 
@@ -173,15 +181,14 @@ def setup(cfg, out, world, ckpt=None):
     (the checkpoint's on --resume; GPT-2's with --init_from), the data, the model (after a check that it fits in
     memory) and its optimizer."""
     ops = select_backend(cfg, verbose=False, threads=_threads(cfg, world))
-    text = load_text(cfg.data)
+    gpt2_params = None
     if cfg.init_from and not ckpt:                         # a new fine-tune: GPT-2's shape, weights and tokenizer
         gpt2_config, gpt2_params, tok = gpt2.load_gpt2(cfg.init_from, cfg.block_size)
+        tok, data = make_data(cfg, tok)
         vocab = gpt2_config.vocab_size
     else:
-        tok = make_tokenizer(cfg, text, ckpt)
+        tok, data = make_data(cfg, tokenizer_from_json(ckpt[0]["tokenizer"]) if ckpt else None)
         vocab = ckpt[0]["model_config"]["vocab_size"] if ckpt else tok.vocab_size    # ckpt: (meta, params, state)
-        gpt2_params = None
-    data = Dataset(text, tok, cfg.block_size, source=cfg.data, fixed_block=bool(ckpt))
     check_memory(cfg, vocab, world)
     model = GPT(cfg.model_config(vocab), np.random.default_rng([cfg.seed, 0]), bf16=cfg.dtype == "bf16", ops=ops)
     if gpt2_params is not None:
@@ -208,11 +215,35 @@ def _threads(cfg, world):
     return cfg.threads or (None if world.size == 1 else max(1, backends.cpus() // world.local_size))
 
 
-def make_tokenizer(cfg, text, ckpt=None):
-    """The checkpoint's tokenizer on --resume; else characters of the whole text (as nanoGPT), or a BPE trained
-    on the training split (the same on every rank: training is deterministic)."""
-    if ckpt:
-        return tokenizer_from_json(ckpt[0]["tokenizer"])
+def make_data(cfg, tok=None):
+    """(tokenizer, dataset) of --data. A directory of token shards (scripts/prepare_data.py's, llm.c's or
+    nanoGPT's) is memory-mapped: nothing is tokenized, and its tokenizer is the directory's, or for a folder
+    without one --tokenizer PATH. A text file is read whole, split 90/10 and encoded. tok: the tokenizer the
+    run must use (the checkpoint's on --resume, GPT-2's with --init_from), else made here (make_tokenizer)."""
+    if os.path.isdir(cfg.data):
+        if tok is None and cfg.tokenizer not in ("char", "bpe"):
+            tok = tokenizer_from_path(cfg.tokenizer)
+        tok, data = open_data(cfg.data, tok, cfg.block_size, fixed_block=cfg.resume)
+        say(f"data: {cfg.data}: {data.num_tokens('train'):,} train and {data.num_tokens('val'):,} val tokens, "
+            "memory-mapped")
+        return tok, data
+    text = load_text(cfg.data)
+    tok = tok or make_tokenizer(cfg, text)
+    return tok, Dataset(text, tok, cfg.block_size, source=cfg.data, fixed_block=cfg.resume)
+
+
+def open_data(path, tok, block_size, fixed_block=True):
+    """(tokenizer, dataset) of a run's data for the commands that read a trained model (report, evaluation):
+    a directory of token shards (its own tokenizer must be tok), or a text file encoded with tok."""
+    if os.path.isdir(path):
+        tok, data, _ = open_prepared(path, block_size, tok, fixed_block=fixed_block)
+        return tok, data
+    return tok, Dataset(load_text(path), tok, block_size, source=path, fixed_block=fixed_block)
+
+
+def make_tokenizer(cfg, text):
+    """Characters of the whole text (as nanoGPT), or a BPE trained on the training split (the same on every
+    rank: training is deterministic)."""
     if cfg.tokenizer == "bpe":
         t0 = time.perf_counter()
         tok = BPETokenizer.train(split_text(text)[0], cfg.vocab_size)
@@ -221,6 +252,10 @@ def make_tokenizer(cfg, text, ckpt=None):
             say(f"note: --vocab_size {cfg.vocab_size} asked, but the BPE vocabulary has {tok.vocab_size} tokens: "
                 f"after {len(tok.merges)} merges the training split has no more pairs to merge")
         return tok
+    if cfg.tokenizer != "char":
+        raise UserError(f"--tokenizer {cfg.tokenizer} names the tokenizer of a folder of token shards; for a text "
+                        f"file, prepare it with that tokenizer first: python scripts/prepare_data.py {cfg.data} "
+                        f"--tokenizer {cfg.tokenizer} --out DIR, then train with --data DIR")
     return CharTokenizer.from_text(text)
 
 
@@ -403,12 +438,18 @@ def evaluate_and_checkpoint(run, log, final=False):
            "elapsed": run.elapsed, "rss_mb": _rss_mb()}
     say(f"iter {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
     if final:
-        val = run.data.splits["val"]
+        val = run.data.ids("val", run.cfg.val_tokens or None)    # the whole split, or its first val_tokens
+        whole = len(val) == run.data.num_tokens("val")
+        if not whole or len(val) > VAL_PROGRESS_TOKENS:
+            say(f"iter {it}: scoring {'the whole validation split' if whole else 'the first'} {len(val):,} tokens"
+                f"{'' if whole else ' of the validation split (--val_tokens)'} ...")
         full = whole_split_loss(run.model, val, run.cfg.block_size, run.cfg.batch_size, world)
         chars = len(run.tok.decode(val[1:]))                 # the characters the targets spell
         losses["val_full"] = row["val_loss_full"] = full
         losses["val_bpc"] = row["val_bpc"] = full * (len(val) - 1) / (chars * math.log(2))
-        say(f"iter {it}: val loss over the whole split {full:.4f} ({losses['val_bpc']:.4f} bits per character)")
+        row["val_tokens_scored"] = len(val)
+        what = "the whole split" if whole else f"its first {len(val):,} tokens"
+        say(f"iter {it}: val loss over {what} {full:.4f} ({losses['val_bpc']:.4f} bits per character)")
     log.write(json.dumps(row) + "\n")
     if losses["val"] < run.best_val:
         run.best_val = losses["val"]

@@ -19,17 +19,16 @@ import numpy as np
 from minigpt import checkpoint
 from minigpt.config import EvalConfig, check_common, check_ranges, parse_args, run_command
 from minigpt.errors import UserError
-from minigpt.data import Dataset, load_text
 from minigpt.backends import select_backend
 from minigpt.sample import load_model
 from minigpt.outdir import OutDir
-from minigpt.train import whole_split_loss
+from minigpt.train import open_data, whole_split_loss
 
 
 def main(argv):
     try:
         a = check_ranges(parse_args(argv, EvalConfig, prog="eval_checkpoint.py", description=__doc__),
-                         non_negative=("draws", "context"))
+                         non_negative=("draws", "context", "max_tokens"))
         splits = [x.strip() for x in a.splits.split(",") if x.strip()]
         if not splits or set(splits) - {"train", "val"}:
             raise UserError(f"--splits {a.splits!r}: name train, val or both, comma-separated (e.g. --splits val)")
@@ -41,7 +40,7 @@ def main(argv):
                             "that training wrote")
         cfg = loaded[0]["train_config"]
         text = a.data or cfg.get("data", "")
-        if not a.data and not os.path.isfile(text):
+        if not a.data and not os.path.exists(text):
             raise UserError(f"the run's training text {text!r} (its --data, from the checkpoint) is not here; "
                             "pass --data PATH")
         ops = select_backend(a, verbose=False)              # said below, once every setting has passed
@@ -49,7 +48,7 @@ def main(argv):
         if a.context > model.config.block_size:
             raise UserError(f"--context {a.context} is longer than the model's block_size {model.config.block_size}, "
                             "the positions it learned: pass at most that, or 0 for all of it")
-        data = Dataset(load_text(text), tok, model.config.block_size, source=text, fixed_block=True)
+        tok, data = open_data(text, tok, model.config.block_size)       # a text file, or a directory of shards
         select_backend(a)                                   # its "backend" line: once every setting has passed
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -58,8 +57,10 @@ def main(argv):
     print(f"{path} on {text}: block {model.config.block_size}, context {T}, batch {B}, eval_iters {iters}, "
           f"{a.dtype} products")
     for split in splits:
-        full = whole_split_loss(model, data.splits[split], T, B)
-        line = f"{split:5s}: whole split {full:.4f} ({len(data.splits[split]):,} tokens)"
+        ids = data.ids(split, a.max_tokens or None)
+        whole = "whole split" if len(ids) == data.num_tokens(split) else f"first {len(ids):,} tokens of the split"
+        full = whole_split_loss(model, ids, T, B)
+        line = f"{split:5s}: {whole} {full:.4f} ({len(ids):,} tokens)"
         est = []
         for d in range(a.draws):
             rng = np.random.default_rng([cfg["seed"], 100 + d])  # not the loop's generator [seed, 2]

@@ -128,6 +128,11 @@ M = [
     (BK, 'check_shapes("adamw", (p.shape, g, m, v))', "pass", f"{TO}::test_every_backend_refuses_bad_arguments_alike"),
     # the whole-split evaluation and the time budget's schedule
     (TRAIN, "if tail and world.root:", "if False:", f"{TT}::test_whole_split_loss_counts_every_target_once"),
+    # training on a directory of token shards: the capped final score, the tokenizer of a folder of llm.c's shards
+    (TRAIN, 'val = run.data.ids("val", run.cfg.val_tokens or None)', 'val = run.data.ids("val")',
+        "tests/test_train_shards.py::test_the_final_score_takes_at_most_val_tokens_and_says_how_many"),
+    (TRAIN, "tok = tokenizer_from_path(cfg.tokenizer)", "tok = None",
+        "tests/test_train_shards.py::test_llmc_shards_written_by_hand_train_and_resume_bit_identically"),
     (TRAIN, "schedule = it if not cfg.max_time else", "schedule = it if True else",
         f"{TT}::test_max_time_ends_the_run_and_lays_the_schedule_over_the_budget"),
     # Muon: the Nesterov look-ahead, the shape scale, one Newton-Schulz product
