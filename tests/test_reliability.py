@@ -76,7 +76,7 @@ def assert_one_error(r, *needles):
 
 def test_bad_data_paths(tmp_path):
     assert_clear_error(train_cli("--data", str(tmp_path / "nope.txt")), "does not exist", "--data")
-    assert_clear_error(train_cli("--data", str(tmp_path)), "is a directory")
+    assert_clear_error(train_cli("--data", str(tmp_path)), "has no token shards", "scripts/prepare_data.py")
     (tmp_path / "empty.txt").write_bytes(b"")
     assert_clear_error(train_cli("--data", str(tmp_path / "empty.txt")), "is empty")
     (tmp_path / "latin1.txt").write_bytes("to be or not to be, ".encode() * 20 + "caf\xe9".encode("latin-1"))
