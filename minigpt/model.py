@@ -105,8 +105,8 @@ def gradient_shapes(cfg, B, T):
 
 def zeros_aligned(shape, dtype, align=64):
     """np.zeros(shape, dtype) starting on an `align`-byte boundary (a cache line). np.zeros of a large array
-    starts 16 bytes into one, so every 64-byte row piece of a product's operands and result straddles two lines;
-    aligned, config M's products ran 0.98-1.15x (bf16 on AMX tiles) and 1.02-1.10x (float32) on an Intel Xeon."""
+    starts 16 bytes into one, so every 64-byte row piece of a product's operands and result would straddle two
+    lines: each piece then costs two loads in the kernels' packs and stores (reports/benchmarks.md, zeros_aligned)."""
     nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
     raw = np.zeros(nbytes + align, np.uint8)
     start = -raw.ctypes.data % align
