@@ -2,8 +2,9 @@
 
 The defaults are config S, nanoGPT's documented CPU Shakespeare-char run (config/train_shakespeare_char.py
 with the CPU overrides of nanoGPT's README). Every setting is declared once here: TrainConfig's, and the other
-commands' (SampleConfig, ReportConfig, EvalConfig, ExportConfig), which take the settings they share from COMMON. Each field carries its one-line help (setting(...)), and parse_args makes
-the argparse parser, --help included, from the fields, so the command line and the dataclass cannot drift.
+commands' (SampleConfig, ReportConfig, EvalConfig, ExportConfig), which take the settings they share from COMMON.
+Each field carries its one-line help (setting(...)), and parse_args makes the argparse parser, --help included,
+from the fields, so the command line and the dataclass cannot drift.
 Unknown keys and wrong types are UserErrors that name the fix; run_command is how every command ends when it is
 stopped early (Ctrl-C, a closed pipe). Nothing here trains or imports numpy.
 """
@@ -60,8 +61,8 @@ def setting(default, help):
 # (check_common); a command's dataclass picks the ones it takes with common(name)
 
 COMMON = {
-    "out_dir": ("out", "the run's directory: training writes log.jsonl, the checkpoints, snapshots/, the loss curve and "
-                       "report.html there; the other commands read its ckpt_best.npz, else ckpt_last.npz"),
+    "out_dir": ("out", "the run's directory: training writes log.jsonl, the checkpoints, snapshots/, the loss curve "
+                       "and report.html there; the other commands read its ckpt_best.npz, else ckpt_last.npz"),
     "ckpt": ("", "a checkpoint file to read instead of the one in --out_dir"),
     "backend": (default_backend, "auto | numpy | numba | native; $MINIGPT_BACKEND sets the default"),
     "threads": (0, "threads of the backend's pools (0: all CPUs, or CPUs / ranks on this machine under mpiexec); "

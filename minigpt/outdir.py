@@ -116,7 +116,8 @@ class OutDir:
         """The temporary names under which a run writes its other files before renaming them into place."""
         names = os.listdir(self.snapshots) if os.path.isdir(self.snapshots) else ()
         return [self.log + ".tmp", self.report + PART, (self.curve(plot) or "") + PART,
-                *(os.path.join(self.snapshots, n) for n in names if n.startswith("iter_") and n.endswith(".npz" + PART))]
+                *(os.path.join(self.snapshots, n) for n in names
+                  if n.startswith("iter_") and n.endswith(".npz" + PART))]
 
     def start_over(self, plot, data, say):
         """A new run (no --resume) in an out_dir that holds another (its log, last checkpoint or snapshots): the
