@@ -43,6 +43,7 @@ from .tokenizer import tokenizer_from_json, tokenizer_from_path
 
 
 VAL_PROGRESS_TOKENS = 1_000_000        # a final score of more tokens says first that it is under way
+PROGRESS_SECONDS = 10                  # and then how far it is, this often
 
 
 @dataclass
@@ -443,7 +444,7 @@ def evaluate_and_checkpoint(run, log, final=False):
         if not whole or len(val) > VAL_PROGRESS_TOKENS:
             say(f"iter {it}: scoring {'the whole validation split' if whole else 'the first'} {len(val):,} tokens"
                 f"{'' if whole else ' of the validation split (--val_tokens)'} ...")
-        full = whole_split_loss(run.model, val, run.cfg.block_size, run.cfg.batch_size, world)
+        full = whole_split_loss(run.model, val, run.cfg.block_size, run.cfg.batch_size, world, _Progress())
         chars = len(run.tok.decode(val[1:]))                 # the characters the targets spell
         losses["val_full"] = row["val_loss_full"] = full
         losses["val_bpc"] = row["val_bpc"] = full * (len(val) - 1) / (chars * math.log(2))
@@ -479,10 +480,11 @@ def estimate_loss(model, data, cfg, world=distributed.World()):
     return {"train": float(means[0]), "val": float(means[1])}
 
 
-def whole_split_loss(model, ids, block_size, batch_size, world=distributed.World()):
+def whole_split_loss(model, ids, block_size, batch_size, world=distributed.World(), progress=None):
     """Mean loss over every target of ids (N,): the blocks ids[i : i+T+1] for i = 0, T, 2T, ... and a last,
     shorter one, so each target counts once with up to T tokens of context: the figure to compare tokenizers
-    and runs by. Ranks share the blocks; the model is left in the mode it was in."""
+    and runs by. Ranks share the blocks; the model is left in the mode it was in. progress(done, total), if
+    given, is called after each batch with this rank's blocks."""
     n = len(ids) - 1                                         # targets
     if n < 1:
         raise ValueError(f"whole_split_loss: {len(ids)} token(s) hold no target; it needs at least 2")
@@ -495,12 +497,28 @@ def whole_split_loss(model, ids, block_size, batch_size, world=distributed.World
         rows = mine[s:s + batch_size, None] + np.arange(block_size + 1)            # (b, T+1)
         chunk = ids[rows].astype(np.int32)
         total += model.forward(chunk[:, :-1], chunk[:, 1:])[1] * chunk[:, 1:].size
+        if progress is not None:
+            progress(min(s + batch_size, len(mine)), len(mine))
     tail = n - len(starts) * block_size
     if tail and world.root:                                  # the last targets, in one shorter block
         chunk = ids[None, len(starts) * block_size:].astype(np.int32)                # (1, tail+1)
         total += model.forward(chunk[:, :-1], chunk[:, 1:])[1] * tail
     model.train(was_training)
     return float(world.allreduce(total)[0] / n)
+
+
+class _Progress:
+    """whole_split_loss's progress: a line every PROGRESS_SECONDS, with the share done and the time left."""
+
+    def __init__(self):
+        self.t0 = self.shown = time.perf_counter()
+
+    def __call__(self, done, total):
+        now = time.perf_counter()
+        if now - self.shown >= PROGRESS_SECONDS and done < total:
+            self.shown = now
+            left = (now - self.t0) * (total - done) / done
+            say(f"  scored {done / total:.0%} of the validation tokens, {_fmt_time(left)} left")
 
 
 def snapshot_due(run, final):

@@ -67,16 +67,19 @@ def test_llmc_shards_written_by_hand_train_and_resume_bit_identically(tmp_path):
     assert whole["final"]["val_full"] == _rows(tmp_path / "whole")[-1]["val_loss_full"]
 
 
-def test_the_final_score_takes_at_most_val_tokens_and_says_how_many(tmp_path, capsys):
+def test_the_final_score_takes_at_most_val_tokens_and_says_how_many(tmp_path, capsys, monkeypatch):
+    import minigpt.train as T
     text = tmp_path / "text.txt"
     write_text(text, n_chars=8000)
     prepare([str(text)], str(tmp_path / "shards"), workers=1, quiet=True)
+    monkeypatch.setattr(T, "PROGRESS_SECONDS", 0)                       # a progress line after every batch
     train(_cfg(tmp_path, tmp_path / "shards", "capped", val_tokens=300))
     row = _rows(tmp_path / "capped")[-1]
     assert row["val_tokens_scored"] == 300
     out = capsys.readouterr().out
     assert "scoring the first 300 tokens of the validation split (--val_tokens)" in out
     assert "val loss over its first 300 tokens" in out
+    assert "scored 22% of the validation tokens" in out                 # 299 targets: 18 blocks of 16, 4 a batch
     train(_cfg(tmp_path, tmp_path / "shards", "all", val_tokens=0))
     assert _rows(tmp_path / "all")[-1]["val_tokens_scored"] == len(split_text(text.read_text())[1])
 
