@@ -27,7 +27,7 @@ from bench_util import command, cpu, cpu_line, revision  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = [os.path.join(ROOT, "data", "tinyshakespeare.txt"), os.path.join(ROOT, "..", "shared", "data",
                                                                             "tinyshakespeare.txt")]
-FIRST_STEP = re.compile(r"\b(iter|step)\s*0\s*\|")           # the log line of the first step: "iter 0 | loss ..."
+FIRST_STEP = re.compile(r"\biter\s+0\s*[/|]")                # the first step's log line: "iter     0/1 | loss ..."
 
 
 def generate(path, mb):
@@ -207,8 +207,12 @@ def write_report(a, rows, tok, n, load):
               for r in rows) + " (a batch of lines cuts whitespace runs at every line end, the whole text does "
           "not). minigpt's ids equal `tokenizers`' encode of the corpus's first MB: "
           + ", ".join(f"{r['mb']:,} MB {'yes' if r['ids_equal'] else 'NO'}" for r in rows) + "."]
-    if notes:
-        L += ["", "Training: " + "; ".join(notes) + " (the time-to-first-step and peak-memory columns wait for it)."]
+    L += ["", "Training: `python -m minigpt.train --data DIR --max_iters 1 --eval_iters 1 --log_interval 1` (the "
+          "default model and settings otherwise) on each prepared directory; the first step is the seconds from "
+          "starting the command to its `iter 0` line (start-up, opening the shards, the model, one evaluation "
+          "batch per split, one step); the peak resident memory is the whole run's, its final score of at most "
+          "--val_tokens validation tokens included."
+          + (" " + "; ".join(notes) + "." if notes else "")]
     out = a.out if os.path.isabs(a.out) else os.path.join(ROOT, a.out)
     with open(out, "w") as f:
         f.write("\n".join(L) + "\n")
