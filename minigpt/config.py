@@ -237,7 +237,8 @@ class ReportConfig:
     ckpt: str = common("ckpt")
     prompt: str = setting("", "text the attention, logit-lens and next-token sections look at (default: the "
                               "start of the validation text, else a newline)")
-    data: str = setting("", "the text the run trained on, for the validation sections (default: the run's --data)")
+    data: str = setting("", "the text the run trained on, or its directory of token shards, for the validation "
+                            "sections (default: the run's --data)")
     val_chars: int = setting(2000, "characters of validation text scored token by token")
     samples: int = setting(3, "samples at the end of the page")
     sample_tokens: int = setting(200, "tokens per sample")
@@ -342,7 +343,7 @@ def check(cfg, given=None):
         raise UserError("--preset speedrun trains to a time budget: add --max_time SECONDS (e.g. --max_time 60)")
     if cfg.optimizer not in ("adamw", "muon"):
         raise UserError(f"--optimizer must be adamw or muon, got {cfg.optimizer!r}")
-    if cfg.tokenizer not in ("char", "bpe") and not os.path.exists(cfg.tokenizer):
+    if cfg.tokenizer not in ("char", "bpe") and not cfg.resume and not os.path.exists(cfg.tokenizer):
         raise UserError(f"--tokenizer must be char, bpe or the path of a tokenizer (a GPT-2 directory or a "
                         f"tokenizer.json), got {cfg.tokenizer!r}")
     if cfg.tokenizer == "bpe" and cfg.vocab_size < 257:
@@ -352,9 +353,11 @@ def check(cfg, given=None):
         raise UserError(f"--plot {cfg.plot!r} lies outside --out_dir, where a run writes everything; pass a name "
                         "such as curve.png, then copy it, or draw one anywhere with scripts/plot_losses.py "
                         "OUT_DIR/log.jsonl -o PATH")
-    if given is not None and "vocab_size" in given and cfg.tokenizer != "bpe":
+    if given is not None and "vocab_size" in given and cfg.tokenizer != "bpe" and not os.path.isdir(cfg.data):
         raise UserError(f"--vocab_size sets the size of a BPE vocabulary, but this run's tokenizer is "
                         f"{cfg.tokenizer}; add --tokenizer bpe (a new run) or drop --vocab_size")
+    if cfg.val_tokens == 1:
+        raise UserError("--val_tokens 1 holds no next token to score; pass 0 (the whole split) or at least 2")
     check_common(cfg)
     notes = []
     if cfg.min_lr > cfg.lr:                                   # a default's or preset's --min_lr above a typed --lr

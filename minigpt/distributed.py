@@ -13,7 +13,7 @@ recognised by the variables its launcher sets (PMI_SIZE: MPICH, Intel MPI, Slurm
 
 Faults. A rank that dies makes mpiexec stop the others (MPICH's Hydra kills them and names the dead process). An
 error the ranks settle together exits normally on every rank, with status 3 for a diverged loss and 2 for anything
-else: a bad setting, anything agree() or check() settled (such as a data file missing on one rank: every rank
+else: a bad setting, anything a World.settle() block raised (such as a data file missing on one rank: every rank
 raises it as "on rank N: ..."). Any other exception on one rank is printed there and aborts the whole job
 (MPI_Abort), because the others would wait forever for it in the next collective. A SIGINT/SIGTERM, which mpiexec
 forwards to every rank, rides along in the step's second Allreduce (the loss's), so all ranks stop after the same
@@ -194,7 +194,7 @@ def launched_rank():
 
 def exit_status(error, code):
     """Print a UserError and return the command's exit status. Under mpiexec, an error that every rank meets
-    alike (error.everywhere, the default: settings, agree/check, divergence) is printed by rank 0 alone and every
+    alike (error.everywhere, the default: settings, settle(), divergence) is printed by rank 0 alone and every
     rank exits; one that a rank may meet alone (everywhere = False) is printed by it and aborts the job."""
     everywhere = getattr(error, "everywhere", True)
     if launched_rank() == 0 or not everywhere:

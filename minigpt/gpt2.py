@@ -80,8 +80,9 @@ def read_config(directory, block_size=None):
     if needed:
         raise UserError(f"--init_from {directory}: config.json lacks a positive integer {', '.join(needed)}; a "
                         "transformers GPT-2 config.json has them all")
-    if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh") or \
-            abs(hf.get("layer_norm_epsilon", LN_EPS) - LN_EPS) > 1e-12 or hf.get("n_inner") not in (None, 4 * hf["n_embd"]):
+    if (hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh")
+            or abs(hf.get("layer_norm_epsilon", LN_EPS) - LN_EPS) > 1e-12
+            or hf.get("n_inner") not in (None, 4 * hf["n_embd"])):
         raise UserError(f"--init_from {directory}: activation {hf.get('activation_function')}, layer_norm_epsilon "
                         f"{hf.get('layer_norm_epsilon')}, n_inner {hf.get('n_inner')}: minigpt runs GPT-2's tanh GELU, "
                         f"eps {LN_EPS} and a 4 x n_embd MLP only")

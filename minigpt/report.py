@@ -197,10 +197,12 @@ def _training(rows):
         body = P.img(P.training_figure(steps, evals), "training curves")
         last = evals[-1] if evals else None
         if last:
-            full = f", whole validation split {last['val_loss_full']:.4f}" if "val_loss_full" in last else ""
-            body += f"<p>Last evaluation at iteration {last['iter']}: train {last['train_loss']:.4f}, " \
-                    f"val {last['val_loss']:.4f} (both estimates over --eval_iters random batches){full} (nats " \
-                    "per token).</p>"
+            where = ("the whole validation split" if last.get("val_whole", True)    # --val_tokens may cap it
+                     else f"the first {last['val_tokens_scored']:,} validation tokens")
+            full = f", {where} {last['val_loss_full']:.4f}" if "val_loss_full" in last else ""
+            body += (f"<p>Last evaluation at iteration {last['iter']}: train {last['train_loss']:.4f}, "
+                     f"val {last['val_loss']:.4f} (both estimates over --eval_iters random batches){full} (nats "
+                     "per token).</p>")
     return P.section("training", "1. Training", "How the loss fell as the run went on, against iterations and "
                      "against seconds, with the learning rate, the gradient norm and the speed.", body)
 
@@ -305,8 +307,8 @@ def _wrong(model, tok, val_text, n_chars):
 def _snapshots(out_dir, config, ops, ids, order, labels, val_text, rows, data):
     run = OutDir(out_dir)
     iters = run.snapshot_iters()
-    what = "The embedding projection and the attention on the prompt (each layer, mean of its heads) at several " \
-           "points of the run."
+    what = ("The embedding projection and the attention on the prompt (each layer, mean of its heads) at several "
+            "points of the run.")
     if not iters:
         return P.section("snapshots", "8. How training changed it", what, '<p class="note">No snapshots in '
                          f'{P.esc(run.snapshots)} (train with --snapshots N).</p>',

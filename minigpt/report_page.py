@@ -45,8 +45,8 @@ def shown_bytes(b):
     """A token's bytes made visible: as shown(), and each byte that is not part of a UTF-8 character (a lone
     byte >= 0x80 of a byte-level BPE, which decode() makes U+FFFD) as <0xNN>."""
     text = b.decode("utf-8", errors="surrogateescape")              # such a byte -> U+DC00 + the byte
-    return "".join(f"<0x{ord(c) - 0xDC00:02X}>" if "\udc80" <= c <= "\udcff" else shown(c) for c in text) or \
-        shown("")
+    return ("".join(f"<0x{ord(c) - 0xDC00:02X}>" if "\udc80" <= c <= "\udcff" else shown(c) for c in text)
+            or shown(""))
 
 
 # ----------------------------------------------------------------------------

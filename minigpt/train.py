@@ -6,7 +6,8 @@
         setup          the backend, the tokenizer, the data, the model, the optimizer
         restore        --resume puts back the checkpoint's weights, optimizer state, generators and position
       training_loop    lr -> eval/checkpoint -> forward/backward (accumulated) -> sync -> clip -> step -> log;
-                       the last evaluation also scores the whole validation split (bits per character too)
+                       the last evaluation also scores the validation split, each token once (its first
+                       --val_tokens), in nats per token and bits per character
 
 Three generators, all seeded from cfg.seed: the model's (init, then dropout's seeds), the batch sampler's, and the
 evaluation one, re-created at every eval so that curves are comparable between runs. A checkpoint carries every
@@ -351,6 +352,7 @@ def training_loop(run):
     """Iterations run.it .. max_iters, or until --max_time seconds are spent; returns the result dict (a shorter
     one when a signal stopped it)."""
     cfg, world = run.cfg, run.world
+    world.stop_agreed = False                                # no stop agreed yet (an earlier run's was its own)
     log = open(run.out.log if world.root else os.devnull, "a", buffering=1)   # line-buffered: each row reaches disk
     stop = StopFlag()                                        # SIGINT/SIGTERM handlers, restored in the finally below
     last_loss, t_train, n_timed, losses = None, 0.0, 0, None
@@ -431,7 +433,8 @@ def log_step(log, run, loss, lr, gnorm, dt, eta):
 
 def evaluate_and_checkpoint(run, log, final=False):
     """Both splits' loss into the log; checkpoint ckpt_last (and ckpt_best when val improved). The final one
-    also measures the whole validation split, in nats per token and bits per character."""
+    also scores the validation split, each token once (its first --val_tokens: whole_split_loss), in nats per
+    token and bits per character."""
     it, world = run.it, run.world
     losses = estimate_loss(run.model, run.data, run.cfg, world)
     world.same_weights(run.model.params())
@@ -448,7 +451,7 @@ def evaluate_and_checkpoint(run, log, final=False):
         chars = len(run.tok.decode(val[1:]))                 # the characters the targets spell
         losses["val_full"] = row["val_loss_full"] = full
         losses["val_bpc"] = row["val_bpc"] = full * (len(val) - 1) / (chars * math.log(2))
-        row["val_tokens_scored"] = len(val)
+        row["val_tokens_scored"], row["val_whole"] = len(val), whole
         what = "the whole split" if whole else f"its first {len(val):,} tokens"
         say(f"iter {it}: val loss over {what} {full:.4f} ({losses['val_bpc']:.4f} bits per character)")
     log.write(json.dumps(row) + "\n")
@@ -543,7 +546,9 @@ def save(run, path):
     states = run.world.allgather(run.model.rng.bit_generator.state)
     if not run.world.root:
         return
-    settings = {**run.cfg.to_dict(), "data": os.path.abspath(run.cfg.data)}   # found from any directory
+    settings = {**run.cfg.to_dict(), "data": os.path.abspath(run.cfg.data)}   # found from any directory, as
+    if run.cfg.tokenizer not in ("char", "bpe"):                                 # a tokenizer's path is
+        settings["tokenizer"] = os.path.abspath(run.cfg.tokenizer)
     meta = {"iter": run.it, "best_val": run.best_val, "tokenizer": run.tok.to_json(),   # (resume, eval, report)
             "model_config": run.model.config.to_dict(), "train_config": settings,
             "rng": {"model": states[0], "batch": run.batch_rng.bit_generator.state}, "elapsed": run.elapsed}
@@ -633,8 +638,9 @@ def interrupted_status(result):
 
 
 SCRIPT_ONLY = {"plot", "report", "sample_chars"}       # settings only scripts/train_shakespeare.py acts on
-DESCRIPTION = ("Train a GPT on a UTF-8 text file; writes out_dir/log.jsonl, checkpoints and snapshots/ (training only: "
-               "scripts/train_shakespeare.py also downloads, plots, samples and writes report.html).")
+DESCRIPTION = ("Train a GPT on a UTF-8 text file or a directory of token shards; writes out_dir/log.jsonl, "
+               "checkpoints and snapshots/ (training only: scripts/train_shakespeare.py also downloads, plots, "
+               "samples and writes report.html).")
 
 
 def main(argv=None):

@@ -52,8 +52,8 @@ def cpu_line():
     """One line for a report: '<model name> (<vendor> family <n> model <n>), 2 CPUs, avx512f yes, avx2 yes, ...
     (lscpu)'."""
     c = cpu()
-    return f"{c['model']}, {c['cpus']} CPUs, " + ", ".join(f"{f} {'yes' if v else 'no'}" for f, v in c["flags"].items()) \
-        + " (lscpu)"
+    flags = ", ".join(f"{f} {'yes' if v else 'no'}" for f, v in c["flags"].items())
+    return f"{c['model']}, {c['cpus']} CPUs, {flags} (lscpu)"
 
 
 def command(script):

@@ -29,6 +29,8 @@ def main(argv):
     try:
         a = check_ranges(parse_args(argv, EvalConfig, prog="eval_checkpoint.py", description=__doc__),
                          non_negative=("draws", "context", "max_tokens"))
+        if a.max_tokens == 1:
+            raise UserError("--max_tokens 1 holds no next token to score; pass 0 (the whole split) or at least 2")
         splits = [x.strip() for x in a.splits.split(",") if x.strip()]
         if not splits or set(splits) - {"train", "val"}:
             raise UserError(f"--splits {a.splits!r}: name train, val or both, comma-separated (e.g. --splits val)")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from helpers import TINY_TRAIN, write_text
-from minigpt.config import TrainConfig
+from minigpt.config import TrainConfig, parse_args
 from minigpt.data import CharTokenizer, split_text
 from minigpt.errors import UserError
 from minigpt.prepare_data import prepare
@@ -41,7 +41,7 @@ def test_a_prepared_directory_trains_as_its_text_file(tmp_path, tokenizer):
     assert len(a) == 12 + 4 and _losses(a) == _losses(b)                  # 12 steps, evaluations at 0, 4, 8, 12
 
 
-def test_llmc_shards_written_by_hand_train_and_resume_bit_identically(tmp_path):
+def test_llmc_shards_written_by_hand_train_and_resume_bit_identically(tmp_path, monkeypatch):
     text = tmp_path / "text.txt"
     write_text(text, n_chars=8000)
     raw = text.read_text()
@@ -61,8 +61,11 @@ def test_llmc_shards_written_by_hand_train_and_resume_bit_identically(tmp_path):
     with pytest.raises(UserError, match="without a tokenizer"):
         train(_cfg(tmp_path, d, "none"))
     whole = train(_cfg(tmp_path, d, "whole", tokenizer=str(tok_file)))
-    train(_cfg(tmp_path, d, "cut", tokenizer=str(tok_file), max_iters=6))
-    train(_cfg(tmp_path, d, "cut", tokenizer=str(tok_file), resume=True))
+    monkeypatch.chdir(tmp_path)                                           # a tokenizer named relative to here
+    train(_cfg(tmp_path, d, "cut", tokenizer="chars.json", max_iters=6))
+    monkeypatch.chdir(d)                                                  # resumed from another directory
+    cfg = parse_args(["--out_dir", str(tmp_path / "cut"), "--resume", "--max_iters", "12"])
+    train(cfg, given=cfg.given)
     assert _losses(_rows(tmp_path / "cut")) == _losses(_rows(tmp_path / "whole"))
     assert whole["final"]["val_full"] == _rows(tmp_path / "whole")[-1]["val_loss_full"]
 
@@ -88,12 +91,16 @@ def test_a_directory_refuses_a_tokenizer_setting(tmp_path):
     text = tmp_path / "text.txt"
     write_text(text)
     prepare([str(text)], str(tmp_path / "shards"), workers=1, quiet=True)
-    from minigpt.config import parse_args
     for flags in (["--tokenizer", "bpe"], ["--tokenizer", "bpe", "--vocab_size", "300"]):
         cfg = parse_args(["--data", str(tmp_path / "shards"), "--out_dir", str(tmp_path / "o"), *flags])
         with pytest.raises(UserError, match="already tokenized: drop --tokenizer and --vocab_size"):
             train(cfg, given=cfg.given)
     assert not (tmp_path / "o").exists()
+    cfg = parse_args(["--data", str(tmp_path / "shards"), "--out_dir", str(tmp_path / "o"), "--vocab_size", "300"])
+    with pytest.raises(UserError, match="already tokenized: drop --tokenizer and --vocab_size"):
+        train(cfg, given=cfg.given)
+    with pytest.raises(UserError, match="--val_tokens 1 holds no next token"):
+        train(_cfg(tmp_path, tmp_path / "shards", "v", val_tokens=1))
     with pytest.raises(UserError, match="--tokenizer must be char, bpe or the path"):
         train(_cfg(tmp_path, text, "p", tokenizer=str(tmp_path / "missing.json")))
     with pytest.raises(UserError, match="prepare it with that tokenizer first"):

@@ -70,8 +70,8 @@ def _names(dtypes):
 
 def _dtype_fix(name, dtype):
     others = [n for n in BACKENDS if n != name and _cannot_run(n, dtype) is None]
-    return "Fix: " + "".join(f"select {n} (--backend {n} or MINIGPT_BACKEND={n}), or " for n in others) + \
-        "cast the model to float32"
+    return ("Fix: " + "".join(f"select {n} (--backend {n} or MINIGPT_BACKEND={n}), or " for n in others)
+            + "cast the model to float32")
 
 
 def load(name=None, dtype=None, threads=None, verbose=None):
