@@ -47,6 +47,10 @@ def __getattr__(name):
     raise AttributeError(f"module 'minigpt' has no attribute {name!r}")
 
 
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
+
+
 class Model:
     """A trained GPT (minigpt/model.py) with its tokenizer: generate text, score text."""
 

@@ -19,6 +19,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 
 
 from .errors import UserError
+from .outdir import CURVE
 
 
 def run_command(main, argv=None):
@@ -144,7 +145,7 @@ class TrainConfig(ModelShape):
                                                     "the default when it is missing), or a directory of token "
                                                     "shards (scripts/prepare_data.py's, llm.c's or nanoGPT's)")
     out_dir: str = common("out_dir")
-    plot: str = setting("loss_curve.png", "loss-curve PNG made at the end, in --out_dir: a name, or a path inside "
+    plot: str = setting(CURVE, "loss-curve PNG made at the end, in --out_dir: a name, or a path inside "
                                           "it; '' for none (train_shakespeare.py only)")
     report: bool = setting(True, "write out_dir/report.html at the end: what the model learned (python -m "
                                  "minigpt.report; train_shakespeare.py only)")

@@ -10,6 +10,7 @@ from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.figure import Figure                             # not pyplot: no global backend, no figure registry
 
 from .errors import UserError
+from .outdir import CURVE
 
 FIX = "pass the log.jsonl a training run wrote in its --out_dir"
 NEEDS = {"train": ("iter", "loss"), "eval": ("iter", "train_loss", "val_loss")}   # the keys plot() reads
@@ -57,7 +58,7 @@ def image_path(out_png):
     before a run starts rather than after it ends."""
     if os.path.isdir(out_png):
         raise UserError(f"cannot write {out_png!r}: it is a directory; name a PNG file in it, e.g. "
-                        f"{os.path.join(out_png, 'loss_curve.png')}")
+                        f"{os.path.join(out_png, CURVE)}")
     fmt = os.path.splitext(out_png)[1][1:].lower()               # told to savefig: the temporary name hides it
     if not fmt:
         out_png, fmt = out_png + ".png", "png"

@@ -664,7 +664,8 @@ def main(argv=None):
 def python_train(data=None, out_dir="out", **settings):
     """Train as `python -m minigpt.train --data DATA --out_dir OUT_DIR --key value ...` does, with the same checks,
     losses and files; -> a dict: "model" (a minigpt.Model), "final" (the last evaluation's losses), "best_val",
-    "iter", "ms_per_iter", "log" (out_dir/log.jsonl) and "rows" (its rows: each step and each evaluation).
+    "iter", "ms_per_iter", "log" (out_dir/log.jsonl) and "rows" (its rows: each step and each evaluation). A run
+    that a signal stopped (saved, to continue with resume=True) returns "iter", "interrupted" and "best_val" alone.
     Settings are TrainConfig's (minigpt/config.py; `python -m minigpt.train --help` lists them)."""
     from . import Model
     if data is not None:
@@ -673,11 +674,11 @@ def python_train(data=None, out_dir="out", **settings):
     argv = [f"--{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items()]   # as typed
     cfg = parse_args(argv, prog="minigpt.train()")
     result = train(cfg, given=cfg.given)
-    model = Model(result.pop("model"), result.pop("tokenizer"), cfg.out_dir) if "model" in result else None
-    rows = []
-    if "log" in result:
-        with open(result["log"]) as f:
-            rows = [json.loads(line) for line in f]
+    if result["interrupted"]:
+        return result
+    model = Model(result.pop("model"), result.pop("tokenizer"), cfg.out_dir)
+    with open(result["log"]) as f:
+        rows = [json.loads(line) for line in f]
     return {**result, "model": model, "rows": rows}
 
 

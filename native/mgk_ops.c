@@ -35,12 +35,12 @@
 #define BODY static inline __attribute__((always_inline))
 #define LANES 16           /* independent partial sums of a row sum (below: four vectors of 4 floats) */
 /* Threads: an op runs on the calling thread alone unless its work, estimated as elements times the cost of one
-   element on one AVX-512 thread (the PS_* below, in picoseconds, measured at config-S sizes), passes a threshold.
-   Waking the pool's sleeping workers is slow, so an op must take PAR_MIN_PS on one thread before a second one
-   pays. While mgk_set_spin_us is > 0 (the native backend sets it), workers wait awake between back-to-back calls
-   and handing them work is cheap, so each thread that gets PAR_SPIN_PS of work pays (config S's ops all cross it;
-   the thresholds tried: reports/benchmarks.md, PAR_SPIN_PS). A call after a longer pause still wakes sleeping
-   workers. */
+   element on one AVX-512 thread (the PS_* below, in picoseconds, from timings at config S's sizes:
+   reports/benchmarks.md), passes a threshold. Waking the pool's sleeping workers is slow, so an op must take
+   PAR_MIN_PS on one thread before a second one pays. While mgk_set_spin_us is > 0 (the native backend sets it),
+   workers wait awake between back-to-back calls and handing them work is cheap, so each thread that gets
+   PAR_SPIN_PS of work pays (config S's ops all cross it; the thresholds tried: reports/benchmarks.md,
+   PAR_SPIN_PS). A call after a longer pause still wakes sleeping workers. */
 #define PAR_MIN_PS 100000000LL
 #define PAR_SPIN_PS 5000000LL
 enum { PS_LN_FWD = 300, PS_LN_BWD = 400, PS_GELU_FWD = 700, PS_GELU_BWD = 150, PS_SM_FWD = 450, PS_SM_BWD = 250,

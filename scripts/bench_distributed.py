@@ -22,6 +22,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_util import command, cpu_line, revision  # noqa: E402
 from minigpt.distributed import find_mpiexec  # noqa: E402
+from minigpt.outdir import OutDir  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = {"S": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch=12),       # batch: the global one
@@ -47,7 +48,7 @@ def train_run(c, ranks, threads, steps, backend, data, tmp):
             f"--backend={backend}", f"--threads={threads}", f"--log_interval={10 ** 6}"]
     cmd = [find_mpiexec(), "-n", str(ranks), *args] if ranks > 1 else args
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
-    with open(os.path.join(out, "log.jsonl")) as f:
+    with open(OutDir(out).log) as f:
         ms = [r["ms"] for r in map(json.loads, f) if r["kind"] == "train"]
     skip = 5 if steps > 20 else 1
     return float(np.median(ms[skip:]))
@@ -64,7 +65,7 @@ def exactness(backend, data, tmp, iters=200):
                 "--plot=", f"--backend={backend}", "--threads=1"]
         subprocess.run([find_mpiexec(), "-n", "2", *args] if ranks > 1 else args, cwd=ROOT, check=True,
                        capture_output=True)
-        with open(os.path.join(out, "log.jsonl")) as f:
+        with open(OutDir(out).log) as f:
             logs[ranks] = [json.loads(line) for line in f]
     loss = {n: np.array([r["loss"] for r in log if r["kind"] == "train"]) for n, log in logs.items()}
     val = {n: [r["val_loss"] for r in log if r["kind"] == "eval"][-1] for n, log in logs.items()}

@@ -21,6 +21,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_util import command, cpu_line, revision  # noqa: E402
+from minigpt.outdir import OutDir  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKENIZERS = {"char": [], "BPE 512": ["--tokenizer=bpe", "--vocab_size=512"],
@@ -35,7 +36,7 @@ def one_run(args, seconds, seed, data, out):
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if r.returncode:
         sys.exit(f"error: {' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
-    with open(os.path.join(out, "log.jsonl")) as f:
+    with open(OutDir(out).log) as f:
         rows = [json.loads(line) for line in f]
     final = [r for r in rows if r["kind"] == "eval"][-1]
     return {"bpc": final["val_bpc"], "nats": final["val_loss_full"], "iters": final["iter"],

@@ -27,6 +27,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_util import command, cpu_line, revision, write_keeping_notes  # noqa: E402
 from minigpt import backends, layers, model  # noqa: E402
+from minigpt.outdir import OutDir  # noqa: E402
 from minigpt.backends import native  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -109,7 +110,7 @@ def keep_float32(*groups):
 def run(out_dir, flags, args, read, keep=None, env=None):
     """Train one run into out_dir, or read it if it finished there before (its out_dir is then added to read).
     keep: a group of GROUPS kept float32 (the run goes through this script's --child); env: added to the run's."""
-    got = final(os.path.join(out_dir, "log.jsonl"))
+    got = final(OutDir(out_dir).log)
     if got is not None:
         read.append(os.path.basename(out_dir))
     else:
@@ -121,7 +122,7 @@ def run(out_dir, flags, args, read, keep=None, env=None):
         print(" ".join(f"{k}={v}" for k, v in (env or {}).items()), " ".join(cmd), flush=True)
         if subprocess.run(cmd, stdout=subprocess.DEVNULL, env={**os.environ, **(env or {})}).returncode:
             sys.exit(f"error: the run in {out_dir} failed (its message is above)")
-        got = final(os.path.join(out_dir, "log.jsonl"))
+        got = final(OutDir(out_dir).log)
     print(f"{out_dir}: whole-split val {got[0]:.4f} at iter {got[1]}", flush=True)
     return got
 
