@@ -129,8 +129,12 @@ def main():
     ap.add_argument("--tmp", default="/tmp/minigpt_bench_data", help="where corpora and shards go")
     ap.add_argument("--tokenizer", default="", help="a GPT-2 tokenizer.json (default: train one here)")
     ap.add_argument("--out", default="reports/data.md")
+    ap.add_argument("--render", default="", help="rewrite the report from a run's measurements (the JSON it "
+                    "saved in --tmp) without measuring again")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.render:
+        return write_report(**json.load(open(a.render)), out=a.out)
     if a.child:                                   # heavy work in children: this process stays small, so its
         kind, *args = a.child                     # children's peak memory (inherited at fork) is their own
         return print(json.dumps({"hf": hf_child, "tokenizer": train_tokenizer, "check": check_ids}[kind](*args)))
@@ -165,25 +169,38 @@ def main():
         print(mb, "hf", r["hf"], flush=True)
         rows.append(r)
     load.append(os.getloadavg()[0])
-    write_report(a, rows, tok, n, load)
-
-
-def write_report(a, rows, tok, n, load):
     import tokenizers
+    run_info = {"command": command("bench_data.py"), "revision": revision(ROOT), "cpu": cpu_line(),
+                "date": time.strftime("%Y-%m-%d %H:%M"), "tokenizers": tokenizers.__version__, "load": load,
+                "tokenizer": a.tokenizer, "n": n, "rows": rows}
+    with open(os.path.join(a.tmp, "bench_data.json"), "w") as f:           # for --render
+        json.dump(run_info, f, indent=1)
+    write_report(**run_info, out=a.out)
+
+
+def write_report(command, revision, cpu, date, tokenizers, load, tokenizer, n, rows, out):
+    """reports/data.md from one run's measurements."""
 
     def mem(x):
         return f"{x:,.0f} MB" if x is not None else "-"
 
     def first(x):
         return f"{x[0]:.1f} s / {mem(x[1])}" if x[0] is not None else "not measured"
+    lo, hi = rows[0], rows[-1]
     made = "trained here by `tokenizers` on the first 20 MB of the smallest corpus (ByteLevel pre-tokenizer with " \
            "GPT-2's regex, BPE, 50,257 tokens with `<|endoftext|>`): GPT-2's own tokenizer.json is not on this " \
-           "machine and nothing is downloaded" if not a.tokenizer else f"`{a.tokenizer}`"
+           "machine and nothing is downloaded" if not tokenizer else f"`{tokenizer}`"
     L = ["# Preparing a corpus: token shards, against Hugging Face `tokenizers`", "",
-         f"Command: `{command('bench_data.py')}` at {revision(ROOT)}, on {cpu_line()}, "
-         f"{time.strftime('%Y-%m-%d %H:%M')}; 1-minute load average {load[0]:.2f} before, {load[1]:.2f} after.", "",
+         f"Command: `{command}` at {revision}, on {cpu}, {date}; 1-minute load average {load[0]:.2f} before, "
+         f"{load[1]:.2f} after.", "",
          "Corpora: tiny Shakespeare repeated with a line number before every line. The GPT-2-style tokenizer: "
-         f"{made}; `tokenizers` {tokenizers.__version__}. Each row ran in its own process, one after the other.", "",
+         f"{made}; `tokenizers` {tokenizers}. Each row ran in its own process, one after the other.", "",
+         "Prepare with the GPT-2 tokenizer encoded " + ", ".join(
+             f"{r['gpt2']['mbs'] / r['hf']['mbs']:.1f}x as fast as `tokenizers`' encode_batch at {r['mb']:,} MB"
+             for r in rows) + f" (both on {n} CPUs). Peak resident memory from the {lo['mb']:,} MB corpus to the "
+         f"{hi['mb']:,} MB one: prepare {mem(lo['gpt2']['rss'])} and {mem(hi['gpt2']['rss'])} (GPT-2), training "
+         f"{mem(lo['gpt2']['first'][1])} and {mem(hi['gpt2']['first'][1])} (GPT-2 dir), "
+         f"{mem(lo['char']['first'][1])} and {mem(hi['char']['first'][1])} (char dir).", "",
          f"| corpus | prepare, GPT-2 tokenizer, {n} workers | `tokenizers` encode_batch, {n} threads | prepare, "
          "characters | prepare peak RSS (GPT-2 / char) | first training step / peak RSS (GPT-2 dir) | "
          "first training step / peak RSS (char dir) |",
@@ -213,10 +230,10 @@ def write_report(a, rows, tok, n, load):
           "batch per split, one step); the peak resident memory is the whole run's, its final score of at most "
           "--val_tokens validation tokens included."
           + (" " + "; ".join(notes) + "." if notes else "")]
-    out = a.out if os.path.isabs(a.out) else os.path.join(ROOT, a.out)
-    with open(out, "w") as f:
+    path = out if os.path.isabs(out) else os.path.join(ROOT, out)
+    with open(path, "w") as f:
         f.write("\n".join(L) + "\n")
-    print("wrote", a.out)
+    print("wrote", out)
 
 
 if __name__ == "__main__":
