@@ -6,6 +6,7 @@ Use it from Python with the same functions the commands call:
     m = minigpt.load("out")                              # a run's --out_dir, or a checkpoint file
     print(m.generate("ROMEO:", 200, seed=1))             # what `python -m minigpt.sample` prints for that seed
     result = minigpt.train(data="my.txt", out_dir="out-mine", max_iters=200)   # python -m minigpt.train's run
+    minigpt.prepare_data(["books/"], "data/books", tokenizer="bpe")           # scripts/prepare_data.py's shards
 
 A setting given in code gets the command line's checks and its one-line UserError. Importing minigpt loads only
 this file and minigpt/errors.py; numpy, numba, the C library and matplotlib load when a call needs them.
@@ -13,7 +14,7 @@ docs/walkthrough.ipynb goes from here into the layers, a gradient checked by han
 """
 from .errors import UserError
 
-__all__ = ["load", "train", "Model", "UserError"]
+__all__ = ["load", "train", "prepare_data", "Model", "UserError"]
 
 
 def load(path="out", backend=None, threads=0, dtype="float32"):
@@ -39,11 +40,12 @@ def load(path="out", backend=None, threads=0, dtype="float32"):
 
 
 def __getattr__(name):
-    """minigpt.train: the module minigpt/train.py, which is callable as the API's train (train.python_train); it
-    is imported on first use, so that importing minigpt stays light."""
-    if name == "train":
+    """minigpt.train and minigpt.prepare_data: the modules minigpt/train.py and minigpt/prepare_data.py, callable
+    as the API's functions (train.python_train, prepare_data.prepare); imported on first use, so that importing
+    minigpt stays light."""
+    if name in ("train", "prepare_data"):
         import importlib
-        return importlib.import_module(".train", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'minigpt' has no attribute {name!r}")
 
 

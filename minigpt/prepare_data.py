@@ -432,3 +432,14 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return exit_code(e)
     return 0
+
+
+class _CallableModule(type(sys)):
+    """`minigpt.prepare_data` is this module; calling it is prepare() (a submodule would hide a function of its
+    name), as minigpt.train is."""
+
+    def __call__(self, inputs, out, **settings):
+        return prepare(inputs if isinstance(inputs, (list, tuple)) else [inputs], out, **settings)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -100,3 +100,16 @@ def test_settings_in_code_get_the_command_lines_errors(tmp_path):
         m.generate("To", 5, top_p=2)
     with pytest.raises(UserError, match="not in the tokenizer's vocabulary"):
         m.generate("\u00e9", 5)
+
+
+def test_prepare_data_in_code_then_train_on_the_directory(tmp_path):
+    data = tmp_path / "text.txt"
+    write_text(data, n_chars=8000)
+    manifest = minigpt.prepare_data(str(data), str(tmp_path / "shards"), workers=1, quiet=True)
+    assert manifest["tokens"]["train"] > 0 and (tmp_path / "shards" / "manifest.json").exists()
+    settings = dict(TINY_TRAIN, max_iters=4, snapshots=0)
+    from_dir = minigpt.train(data=str(tmp_path / "shards"), out_dir=str(tmp_path / "a"), **settings)
+    from_text = minigpt.train(data=str(data), out_dir=str(tmp_path / "b"), **settings)
+    assert _losses(from_dir["rows"]) == _losses(from_text["rows"])
+    with pytest.raises(UserError, match="does not exist"):
+        minigpt.prepare_data(str(tmp_path / "missing.txt"), str(tmp_path / "x"))
