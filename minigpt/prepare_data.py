@@ -25,8 +25,8 @@ from .bpe import BPETokenizer, count_words
 from .data import JSONL, PARQUET, TEXT, CharTokenizer, NotUTF8, code_points, decode, find_inputs, read_pieces
 from .errors import UserError, exit_code
 from .shards import (MANIFEST, MANIFEST_FORMAT, TOKENIZER, ShardWriter, prepared_files, read_manifest,
-                     shard_dtype, write_json)
-from .tokenizer import tokenizer_from_json, tokenizer_from_path, tokenizer_kind
+                     shard_dtype, tokenizer_from_path, write_json)
+from .tokenizer import tokenizer_from_json, tokenizer_kind
 
 EOT = "<|endoftext|>"
 PIECE_BYTES = 1 << 20                         # bytes of text per task handed to a worker
@@ -213,8 +213,8 @@ def tasks(scan, tok, single_at, field, skip_bad):
         if kind == TEXT:
             if not scan.chars[path]:
                 continue                                                # an empty file: no document
-            parts = [("train", 0, single_at), ("val", single_at, None)] if single_at is not None else \
-                [(None, 0, None)]
+            parts = ([("train", 0, single_at), ("val", single_at, None)] if single_at is not None
+                     else [(None, 0, None)])
             for split, start, end in parts:
                 for i, (off, raw) in enumerate(read_pieces(path, mode, start, end, PIECE_BYTES, avoid)):
                     yield {"bytes": len(raw), "split": split, "first": i == 0}, (TEXT, path, off, raw)

@@ -18,6 +18,7 @@ import re
 import numpy as np
 
 from .errors import UserError
+from .gpt2_tokenizer import GPT2Tokenizer
 from .tokenizer import tokenizer_from_json, tokenizer_kind
 
 HEADER_INTS = 256
@@ -253,12 +254,13 @@ def open_prepared(path, block_size, tok=None, fixed_block=False):
         tok, shards, manifest, fmt = *_prepared(path, tok), "minigpt"
     elif os.path.exists(os.path.join(path, TOKENIZER)):
         raise UserError(f"{path} has a {TOKENIZER} but no {MANIFEST}: a prepare_data.py run into it did not finish; "
-                        "run it again (it starts over)")
+                        f"run it again (python scripts/prepare_data.py INPUT... --out {path}: it starts over)")
     else:
         shards, fmt = _folder(path), "llm.c" if _llmc_files(path, "train") or _llmc_files(path, "val") else "nanoGPT"
         if tok is None:
             raise UserError(f"{path} holds {fmt} token shards without a tokenizer: give the tokenizer they were made "
-                            "with (GPT-2's for llm.c's and nanoGPT's data scripts)")
+                            "with, --tokenizer PATH (a GPT-2 directory or a tokenizer.json: GPT-2's for llm.c's and "
+                            "nanoGPT's data scripts)")
         manifest = None
         for split, items in shards.items():
             for p, arr in items:
@@ -293,8 +295,8 @@ def _prepared(path, tok):
         with open(os.path.join(path, TOKENIZER), encoding="utf-8") as f:
             own = tokenizer_from_json(f.read())
     except OSError as e:
-        raise UserError(f"cannot read {os.path.join(path, TOKENIZER)} ({e.strerror}); prepare the data again") \
-            from None
+        raise UserError(f"cannot read {os.path.join(path, TOKENIZER)} ({e.strerror}); prepare the data "
+                        "again") from None
     if tok is not None and tok.to_json() != own.to_json():
         raise UserError(f"the tokenizer given is not {path}'s ({TOKENIZER}, a {tokenizer_kind(own)} tokenizer of "
                         f"{own.vocab_size} ids): use the directory's, or prepare the data with this tokenizer")
@@ -348,3 +350,26 @@ def _folder(path):
                             "cut short or is another format")
         out[split] = [(p, _mapped(p, np.dtype("<u2"), 0, size // 2))]
     return out
+
+
+def tokenizer_from_path(path):
+    """The tokenizer at path: a prepared directory's tokenizer.json (minigpt's JSON), a GPT-2 model directory
+    (tokenizer.json or vocab.json + merges.txt), or a file: Hugging Face's tokenizer.json or minigpt's JSON."""
+    if os.path.isdir(path):
+        own = os.path.join(path, TOKENIZER)
+        if os.path.exists(own) and os.path.exists(os.path.join(path, MANIFEST)):
+            path = own                                                  # a prepared directory: minigpt's JSON
+        else:
+            return GPT2Tokenizer.from_pretrained(path)
+    if not os.path.isfile(path):
+        raise UserError(f"tokenizer {path!r} does not exist; pass char, bpe, a GPT-2 directory or a tokenizer.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        d = json.loads(text)
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path} is not a readable tokenizer JSON ({type(e).__name__}: {e}); pass a GPT-2 directory, "
+                        "its tokenizer.json, or a prepared directory's") from None
+    if isinstance(d, dict) and "model" in d:                            # Hugging Face's tokenizer.json
+        return GPT2Tokenizer.from_hf_json(path)
+    return tokenizer_from_json(text)

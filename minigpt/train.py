@@ -35,12 +35,12 @@ from .bpe import BPETokenizer
 from .config import (PRESETS, ModelShape, TrainConfig, check, default_backend, parse_args, plot_inside_out_dir,
                      quiet_stdout, run_command)
 from .data import CharTokenizer, Dataset, load_text, split_text
-from .shards import open_prepared
+from .shards import open_prepared, tokenizer_from_path
 from .errors import CannotSave, Diverged, OutOfMemory, StoppedTwice, UserError, exit_code
 from .model import GPT, activation_shapes, gradient_shapes, parameter_shapes
 from .optim import AdamW, Muon, clip_grad_norm, get_lr
 from .outdir import MAX_SNAPSHOT_PARAMS, OutDir
-from .tokenizer import tokenizer_from_json, tokenizer_from_path
+from .tokenizer import tokenizer_from_json
 
 
 VAL_PROGRESS_TOKENS = 1_000_000        # a final score of more tokens says first that it is under way
