@@ -11,12 +11,12 @@ import sys
 import numpy as np
 import pytest
 
-from minigpt import prepare_data, shards
+from minigpt import prepare_data
 from minigpt.bpe import BPETokenizer
 from minigpt.data import CharTokenizer, Dataset, cut_point, split_text
 from minigpt.errors import UserError
 from minigpt.prepare_data import prepare
-from minigpt.shards import ShardWriter, open_prepared, open_shard, read_header, write_shard
+from minigpt.shards import ShardWriter, open_prepared, read_header, write_shard
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORDS = ["to", "be", "or", "not", "the", "king", "shall", "speak", "my", "lord", "and", "good", "night"]
