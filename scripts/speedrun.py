@@ -64,17 +64,17 @@ CANDIDATES = {
     "Muon momentum warm-up (100 steps)": (["--muon_momentum_warmup=100"], ["--muon_momentum_warmup=0"]),
     "embedding lr x 10": (["--embed_lr_ratio=10"], ["--embed_lr_ratio=1"]),
     # the LM head its own matrix, not the token embedding's (on AdamW at the schedule's lr, while the embedding takes
-    # 10 x); round 6 added it to round 5 (SELECTION). Alone on round 1 it did not gain
+    # 10 x); round 6 added it to round 5 (reports/speedrun.md's notes). Alone on round 1 it did not gain
     "untied head": (["--tie_weights=false"], ["--tie_weights=true"]),
     # a shape: twice the context at three quarters of the batch (1,024 more tokens a step); round 4 added it to round
-    # 3, where in float32 it gained on six seeds of six (SELECTION); alone on round 1 it did not
+    # 3, where in float32 it gained on six seeds of six (the report's notes); alone on round 1 it did not
     "context 128, batch 24": (["--block_size=128", "--batch_size=24"], ["--block_size=64", "--batch_size=32"]),
     # the schedule: the modded-nanogpt speedruns' trapezoid, the peak lr held and then a straight line down over
     # the last 40% (of the budget, as --max_time lays the schedule), instead of a cosine from the end of warmup
     "trapezoid lr (cooldown 0.4)": (["--cooldown=0.4"], ["--cooldown=0"]),
     # not learning but the budget: the evaluations every 250 steps (40 forward batches each) take part of it; a
     # quarter of the batches keeps the curve, noisier, and gives the steps the rest. Round 5 added it to round 4
-    # (SELECTION)
+    # (the report's notes)
     "evaluations of 5 batches": (["--eval_iters=5"], ["--eval_iters=20"]),
 }
 NOTES = "<!-- notes: hand-written text below this line is kept when the script rewrites the report -->"
@@ -433,7 +433,8 @@ def write_report(a, runs):
           f"round 1 keeps its block of 64 tokens, {CURRENT}'s is {block_of(['--preset=speedrun'])}."
           + (" The `--dtype bf16` rows are the same recipes with bf16 products: matmul operands rounded to bfloat16, "
              "sums, weights, gradients and optimizer state in float32 (docs/backends.md, `--dtype bf16`)."
-             if runs.get(RECIPE_BF16) else ""), "", SELECTION]
+             if runs.get(RECIPE_BF16) else ""), "",
+          "How each round was chosen, on which seeds and with which budgets: the notes at the end of this report."]
     if BASE in runs:
         base, old, rec = runs[BASE], runs[OLD], runs[RECIPE]
         L += ["", "## Ablations", "",
@@ -478,58 +479,6 @@ def write_report(a, runs):
     write_keeping_notes(os.path.join(ROOT, a.out), "\n".join(L), NOTES)
     print(f"wrote {a.out} and {png}")
 
-
-# How the recipes of rounds 2-6 were chosen (rounds 2 and 3 on seed 1337 only), as measured when the preset changed
-SELECTION_ROUND6 = (
-    "How round 6 was chosen: an untied head (`--tie_weights false`: the LM head its own matrix, not the token "
-    "embedding's). In the full ablation at 8b656ee (`python scripts/speedrun.py`, AMD EPYC Zen 5, family 26 model 2, "
-    "float32, 2026-11-27, budgets 64.2-70.7 s) it gained -0.0099 in round 5 (+0.001, -0.007, -0.024 on seeds "
-    "1337-1339); on three new seeds (`python scripts/speedrun.py --seeds 1340 1341 1342 --candidates untied --round1 "
-    "false --out reports/speedrun_untied_heldout.md`, budgets 63.6-73.1 s) -0.0064 (-0.010, -0.001, -0.009). Five "
-    "seeds of six lower, mean -0.008. Alone on round 1 it lost on both sets (+0.010, +0.006): it gains only beside "
-    "the embeddings' lr x 10, which a tied head shares. It adds 8,320 weights (128 x 65 characters), on AdamW at "
-    "the schedule's lr.")
-SELECTION_ROUND5 = (
-    "How round 5 was chosen: 5 evaluation batches instead of 20 (`--eval_iters 5`) change no learning; they give "
-    "the evaluations' time to the steps (898 steps in round 4 against 854). In the full ablation at 5061718 "
-    "(`python scripts/speedrun.py`, AMD EPYC Zen 5, family 26 model 2, float32, 2026-11-27, budgets 60.5-62.6 s) "
-    "they gained -0.0096 alone on round 1 (-0.015, -0.001, -0.013 on seeds 1337-1339) and -0.0117 in round 4 "
-    "(-0.026, -0.008, -0.001); on three new seeds (`python scripts/speedrun.py --seeds 1340 1341 1342 --candidates "
-    "evaluations --round1 false --out reports/speedrun_evals_heldout.md`) -0.011 alone (-0.004, -0.017, -0.013) and "
-    "-0.004 in round 4 (+0.010, -0.007, -0.013). Six seeds of six alone, five of six in round 4 (mean -0.008). The "
-    "estimate every 250 steps is noisier with fewer batches; every run's score is still the whole split's loss.")
-SELECTION_ROUND4 = (
-    "How round 4 was chosen: from the full ablation at bcd554a (`python scripts/speedrun.py`, AMD EPYC Zen 5, "
-    "family 26 model 2, float32, 2026-11-27, budgets 63.9-70.9 s), where round 3 with a context of 128 at batch 24 "
-    "reached 1.5450 after 947 iterations against round 3's 1.5615 after 1,350 (-0.028, -0.010, -0.012 on seeds "
-    "1337-1339), and then on three new seeds (`python scripts/speedrun.py --seeds 1340 1341 1342 --candidates "
-    "context --round1 false --out reports/speedrun_context_heldout.md`): 1.5497 against 1.5647 (-0.021, -0.020, "
-    "-0.003). Alone on round 1 the same context was +0.005 on both sets: it gains only beside the embeddings' lr "
-    "x 10. In bf16 (reports/speedrun_round4_bf16.md) it gained 0.006, with one seed of three worse. Both of those "
-    "invocations scored each run with the context of its own block; this report also scores the recipe with "
-    "nanoGPT's 64 tokens, to show how much of its gain is the longer context at evaluation.")
-SELECTION_ROUND3 = (
-    "How round 3 was chosen: from seed 1337 of the full ablation at a031af9 (`python scripts/speedrun.py`, AMD EPYC "
-    "Zen 3, 2026-11-25, budget 89.1 s), where the round-2 recipe reached 1.6565 after 638 iterations, round 2 "
-    "without QK-norm 1.6339 after 723, and round 1 with the embeddings' lr x 10 alone (the same settings) 1.6406 "
-    "after 730; round 1 itself 1.6582 after 736. QK-norm gains per step (-0.015 at a fixed 600 iterations, below) "
-    "but costs steps in the budget: its NumPy passes over q and k were the slowest part of the speedrun options. "
-    "Round 3 keeps round 2's 10x embedding lr and drops QK-norm (still an option, `--qk_norm`). Seeds 1338 and 1339 "
-    "of that invocation are its held-out test: the rows named 'round 2 without QK-norm' and 'round 1 + embedding "
-    "lr x 10' there are round 3.")
-SELECTION = "\n\n".join([SELECTION_ROUND6, SELECTION_ROUND5, SELECTION_ROUND4, SELECTION_ROUND3]) + "\n\n" + (
-    "How round 2 was chosen: eight single runs on seed 1337 alone (AMD EPYC Zen 3, family 25 model 1), each at a "
-    "fixed 600 iterations of round 1 (Muon, batch 32, warmup 30, cosine to 600, 1 thread) rather than in a time "
-    "budget: the machine was shared with other benchmarks then (0.25-0.4 s a step instead of about 0.06), so a "
-    "budget would have measured the neighbours. Whole-split val loss after 600 iterations: round 1 1.6937; + ReLU^2 "
-    "1.7336 (+0.040); + QK-norm 1.6787 (-0.015); + zero-initialised c_proj 1.6956 (+0.002); + Muon momentum warm-up "
-    "over 100 steps 1.7068 (+0.013); + embedding lr x 3 1.6780 (-0.016); QK-norm with embedding lr x 3 1.6763 "
-    "(-0.017), with x 10 1.6736 (-0.020), the round-2 recipe. The two that helped do not add up: each alone is worth "
-    "about as much as both. The soft-cap and the untied head were not in the selection runs (round 1's logits reach "
-    "about 9.5 at 600 iterations, inside a cap of 15). Whole steps could not be timed on the shared machine; "
-    "QK-norm's forward and backward (NumPy passes over q and k, not fused) took about 1.5 times one c_attn product "
-    "per layer there, which the time budget charges it for; the embedding lr costs nothing. Seeds 1338 and 1339 "
-    "played no part.")
 
 
 def _main(argv):
