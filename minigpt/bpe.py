@@ -320,82 +320,8 @@ class MergeTable:
         return [flat[a:b] for a, b in zip(ends, ends[1:])]
 
 
-def _slot(key, bits):
-    """Fibonacci hashing of a pair key to a slot in [0, 2**bits) (uint64 arithmetic wraps)."""
-    return (np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(64 - bits)
-
-
-def _fill_slots(keys, bits):
-    slots = np.full(1 << bits, -1, np.int64)
-    mask = (1 << bits) - 1
-    for j in range(len(keys)):
-        if keys[j] >= 0:
-            h = np.int64(_slot(keys[j], bits))
-            while slots[h] >= 0:
-                h = (h + 1) & mask
-            slots[h] = j
-    return slots
-
-
-def _find(key, slots, bits, keys):
-    """The merge j of pair key, or len(keys) (no merge: ranks past every merge)."""
-    mask = (1 << bits) - 1
-    h = np.int64(_slot(key, bits))
-    while slots[h] >= 0:
-        if keys[slots[h]] == key:
-            return slots[h]
-        h = (h + 1) & mask
-    return len(keys)
-
-
-def _merge_words(ids, starts, slots, bits, keys, tokens, width):
-    """ids (N,): every word's byte ids, word w at ids[starts[w]:starts[w+1]] -> (out, ends, bad): the merged
-    words, word w at out[ends[w]:ends[w+1]]; bad: -1, or a merge whose token is missing. As _encode_word: the
-    lowest-ranked pair merges, the leftmost of equal ones; rank[i] caches the pair at i, and a merge changes only
-    the pairs beside it."""
-    out = np.empty(len(ids), np.int64)
-    rank = np.empty(len(ids), np.int64)                  # rank[i]: the merge of (out[i], out[i+1])
-    ends = np.zeros(len(starts), np.int64)
-    none, o = len(keys), 0
-    for w in range(len(starts) - 1):
-        n = starts[w + 1] - starts[w]
-        out[o:o + n] = ids[starts[w]:starts[w + 1]]
-        for i in range(o, o + n - 1):
-            rank[i] = _find(out[i] * width + out[i + 1], slots, bits, keys)
-        while n > 1:
-            at = o
-            for i in range(o + 1, o + n - 1):
-                if rank[i] < rank[at]:
-                    at = i
-            j = rank[at]
-            if j == none:
-                break
-            if tokens[j] < 0:
-                return out[:0], ends, j
-            out[at] = tokens[j]                              # (out[at], out[at+1]) -> tokens[j]
-            for i in range(at + 1, o + n - 1):
-                out[i] = out[i + 1]
-            for i in range(at + 1, o + n - 2):
-                rank[i] = rank[i + 1]
-            n -= 1
-            if at > o:
-                rank[at - 1] = _find(out[at - 1] * width + out[at], slots, bits, keys)
-            if at < o + n - 1:
-                rank[at] = _find(out[at] * width + out[at + 1], slots, bits, keys)
-        o += n
-        ends[w + 1] = o
-    return out[:o], ends, -1
-
-
 @functools.cache
 def _kernels():
-    """(_fill_slots, _merge_words) compiled by numba (cached on disk), numba's environment set as the numba
-    backend sets it (minigpt/backends/numba_kernels.py imports numba after setting it)."""
-    try:
-        from .backends import numba_kernels  # noqa: F401
-    except ImportError:                                     # the backends cannot load: numba's own defaults
-        pass
-    from numba import njit
-    global _slot, _find
-    _slot, _find = njit(cache=True)(_slot), njit(cache=True)(_find)
-    return njit(cache=True)(_fill_slots), njit(cache=True)(_merge_words)
+    """(fill_slots, merge_words) of minigpt/backends/numba_bpe.py, compiled by numba on first use."""
+    from .backends import numba_bpe
+    return numba_bpe.fill_slots, numba_bpe.merge_words
