@@ -551,6 +551,8 @@ static double peak_once(peak_fn *fn, int flops, long long iters)   /* GFLOP/s of
 /* the fastest path: the highest the CPU runs, except that a bf16 path must beat fp32 FMAs on rounded operands
    by its own measured rate (vdpbf16ps does twice an FMA's work on some CPUs and half of it on others): the best
    of 3 short register-only loops each */
+#define BF16_MIN_GAIN 1.2   /* a bf16 path must beat the fp32 FMAs by this margin: the rounding and k-pair packs
+                               cost time that only a clearly faster dot product wins back */
 static int best_isa(void)
 {
     int isa = mgk_cpu_isa();                   /* amx: taken without a rate check (the tiles outrun the FMAs) */
@@ -564,7 +566,7 @@ static int best_isa(void)
             fp32 = f > fp32 ? f : fp32;
             bf16 = h > bf16 ? h : bf16;
         }
-        if (bf16 < 1.2 * fp32) isa = MGK_ISA_AVX512;
+        if (bf16 < BF16_MIN_GAIN * fp32) isa = MGK_ISA_AVX512;
     }
 #endif
     return isa;

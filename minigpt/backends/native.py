@@ -9,8 +9,8 @@ Transposes are flags. The products and the fused attention walk strided views in
 up to two batch strides); the other ops take C-contiguous arrays, so a view goes through per-shape scratch
 (Ops._contiguous), as does a view the products cannot walk. backend() raises BackendUnavailable with the reason and
 the fix if the library is missing or fails to load. The library runs on any CPU: it picks its AVX-512 (+ AMX tiles,
-or AVX512_BF16 where vdpbf16ps measures at least 1.2x the fp32 FMAs' rate, for bf16 products), AVX2+FMA or generic
-path by cpuid, and MINIGPT_ISA (one of ISAS) forces another one this CPU runs.
+or AVX512_BF16 where vdpbf16ps clearly outruns the fp32 FMAs: best_isa in native/mgk.c, for bf16 products),
+AVX2+FMA or generic path by cpuid, and MINIGPT_ISA (one of ISAS) forces another one this CPU runs.
 bf16 products (matmul(..., bf16=True)) run mgk_bgemm*: the operands are rounded to bf16 as they are packed (as
 they are read, for at most 8 rows).
 Attention's causal products (bmm(..., causal=...)) run mgk_gemm_causal, which skips the causal matrix's zeros on
