@@ -118,6 +118,16 @@ def split_text(text):
     return text[:n], text[n:]
 
 
+def check_block(n, block_size, fixed_block, what, remedy):
+    """A split (or its longest shard) of n tokens must hold one block and its next token; else a UserError that
+    starts with `what` and offers `remedy`, and a smaller --block_size unless the block is a checkpoint's."""
+    if n < block_size + 1:
+        whose = " (the checkpoint's)" if fixed_block else ""
+        smaller = "" if fixed_block else " or a smaller --block_size"
+        raise UserError(f"{what} {n} tokens but block_size {block_size}{whose} needs at least {block_size + 1}; "
+                        f"{remedy}{smaller}")
+
+
 class Dataset:
     """Text split 90/10 into train and val (split_text), each encoded; batch() draws (x, y), y shifted by one."""
 
@@ -127,12 +137,8 @@ class Dataset:
         texts = dict(zip(("train", "val"), split_text(text)))
         self.splits = {k: tokenizer.encode(t) for k, t in texts.items()}   # (N,) each: uint16, int32 past 65,536 ids
         for split, arr in self.splits.items():
-            if len(arr) < block_size + 1:
-                whose = " (the checkpoint's)" if fixed_block else ""
-                smaller = "" if fixed_block else " or a smaller --block_size"
-                raise UserError(f"{source}: the {split} split has {len(arr)} tokens but block_size {block_size}"
-                                f"{whose} needs at least {block_size + 1}; use a longer text (about "
-                                f"{10 * (block_size + 1)} characters or more){smaller}")
+            check_block(len(arr), block_size, fixed_block, f"{source}: the {split} split has",
+                        f"use a longer text (about {10 * (block_size + 1)} characters or more)")
 
     def num_tokens(self, split):
         return len(self.splits[split])

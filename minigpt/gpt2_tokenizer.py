@@ -18,7 +18,7 @@ import unicodedata
 
 import numpy as np
 
-from .bpe import KERNEL_MIN_WORDS, MergeTable, bytes_to_unicode, encode_words
+from .bpe import KERNEL_MIN_WORDS, MergeTable, _utf8, bytes_to_unicode, encode_words
 from .errors import UserError
 from .data import checked_ids
 
@@ -214,14 +214,6 @@ class GPT2Tokenizer:
                             f"({type(e).__name__}: {e})") from None
         added = {"<|endoftext|>": vocab["<|endoftext|>"]} if "<|endoftext|>" in vocab else {}
         return cls(vocab, [ln.split(" ") for ln in lines], added)
-
-
-def _utf8(piece):
-    try:
-        return piece.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise UserError(f"text holds {piece[e.start]!r}, a lone surrogate, which is not valid Unicode and has no "
-                        "UTF-8 bytes; fix the text's source") from None
 
 
 # GPT-2's pattern as a tokenizer.json spells it (a Split pre-tokenizer's "Regex")

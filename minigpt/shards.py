@@ -17,6 +17,7 @@ import re
 
 import numpy as np
 
+from .data import check_block
 from .errors import UserError
 from .gpt2_tokenizer import GPT2Tokenizer
 from .tokenizer import tokenizer_from_json, tokenizer_kind
@@ -190,13 +191,9 @@ class ShardDataset:
         self.shards = {k: [a for _, a in v] for k, v in shards.items()}
         self.vocab_size, self.source = vocab_size, source
         for split, arrs in self.shards.items():
-            longest = max((len(a) for a in arrs), default=0)
-            if longest < block_size + 1:
-                whose = " (the checkpoint's)" if fixed_block else ""
-                smaller = "" if fixed_block else " or a smaller --block_size"
-                raise UserError(f"{source}: the {split} split's longest shard has {longest} tokens but block_size "
-                                f"{block_size}{whose} needs at least {block_size + 1}; prepare more data (or a "
-                                f"larger --val_fraction){smaller}")
+            check_block(max((len(a) for a in arrs), default=0), block_size, fixed_block,
+                        f"{source}: the {split} split's longest shard has",
+                        "prepare more data (or a larger --val_fraction)")
 
     def num_tokens(self, split):
         return sum(len(a) for a in self.shards[split])

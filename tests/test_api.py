@@ -42,12 +42,19 @@ def test_train_in_code_equals_the_command_line(tmp_path):
     assert isinstance(result["model"], minigpt.Model) and result["model"].config.n_layer == 2
 
 
-def test_load_and_generate_print_what_the_sampler_prints(tmp_path):
-    data = tmp_path / "text.txt"
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """(the text, the out_dir, the Model) of a tiny run trained in code."""
+    d = tmp_path_factory.mktemp("run")
+    data = d / "text.txt"
     write_text(data)
-    out = str(tmp_path / "out")
+    out = str(d / "out")
     minigpt.train(data=str(data), out_dir=out, **dict(TINY_TRAIN, max_iters=4))
-    m = minigpt.load(out, backend="numpy")
+    return data, out, minigpt.load(out, backend="numpy")
+
+
+def test_load_and_generate_print_what_the_sampler_prints(run):
+    _, out, m = run
     for seed, kw in ((1, {}), (7, {"top_k": 3, "temperature": 1.2})):
         flags = [f"--{k}={v}" for k, v in kw.items()]
         r = subprocess.run([sys.executable, "-m", "minigpt.sample", "--out_dir", out, "--prompt", "To be",
@@ -61,13 +68,9 @@ def test_load_and_generate_print_what_the_sampler_prints(tmp_path):
     assert m.generate("To be", 40, seed=1) != m.generate("To be", 40, seed=2)
 
 
-def test_loss_is_the_mean_of_the_token_losses_and_the_whole_split_score(tmp_path):
+def test_loss_is_the_mean_of_the_token_losses_and_the_whole_split_score(run):
     from minigpt.train import whole_split_loss
-    data = tmp_path / "text.txt"
-    write_text(data)
-    out = str(tmp_path / "out")
-    minigpt.train(data=str(data), out_dir=out, **dict(TINY_TRAIN, max_iters=4))
-    m = minigpt.load(out, backend="numpy")
+    data, _, m = run
     text = open(data).read()[:300]
     tokens, losses = m.token_losses(text)
     assert len(tokens) == len(text) and losses.shape == (len(text) - 1,) and np.all(losses > 0)
@@ -76,7 +79,7 @@ def test_loss_is_the_mean_of_the_token_losses_and_the_whole_split_score(tmp_path
     assert m.loss(text) == pytest.approx(expect, rel=1e-6)
 
 
-def test_settings_in_code_get_the_command_lines_errors(tmp_path):
+def test_settings_in_code_get_the_command_lines_errors(tmp_path, run):
     data = tmp_path / "text.txt"
     write_text(data)
     with pytest.raises(UserError, match=r"unknown setting --n_layers; did you mean --n_layer\?"):
@@ -92,8 +95,7 @@ def test_settings_in_code_get_the_command_lines_errors(tmp_path):
         minigpt.load(str(tmp_path))
     with pytest.raises(UserError, match="--backend must be one of"):
         minigpt.load(str(tmp_path), backend="gpu")
-    minigpt.train(data=str(data), out_dir=str(tmp_path / "b"), **dict(TINY_TRAIN, max_iters=2))
-    m = minigpt.load(str(tmp_path / "b"), backend="numpy")
+    m = run[2]
     with pytest.raises(UserError, match="--temperature must be positive"):
         m.generate("To", 5, temperature=0)
     with pytest.raises(UserError, match="--top_p must lie in"):
