@@ -4,7 +4,8 @@ Every figure comes out of the model's activation table (model.py) after GPT.forw
 the model: attention probabilities are acts.att, the logit lens reads the residual stream acts.h[l].x_mlp through
 the model's final LayerNorm and head, per-token losses are acts.lse minus the target's logit. The rest is
 NumPy on the parameters (a PCA of the token embeddings, cosine similarities of the positions) and the sampler's
-own distribution() for the next-token bars. The model is put in eval mode (no dropout).
+own distribution() for the next-token bars; layer_losses scores each layer's reading of the stream against the
+targets. The model is put in eval mode (no dropout).
 """
 import numpy as np
 
@@ -32,6 +33,29 @@ def logit_lens(model, ids):
         L.layernorm_forward(model.ops, x_ln, mean, rstd, a.h[l].x_mlp, p["ln_f.weight"], p.get("ln_f.bias"))
         model.head_forward(out[l], x_ln)
     return out[:, 0].astype(np.float64)
+
+
+def stream_loss(model, x, targets):
+    """The mean cross-entropy of targets (B, T) if the residual stream x (B, T, C) were the last block's output:
+    the model's final LayerNorm and head applied to it, as GPT.forward ends, in arrays of this call's own."""
+    B, T, C = x.shape
+    p, dtype = model.params(), model.param_memory.dtype
+    x_ln, mean, rstd = np.empty((B, T, C), dtype), np.empty(B * T, dtype), np.empty(B * T, dtype)
+    logits, lse = np.empty((B, T, model.config.vocab_size), dtype), np.empty(B * T, dtype)
+    L.layernorm_forward(model.ops, x_ln, mean, rstd, x, p["ln_f.weight"], p.get("ln_f.bias"))
+    model.head_forward(logits, x_ln)
+    return float(L.crossentropy_forward(model.ops, lse, logits, np.asarray(targets)))
+
+
+def layer_losses(model, idx, targets):
+    """idx, targets (B, T) -> (n_layer + 1,): the cross-entropy of the targets read from the residual stream before
+    the first block (the embeddings alone) and after each block, through the final LayerNorm and the head (the
+    logit lens as numbers). The last is the model's own loss."""
+    model.eval()
+    model.forward(np.asarray(idx), np.asarray(targets))
+    a = model.acts
+    streams = [a.emb] + [a.h[l].x_mlp for l in range(model.config.n_layer)]
+    return np.array([stream_loss(model, x, targets) for x in streams])
 
 
 def softmax(z):

@@ -6,6 +6,7 @@
     out_dir/snapshots/       iter_<it>.npz: float16 weights at a few points of the run (the report's history)
     out_dir/loss_curve.png   the loss curve (--plot names another file inside out_dir)
     out_dir/report.html      what the model learned (python -m minigpt.report)
+    out_dir/report.json      every number report.html draws
 
 Every file is written under a temporary name and renamed into place; tidy() removes the temporaries a killed run
 left (a checkpoint's while its writer holds no lock on it: remove_stale), and a new run in a directory that holds
@@ -23,7 +24,7 @@ except ImportError:                             # elsewhere: no locks, and no cl
     fcntl = None
 
 LOG, LAST, BEST = "log.jsonl", "ckpt_last.npz", "ckpt_best.npz"
-SNAPSHOTS, CURVE, REPORT = "snapshots", "loss_curve.png", "report.html"
+SNAPSHOTS, CURVE, REPORT, REPORT_JSON = "snapshots", "loss_curve.png", "report.html", "report.json"
 PART = ".part"                                  # the temporary suffix of the snapshots, report and curve
 TMP_PREFIX, TMP_SUFFIX = ".tmp-", ".npz"        # checkpoint.save's temporaries: mkstemp(prefix, suffix), locked
 MAX_SNAPSHOT_PARAMS = 20_000_000                # 40 MB a float16 snapshot: above, runs keep none
@@ -39,6 +40,7 @@ class OutDir:
         self.path = path
         self.log, self.last, self.best = (os.path.join(path, n) for n in (LOG, LAST, BEST))
         self.report, self.snapshots = os.path.join(path, REPORT), os.path.join(path, SNAPSHOTS)
+        self.report_json = os.path.join(path, REPORT_JSON)
 
     def curve(self, plot=CURVE):
         """Where the loss curve goes: None for --plot '', else out_dir/<plot> (config.check keeps it inside)."""
@@ -115,7 +117,7 @@ class OutDir:
     def _partial_files(self, plot):
         """The temporary names under which a run writes its other files before renaming them into place."""
         names = os.listdir(self.snapshots) if os.path.isdir(self.snapshots) else ()
-        return [self.log + ".tmp", self.report + PART, (self.curve(plot) or "") + PART,
+        return [self.log + ".tmp", self.report + PART, self.report_json + PART, (self.curve(plot) or "") + PART,
                 *(os.path.join(self.snapshots, n) for n in names
                   if n.startswith("iter_") and n.endswith(".npz" + PART))]
 
@@ -131,7 +133,8 @@ class OutDir:
         gone = self.remove_snapshots()
         say(f"note: {self.path} held a run (a {LOG}, {gone} snapshot(s)): this new run replaces its log, "
             "snapshots, report, loss curve and checkpoints; --resume would have continued it")
-        for path in [self.log, self.last, self.best, self.report, self.curve(), self.curve(plot) or ""]:
+        for path in [self.log, self.last, self.best, self.report, self.report_json, self.curve(),
+                     self.curve(plot) or ""]:
             if os.path.isfile(path) and not _same_file(path, data):     # never the text it trains on
                 os.remove(path)
 

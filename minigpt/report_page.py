@@ -10,6 +10,7 @@ import json
 import warnings
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -97,6 +98,91 @@ def matrix_figure(M, title, xlabel, ylabel):
     return png(fig)
 
 
+def _grid(ax, M, title, cmap, vmin, vmax, fmt):
+    """One layer x head heatmap with its value written in each cell (layers down, heads across, both from 1)."""
+    n_layer, n_head = M.shape
+    im = ax.imshow(M, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
+    ax.set_title(title, fontsize=11)
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_xticks(range(n_head), [str(h + 1) for h in range(n_head)])
+    ax.set_yticks(range(n_layer), [str(l + 1) for l in range(n_layer)])
+    if M.size <= 256:                                       # room for the numbers (GPT-2's 144 heads still fit)
+        size = 9 if M.size <= 64 else 7
+        for (l, h), v in np.ndenumerate(M):
+            dark = abs(v - vmin) > 0.6 * (vmax - vmin) if cmap != "RdBu_r" else abs(v) > 0.6 * vmax
+            ax.text(h, l, format(v, fmt), ha="center", va="center", fontsize=size, color="white" if dark else "black")
+    return im
+
+
+def _grid_size(n_layer, n_head):
+    return max(3.4, 0.6 * n_head + 1.6), max(2.4, 0.45 * n_layer + 1.5)
+
+
+def roles_figure(scores, roles, threshold):
+    """scores (n_roles, n_layer, nh) -> one heatmap per role, on the same 0-1 scale, the threshold on the bar."""
+    w, h = _grid_size(*scores.shape[1:])
+    fig, axes = plt.subplots(1, len(roles), figsize=(min(13, w * len(roles) + 1), h), squeeze=False)
+    for ax, s, name in zip(axes[0], scores, roles):
+        im = _grid(ax, s, f"{name} score", "Blues", 0.0, 1.0, ".2f")
+    bar = fig.colorbar(im, ax=list(axes[0]), fraction=0.03, pad=0.02)
+    bar.ax.axhline(threshold, color="#d62728", lw=2)
+    bar.set_label(f"share of attention (red: {threshold})")
+    return png(fig)
+
+
+def across_figure(steps, evals, series, roles, threshold):
+    """The loss curve of the run, the best head's score for each role at every snapshot, and the loss on the first
+    and the second copy of the repeated sequences at every snapshot, side by side against iterations."""
+    fig, ax = plt.subplots(1, 3, figsize=(13, 3.6))
+    if steps:
+        ax[0].plot([r["iter"] for r in steps], [r["loss"] for r in steps], color="C0", alpha=0.25, lw=0.8,
+                   label="train (each step)")
+    if evals:
+        ax[0].plot([r["iter"] for r in evals], [r["val_loss"] for r in evals], "o-", color="C1", ms=3,
+                   label="val (eval)")
+    ax[0].set(title="loss of the run", xlabel="iteration", ylabel="nats per token")
+    it = series["iters"]
+    best = series["scores"].max(axis=(2, 3))                     # (S, n_roles): the best head at each snapshot
+    for r, name in enumerate(roles):
+        ax[1].plot(it, best[:, r], "o-", ms=4, color=f"C{r + 2}", label=name)
+    ax[1].axhline(threshold, color="#d62728", ls="--", lw=1, label=f"threshold {threshold}")
+    ax[1].set(title="head roles: the best head's score", xlabel="iteration (snapshot)", ylabel="score",
+              ylim=(0, 1.38), yticks=np.linspace(0, 1, 6))              # the headroom holds the legend
+    ax[2].plot(it, series["first"], "o-", ms=4, color="C7", label="first copy")
+    ax[2].plot(it, series["second"], "o-", ms=4, color="C4", label="second copy")      # induction's colour
+    ax[2].set(title="loss on a random sequence repeated", xlabel="iteration (snapshot)", ylabel="nats per token")
+    ax[2].set_ylim(bottom=0)
+    for a in ax:
+        a.grid(alpha=0.3)
+    ax[0].legend(fontsize=9)
+    ax[1].legend(fontsize=9, ncol=2, loc="upper center")
+    ax[2].legend(fontsize=9)
+    fig.tight_layout()
+    return png(fig)
+
+
+def worth_figure(rises, base, names, layer_loss):
+    """The rise in loss when each head is mean-ablated (a layer x head grid), and the cross-entropy read after each
+    layer (bars)."""
+    w, h = _grid_size(*rises.shape)
+    fig, ax = plt.subplots(1, 2, figsize=(min(13, w + 6.5), max(h, 3.2)), width_ratios=[w, 6])
+    top = max(float(np.abs(rises).max()), 1e-3)
+    im = _grid(ax[0], rises, f"loss rise when a head is ablated\n(base {base:.3f} nats)", "RdBu_r", -top, top,
+               ".3f")
+    fig.colorbar(im, ax=ax[0], fraction=0.05, pad=0.03).set_label("nats per token")
+    ax[1].bar(range(len(names)), layer_loss, color="#4a7bd0")
+    ax[1].set_xticks(range(len(names)), names, rotation=30 if len(names) > 6 else 0, ha="right" if
+                     len(names) > 6 else "center")
+    for k, v in enumerate(layer_loss):
+        ax[1].text(k, v, f"{v:.2f}", ha="center", va="bottom", fontsize=9)
+    ax[1].set(title="cross-entropy read from the residual stream", ylabel="nats per token",
+              ylim=(0, 1.15 * max(float(np.max(layer_loss)), 1e-3)))
+    ax[1].grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    return png(fig)
+
+
 # ----------------------------------------------------------------------------
 # the page
 
@@ -112,6 +198,8 @@ img{max-width:100%} .note{color:#8a5a00;background:#fff6e0;padding:4px 8px;borde
 canvas{image-rendering:pixelated;border:1px solid #ccc}
 table.lens{border-collapse:collapse;font-family:monospace;font-size:12px} .lens td,.lens th{border:1px solid #ddd;
      padding:2px 4px;text-align:center;min-width:28px} .lens th{background:#f4f4f4}
+table.nums{border-collapse:collapse;font-size:13px} .nums td,.nums th{border:1px solid #ddd;padding:2px 8px;
+     text-align:right} .nums th{background:#f4f4f4}
 .bars{display:flex;flex-wrap:wrap;gap:22px} .bars table{font-family:monospace;font-size:12px}
 .bar{height:12px;background:#4a7bd0;display:inline-block}
 .loss{max-height:420px;overflow-y:auto;border:1px solid #ddd;padding:6px} .loss span{font-family:monospace;white-space:pre-wrap} pre.sample{background:#f7f7f7;padding:8px;white-space:pre-wrap}
