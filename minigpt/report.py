@@ -414,7 +414,7 @@ def _circuits(model, tokens, val_ids, run, rows, numbers):
                          f"of {mc.block_size} tokens holds no sequence repeated: no head roles.</p>")
     seqs = circuits.repeated_tokens(np.random.default_rng(0), tokens, REPEAT_BATCH, n)
     scores, first, second = circuits.read_repeats(model, seqs)
-    out["sequences"] = {"count": REPEAT_BATCH, "length": n, "tokens_drawn_from": len(tokens), "seed": 0}
+    out["sequences"] = {"count": REPEAT_BATCH, "length": n, "tokens_drawn_from": len(tokens), "ids": seqs}
     out["scores"] = dict(zip(R, scores))
     out["copy_loss"] = {"first": first, "second": second}
     body = _roles_part(scores, first, second, n, len(tokens))
@@ -470,8 +470,8 @@ def _across_part(model, run, rows, seqs, out):
             f"never reached {circuits.THRESHOLD} in these snapshots")
     return (head + P.img(P.across_figure(steps, evals, series, circuits.ROLES, circuits.THRESHOLD),
                          "head-role scores and copy losses across the snapshots")
-            + f"<p>{len(series['iters'])} snapshots, iterations {series['iters'][0]} to {series['iters'][-1]}. The best "
-            f"induction score went from {best[0]:.2f} to {best[-1]:.2f} ({when}). The loss on the second copy was "
+            + f"<p>{len(series['iters'])} snapshots, iterations {series['iters'][0]} to {series['iters'][-1]}. The "
+            f"best induction score went from {best[0]:.2f} to {best[-1]:.2f} ({when}). The loss on the second copy was "
             f"{series['second'][0]:.2f} nats against {series['first'][0]:.2f} on the first at iteration "
             f"{series['iters'][0]}, and {series['second'][-1]:.2f} against {series['first'][-1]:.2f} at iteration "
             f"{series['iters'][-1]}. When an induction head forms, its score rises and the second copy's loss drops "
@@ -498,7 +498,7 @@ def _worth_part(model, val_ids, out):
     return (head + P.img(P.worth_figure(rises, base, names, layer), "loss rise per ablated head; loss per layer")
             + f"<p>Left: how much the validation loss ({base:.3f} nats on {idx.shape[0]} blocks of {idx.shape[1]} "
             "tokens) rises when one head's output is replaced by its mean over those blocks, position by position "
-            f"(mean ablation): the head the loss needs most is {_head(l, h)} (+{v:.3f}); {idle} of {rises.size} "
+            f"(mean ablation): the head the loss needs most is {_head(l, h)} ({v:+.3f}); {idle} of {rises.size} "
             "heads change it by less than 0.01. Right: the cross-entropy of the same targets read from the residual "
             "stream before the first layer and after each one, through the final LayerNorm and the head (the logit "
             "lens as numbers; the last is the model's own loss).</p>"

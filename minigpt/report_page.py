@@ -152,7 +152,7 @@ def across_figure(steps, evals, series, roles, threshold):
     ax[2].plot(it, series["first"], "o-", ms=4, color="C7", label="first copy")
     ax[2].plot(it, series["second"], "o-", ms=4, color="C4", label="second copy")      # induction's colour
     ax[2].set(title="loss on a random sequence repeated", xlabel="iteration (snapshot)", ylabel="nats per token")
-    ax[2].set_ylim(bottom=0)
+    ax[2].set_ylim(0, 1.25 * max(float(np.max(series["first"])), float(np.max(series["second"])), 1e-3))
     for a in ax:
         a.grid(alpha=0.3)
     ax[0].legend(fontsize=9)
@@ -172,8 +172,7 @@ def worth_figure(rises, base, names, layer_loss):
                ".3f")
     fig.colorbar(im, ax=ax[0], fraction=0.05, pad=0.03).set_label("nats per token")
     ax[1].bar(range(len(names)), layer_loss, color="#4a7bd0")
-    ax[1].set_xticks(range(len(names)), names, rotation=30 if len(names) > 6 else 0, ha="right" if
-                     len(names) > 6 else "center")
+    ax[1].set_xticks(range(len(names)), names, rotation=90 if len(names) > 6 else 0)   # upright, they would meet
     for k, v in enumerate(layer_loss):
         ax[1].text(k, v, f"{v:.2f}", ha="center", va="bottom", fontsize=9)
     ax[1].set(title="cross-entropy read from the residual stream", ylabel="nats per token",

@@ -132,7 +132,7 @@ def test_two_ranks_take_the_steps_of_one_process_with_twice_the_batch(tmp_path, 
     assert two.stdout.count("done: val loss") == 1               # rank 0 alone prints and writes
     assert "2 ranks x 1 threads" in two.stdout
     assert sorted(os.listdir(tmp_path / "two")) == ["ckpt_best.npz", "ckpt_last.npz", "log.jsonl", "report.html",
-                                                    "snapshots"]
+                                                    "report.json", "snapshots"]
     assert OutDir(str(tmp_path / "two")).snapshot_iters() == OutDir(str(tmp_path / "one")).snapshot_iters()
     meta = checkpoint.load(str(tmp_path / "two" / "ckpt_last.npz"))[0]
     assert meta["world_size"] == 2 and len(meta["rng"]["model_ranks"]) == 2

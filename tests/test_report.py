@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from helpers import spec, tiny_cfg, write_text
-from minigpt import checkpoint, lens, report_page
+from minigpt import checkpoint, circuits, lens, report_page
 from minigpt.model import GPT, GPTConfig
 from minigpt.report import ReportConfig, write_report
 from minigpt.report_page import shown
@@ -25,6 +25,8 @@ from minigpt.outdir import OutDir
 from minigpt.train import train, whole_split_loss
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SECTIONS = ("training", "tokens", "embeddings", "attention", "lens", "next", "wrong", "snapshots", "circuits",
+            "samples")
 CFG = GPTConfig(vocab_size=13, block_size=12, n_layer=2, n_head=2, n_embd=16, bias=True)
 
 
@@ -245,9 +247,129 @@ def test_report_is_one_self_contained_file(run_dir):
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", text)          # nothing from the network
     assert "<link" not in text and "<script src" not in text
     assert "tokens of the start of the validation text" in text                      # where the prompt came from
-    for key in ("training", "tokens", "embeddings", "attention", "lens", "next", "wrong", "snapshots", "samples"):
+    for key in SECTIONS:
         assert f'id="sec-{key}"' in text, key
-    assert text.count("data:image/png;base64,") >= 3 + 3                # curves, PCA, positions; one per snapshot
+    assert text.count("data:image/png;base64,") >= 3 + 3 + 3            # curves, PCA, positions; one per snapshot;
+                                                                        # the circuits' roles, history and worth
+
+
+def page_data(page):
+    return json.loads(re.search(r'<script id="data" type="application/json">(.*?)</script>', page, re.S).group(1))
+
+
+def section_text(page, key):
+    return html.unescape(re.search(rf'<section id="sec-{key}".*?</section>', page, re.S).group(0))
+
+
+def test_report_json_holds_the_numbers_the_page_draws(run_dir):
+    """out_dir/report.json: the attention and the logit lens the page's script draws, the log's curves, and the
+    circuits section's numbers, which are those of circuits.py on the model (the checkpoint's; each snapshot's),
+    on the random sequences it names; the page names the same heads."""
+    out, _ = run_dir
+    page = open(write_report(ReportConfig(out_dir=str(out), backend="numpy", samples=1, sample_tokens=8)),
+                encoding="utf-8").read()
+    numbers = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    assert not (out / "report.json.part").exists()
+    data = page_data(page)
+    assert numbers["attention"] == data["att"] and numbers["logit_lens"] == data["lens"]
+    steps = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert numbers["training"]["steps"]["loss"] == pytest.approx([r["loss"] for r in steps if r["kind"] == "train"],
+                                                                 rel=1e-4)
+    assert len(numbers["samples"]) == 1 and html.escape(numbers["samples"][0]) in page
+    c = numbers["circuits"]
+    seqs = np.array(c["sequences"]["ids"])
+    assert seqs.shape == (16, 2 * 8)                                    # block 16: copies of 8 tokens
+    model = R_load(out / "ckpt_best.npz")
+    scores, first, second = circuits.read_repeats(model, seqs)
+    for r, role in enumerate(circuits.ROLES):
+        np.testing.assert_allclose(c["scores"][role], scores[r], rtol=1e-4, atol=1e-5)
+    assert c["copy_loss"] == pytest.approx({"first": first, "second": second}, rel=1e-4)
+    snaps = c["snapshots"]
+    assert snaps["iters"] == OutDir(str(out)).snapshot_iters() == [0, 8, 12]
+    _, params = checkpoint.load_snapshot(str(out / "snapshots" / "iter_0000008.npz"))
+    checkpoint.load_params(model, params)
+    scores, first, second = circuits.read_repeats(model, seqs)
+    np.testing.assert_allclose(snaps["scores"]["induction"][1], scores[2], rtol=1e-4, atol=1e-5)
+    assert snaps["second"][1] == pytest.approx(second, rel=1e-4)
+    assert np.array(c["ablation"]["rise"]).shape == (2, 2) and c["ablation"]["blocks"] == 16
+    assert c["layer_loss"]["layer 2"] == pytest.approx(c["ablation"]["loss"], rel=1e-4)   # both the model's own
+    text = re.sub("<[^>]+>", "", section_text(page, "circuits"))
+    for role in circuits.ROLES:                                         # an untrained model: no role yet
+        (l, h, v), = circuits.top_heads(np.array(c["scores"][role]), 1)
+        assert f"{role}: none (the best, L{l + 1} H{h + 1}, scores {v:.2f})" in text
+    assert ("No head has the previous-token or the duplicate-token or the induction role yet: no score reaches "
+            "0.4.") in text
+
+
+def R_load(path):
+    from minigpt.report import load_model
+    return load_model(str(path), ops=spec())[0]
+
+
+def test_the_circuits_section_names_the_heads_and_says_which_roles_none_has():
+    from minigpt.report import _roles_part
+    scores = np.zeros((3, 2, 3))
+    scores[0, 0, 1], scores[0, 1, 2], scores[2, 1, 0], scores[1, 0, 0] = 0.9, 0.45, 0.39, 0.2
+    text = re.sub("<[^>]+>", "", _roles_part(scores, 3.1, 3.2, 8, 20))
+    assert "previous-token: L1 H2 (0.90), L2 H3 (0.45)" in text
+    assert "induction: none (the best, L2 H1, scores 0.39)" in text
+    assert "No head has the duplicate-token or the induction role yet: no score reaches 0.4." in text
+    assert "3.20 nats per token against 3.10 on the first, not lower" in text
+    scores[1:, 1, 1] = 0.5
+    text = re.sub("<[^>]+>", "", _roles_part(scores, 3.1, 1.0, 8, 20))
+    assert "Every role has at least one head scoring 0.4 or more." in text and "No head" not in text
+    assert "1.00 nats per token against 3.10 on the first, lower: the model uses" in text
+
+
+def figure_texts(monkeypatch, draw, *args):
+    """The figure draw(*args) makes, drawn: (each visible text's (string, font size, box), the figure's width in
+    the page's pixels)."""
+    import matplotlib.text
+    made, drawn = [], []
+    monkeypatch.setattr(report_page, "png", lambda fig: made.append(fig) or "")
+    draw(*args)
+    fig, = made
+    put = matplotlib.text.Text.draw                                   # the texts really drawn (not the ticks
+    monkeypatch.setattr(matplotlib.text.Text, "draw", lambda t, r: drawn.append(t) or put(t, r))   # past the axes)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    texts = [(t.get_text(), t.get_fontsize(), t.get_window_extent(renderer)) for t in drawn
+             if t.get_visible() and t.get_text().strip()]
+    return texts, fig.get_size_inches()[0] * 90                      # report_page.png saves at dpi 90
+
+
+@pytest.mark.parametrize("n_layer,n_head", [(4, 4), (12, 12)], ids=["config-S", "gpt2-124M"])
+def test_circuit_figures_are_legible(monkeypatch, n_layer, n_head):
+    """Each figure of the circuits section as a reader needs it: titles, axis labels and legends there, no text
+    drawn over another, none smaller than 7 points, and at most as wide as the page (1164 px of content at dpi 90),
+    so that the browser does not shrink it."""
+    import matplotlib.pyplot as plt
+    rng = np.random.default_rng(0)
+    scores = rng.uniform(0, 1, (3, n_layer, n_head))
+    S = 21
+    series = {"iters": list(range(0, 2100, 100)), "scores": rng.uniform(0, 1, (S, 3, n_layer, n_head)),
+              "first": rng.uniform(3, 7, S), "second": rng.uniform(1, 7, S)}
+    steps = [{"iter": i, "loss": 4 - i / 1000} for i in range(2001)]
+    evals = [{"iter": i, "val_loss": 4 - i / 900} for i in range(0, 2001, 250)]
+    names = ["embeddings"] + [f"layer {l + 1}" for l in range(n_layer)]
+    draws = {"roles": (report_page.roles_figure, scores, circuits.ROLES, 0.4),
+             "across": (report_page.across_figure, steps, evals, series, circuits.ROLES, 0.4),
+             "worth": (report_page.worth_figure, rng.normal(0, 0.1, (n_layer, n_head)), 1.5, names,
+                       rng.uniform(1, 4, n_layer + 1))}
+    for name, (draw, *args) in draws.items():
+        texts, width = figure_texts(monkeypatch, draw, *args)
+        words = " ".join(t for t, _, _ in texts)
+        for needed in {"roles": ("head", "layer", "induction score", "share of attention"),
+                       "across": ("iteration", "nats per token", "second copy", "first copy", "threshold 0.4",
+                                  "induction", "val (eval)"),
+                       "worth": ("head", "layer", "embeddings", "loss rise when a head is ablated")}[name]:
+            assert needed in words, (name, needed)
+        assert min(size for _, size, _ in texts) >= 7, name
+        assert width <= 1164 * 1.05, (name, width)
+        for i, (a, _, ba) in enumerate(texts):
+            for b, _, bb in texts[i + 1:]:
+                assert not ba.overlaps(bb), (name, a, b)
+        plt.close("all")
 
 
 def _chromium():
@@ -273,7 +395,7 @@ def test_report_renders_in_headless_chromium(run_dir, tmp_path):
     assert not console, console
     body = re.search(r"<body[^>]*>", dom).group(0)
     assert 'data-rendered="1"' in body and 'data-errors="0"' in body, body
-    for key in ("training", "tokens", "embeddings", "attention", "lens", "next", "wrong", "snapshots", "samples"):
+    for key in SECTIONS:
         tag = re.search(rf'<section id="sec-{key}"[^>]*>', dom)
         assert tag and 'data-rendered="1"' in tag.group(0), key
     assert dom.count("<canvas") >= 2 * 2 * 2 and "<td" in dom           # the maps and the lens table were drawn
@@ -288,6 +410,34 @@ def test_report_renders_in_headless_chromium(run_dir, tmp_path):
     pixels = mpimg.imread(str(shot))[..., :3].reshape(-1, 3)
     assert len(np.unique((pixels * 255).astype(np.uint8), axis=0)) > 50   # drawn, not a blank page
 
+
+
+@pytest.mark.skipif(_chromium() is None, reason="no Chromium here (Debian: apt-get install chromium; .ci/run "
+                                                "installs it)")
+def test_the_circuits_section_as_chromium_draws_it(run_dir, tmp_path):
+    """The circuits section alone (the page's other sections taken out), 1200 px wide in headless Chromium: no
+    error, and a screenshot in which its figures show in their own colours: the top of the role grids' colour bar,
+    the threshold's red, the second copy's purple."""
+    out, _ = run_dir
+    page = open(write_report(ReportConfig(out_dir=str(out), backend="numpy", samples=0)), encoding="utf-8").read()
+    keep = re.search(r'<section id="sec-circuits".*?</section>', page, re.S).group(0)
+    alone = re.sub(r'<section id="sec-.*?</section>', "", page, flags=re.S).replace("</h1>", "</h1>" + keep, 1)
+    path = tmp_path / "circuits.html"
+    path.write_text(alone, encoding="utf-8")
+    flags = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",
+             "--virtual-time-budget=5000", "--hide-scrollbars"]
+    shot = tmp_path / "circuits.png"
+    r = subprocess.run(flags + [f"--screenshot={shot}", "--window-size=1200,2000", f"file://{path}"],
+                       capture_output=True, text=True, timeout=120)
+    assert shot.exists(), r.stderr[-2000:]
+    assert not [ln for ln in r.stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln], r.stderr[-2000:]
+    import matplotlib.image as mpimg
+    pixels = (mpimg.imread(str(shot))[..., :3] * 255).round().reshape(-1, 3)
+    for name, rgb in (("Blues' darkest", (8, 48, 107)), ("threshold red", (214, 39, 40)),
+                      ("the induction score's and the second copy's purple", (148, 103, 189))):
+        assert (np.abs(pixels - rgb).max(axis=1) <= 12).sum() > 50, name
 
 
 @pytest.mark.skipif(_chromium() is None, reason="no Chromium here (Debian: apt-get install chromium; .ci/run "
