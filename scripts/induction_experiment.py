@@ -3,7 +3,8 @@ written twice, its report (section 9: what the heads do, and when), and reports/
 that section and reports/induction.png, a picture of it.
 
     python scripts/induction_experiment.py                       # the experiment docs/report.md describes
-    python scripts/induction_experiment.py --optimizer adamw     # the same with AdamW: the heads form much later
+    python scripts/induction_experiment.py --optimizer adamw     # the same with AdamW: no induction head yet
+    python scripts/induction_experiment.py --render              # only rewrite the report from the run's files
 
 The corpus (--corpus, written once): tiny Shakespeare (downloaded into data/ as train_shakespeare.py does when it
 is missing) cut into segments of 10 to 30 characters, each written twice in a row. Inside a segment it is text, so
@@ -23,7 +24,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 
@@ -60,19 +60,19 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=0, help="the backend's threads (default: 0, all CPUs)")
     ap.add_argument("--md", default=os.path.join(ROOT, "reports", "induction.md"), help="the report written "
                     "from the run ('' for none; default: %(default)s), and its picture beside it (.png)")
+    ap.add_argument("--render", action="store_true", help="no training: rewrite --md from --out_dir's files")
     try:
         args = ap.parse_args(argv)
         if args.max_iters < 100:
             raise UserError(f"--max_iters must be at least 100 (a snapshot every 100 steps), got {args.max_iters}")
-        write_corpus(args.text, args.corpus, args.seed)
         flags = train_flags(args)
-        t0 = time.perf_counter()
-        status = train_shakespeare.main(flags)                   # trains, plots, samples, writes the report
-        seconds = time.perf_counter() - t0
-        if status:
-            return status
+        if not args.render:
+            write_corpus(args.text, args.corpus, args.seed)
+            status = train_shakespeare.main(flags)               # trains, plots, samples, writes the report
+            if status:
+                return status
         if args.md:
-            write_md(args, flags, seconds)
+            write_md(args, flags)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -119,23 +119,28 @@ def train_flags(args):
 # ----------------------------------------------------------------------------
 # reports/induction.md and its picture
 
-def write_md(args, flags, seconds):
+def write_md(args, flags):
     run = OutDir(args.out_dir)
-    with open(run.report_json, encoding="utf-8") as f:
-        numbers = json.load(f)
+    try:
+        with open(run.report_json, encoding="utf-8") as f:
+            numbers = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read {run.report_json} ({e}); run the experiment first (without --render)") from None
     picture = os.path.splitext(args.md)[0] + ".png"
     how = section_picture(run.report, picture)
     c = numbers["circuits"]
     steps = [r for r in read_log(run.log) if r.get("kind") == "train"]
-    ms = 1000 * np.median([r["ms"] for r in steps if "ms" in r]) if steps else float("nan")
+    ms = np.median([r["ms"] for r in steps if "ms" in r]) if steps else float("nan")
+    evals = numbers["training"]["evals"]
+    took = f"{evals[-1]['elapsed']:.0f} s" if evals and "elapsed" in evals[-1] else "?"
     lines = ["# Induction heads forming in a run of a few minutes", "",
-             f"Measured by `{command('induction_experiment.py')}` at {revision(ROOT)} on {cpu_line()}, "
-             f"{datetime.date.today().isoformat()}: training, its report and the sample took {seconds:.0f} s "
-             f"({ms:.1f} ms per step, median).", "",
+             f"Measured by `{command('induction_experiment.py').replace(' --render', '')}` at {revision(ROOT)} on "
+             f"{cpu_line()}, {datetime.date.today().isoformat()}: training took {took} ({ms:.1f} ms per step, "
+             "median), then the report a few seconds more.", "",
              f"The run: `python scripts/train_shakespeare.py {' '.join(flags)}`, on tiny Shakespeare cut into "
              f"segments of {SEGMENT[0]} to {SEGMENT[1]} characters, each written twice in a row "
              "(`scripts/induction_experiment.py` writes the corpus). What to look for in the picture: "
-             "[docs/report.md](../docs/report.md#the-circuits-section-and-the-induction-experiment).", "",
+             "[docs/report.md](../docs/report.md#watching-induction-heads-form-the-experiment).", "",
              f"![The circuits section of the run's report]({os.path.basename(picture)})", "",
              f"The picture: {how}", ""]
     lines += summary(c)
@@ -167,11 +172,12 @@ def summary(c):
         over = np.flatnonzero(best >= th)
         if len(over):
             k = int(over[0])
+            gap = np.array(s["first"]) - np.array(s["second"])  # what the second copy gains from the first
             out.append(f"The best induction score first reached {th} at iteration {s['iters'][k]} "
-                       f"({best[k]:.2f}; {best[max(k - 1, 0)]:.2f} at the snapshot before). Between iteration "
-                       f"{s['iters'][0]} and the end, the loss on the second copy of a random sequence went from "
-                       f"{s['second'][0]:.2f} to {s['second'][-1]:.2f} nats per token, on the first copy from "
-                       f"{s['first'][0]:.2f} to {s['first'][-1]:.2f}.")
+                       f"({best[k]:.2f}; {best[max(k - 1, 0)]:.2f} at the snapshot before). The loss on the second "
+                       f"copy of a random sequence was {gap[max(k - 1, 0)]:.2f} nats per token below the first "
+                       f"copy's at the snapshot before, {gap[k]:.2f} there, and {gap[-1]:.2f} at the end "
+                       f"({s['second'][-1]:.2f} against {s['first'][-1]:.2f}).")
         else:
             out.append(f"No head's induction score reached {th} in this run (the best: {best.max():.2f}).")
     heads = []
@@ -220,7 +226,8 @@ def section_picture(page, png):
         with open(png, "wb") as f:
             f.write(base64.b64decode(uris[1]))                 # roles, snapshots, worth: the second
         return "the figure of the snapshots from the report's section 9 (no Chromium here for the whole section)."
-    alone = re.sub(r'<section id="sec-.*?</section>', "", text, flags=re.S).replace("</h1>", "</h1>" + section, 1)
+    alone = re.sub(r'<section id="sec-.*?</section>', "", text, flags=re.S).replace(
+        '<div id="errors"></div>', '<div id="errors"></div>' + section, 1)       # under the title and subtitle
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "section.html")
         with open(path, "w", encoding="utf-8") as f:

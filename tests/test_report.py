@@ -421,7 +421,8 @@ def test_the_circuits_section_as_chromium_draws_it(run_dir, tmp_path):
     out, _ = run_dir
     page = open(write_report(ReportConfig(out_dir=str(out), backend="numpy", samples=0)), encoding="utf-8").read()
     keep = re.search(r'<section id="sec-circuits".*?</section>', page, re.S).group(0)
-    alone = re.sub(r'<section id="sec-.*?</section>', "", page, flags=re.S).replace("</h1>", "</h1>" + keep, 1)
+    alone = re.sub(r'<section id="sec-.*?</section>', "", page, flags=re.S).replace(
+        '<div id="errors"></div>', '<div id="errors"></div>' + keep, 1)
     path = tmp_path / "circuits.html"
     path.write_text(alone, encoding="utf-8")
     flags = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
