@@ -24,6 +24,7 @@ from . import lens
 
 ROLES = ("previous-token", "duplicate-token", "induction")
 THRESHOLD = 0.4      # a head "has" a role when at least this share of its attention goes where the role looks
+LOGITS_AT_ONCE = 2 ** 22    # logits read_repeats holds in float64 at a time (a GPT-2 vocabulary: one sequence)
 
 
 def repeated_tokens(rng, tokens, batch, n):
@@ -46,27 +47,44 @@ def role_targets(seqs):
 def role_scores(att, seqs):
     """att (n_layer, B, nh, T, T) attention probabilities on seqs (B, T) -> (len(ROLES), n_layer, nh): for each
     role, the attention mass on the role's keys, averaged over the queries that have at least one."""
+    mass, rows = _role_mass(att, seqs)
+    with np.errstate(invalid="ignore"):                                  # no such query at all: NaN
+        return mass / rows[:, None, None]
+
+
+def _role_mass(att, seqs):
+    """-> (the attention mass on each role's keys summed over the queries that have some (len(ROLES), n_layer,
+    nh), how many queries have some (len(ROLES),))."""
     att = np.asarray(att, np.float64)
-    out = np.empty((len(ROLES),) + att.shape[:1] + att.shape[2:3])
+    mass = np.empty((len(ROLES),) + att.shape[:1] + att.shape[2:3])
+    rows = np.empty(len(ROLES))
     for r, target in enumerate(role_targets(seqs).values()):
-        mass = np.einsum("lbhts,bts->lbth", att, target.astype(np.float64))   # (L, B, T, nh)
-        rows = target.any(-1)                                                # (B, T): queries with a key to find
-        out[r] = mass[:, rows].mean(-2) if rows.any() else np.nan            # mass[:, rows]: (L, n_rows, nh)
-    return out
+        mass[r] = np.einsum("lbhts,bts->lh", att, target.astype(np.float64))   # a query without keys adds 0
+        rows[r] = target.any(-1).sum()
+    return mass, rows
 
 
 def read_repeats(model, seqs):
     """seqs (B, 2n) -> (role scores (len(ROLES), n_layer, nh), loss on the first copy, loss on the second), from
-    one forward. A copy's loss is the mean over its tokens 2..n, each predicted from the tokens before it: the
-    first token of either copy follows nothing the model could copy, so neither counts it."""
+    the model's forward on them (a few sequences at a time, so that a large vocabulary's logits stay small). A
+    copy's loss is the mean over its tokens 2..n, each predicted from the tokens before it: the first token of
+    either copy follows nothing the model could copy, so neither counts it."""
     model.eval()
     seqs = np.asarray(seqs)
-    logits = model.forward(seqs)[0].astype(np.float64)                # (B, T, V)
-    scores = role_scores(model.acts.att, seqs)
-    z = logits[:, :-1] - logits[:, :-1].max(-1, keepdims=True)
-    logp = z - np.log(np.exp(z).sum(-1, keepdims=True))               # log softmax at positions 0..T-2
-    losses = -np.take_along_axis(logp, seqs[:, 1:, None], -1)[..., 0]   # (B, T-1): loss of token t+1 at t
-    n = seqs.shape[1] // 2
+    (B, T), n = seqs.shape, seqs.shape[1] // 2
+    mass, rows = 0.0, 0.0
+    losses = np.empty((B, T - 1))
+    step = max(1, LOGITS_AT_ONCE // (T * model.config.vocab_size))
+    for s in range(0, B, step):
+        part = seqs[s:s + step]
+        logits = model.forward(part)[0][:, :-1].astype(np.float64)   # (b, T-1, V): positions 0..T-2
+        m, r = _role_mass(model.acts.att, part)
+        mass, rows = mass + m, rows + r
+        z = logits - logits.max(-1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+        losses[s:s + step] = -np.take_along_axis(logp, part[:, 1:, None], -1)[..., 0]   # loss of token t+1 at t
+    with np.errstate(invalid="ignore"):
+        scores = mass / rows[:, None, None]
     return scores, float(losses[:, :n - 1].mean()), float(losses[:, n:].mean())
 
 

@@ -37,7 +37,8 @@ REPEAT_LEN = 48             # tokens of each random sequence the head roles read
 REPEAT_BATCH = 16           # random sequences the role scores and the copy losses average over
 CURVE_SNAPSHOTS = 50        # snapshots scored for the roles across training (spread over those the run kept)
 ABLATION_BLOCKS = 16        # validation blocks the ablation and the per-layer cross-entropy read, at most; fewer
-ABLATION_WORK = 1e10        # for a large model: parameters x tokens x forwards the ablation may cost (config S: 16)
+ABLATION_WORK = 1e10        # for a large model: parameters x tokens x forwards the ablation may cost, at most
+COPY_MARGIN = 0.1           # nats: a second copy's loss this much below the first's is "lower" (less is noise)
 BAR_SETTINGS = [("temperature 1", 1.0, 0, 1.0), ("temperature 0.8 (the sampler's default)", 0.8, 0, 1.0),
                 ("temperature 0.5", 0.5, 0, 1.0), ("temperature 1.5", 1.5, 0, 1.0), ("top-k 5", 1.0, 5, 1.0),
                 ("top-p 0.9", 1.0, 0, 0.9)]
@@ -437,7 +438,7 @@ def _roles_part(scores, first, second, n, n_tokens):
             found.append(f"<b>{r}</b>: none (the best, {_head(l, h)}, scores {v:.2f})")
     plain = (f"No head has the {' or the '.join(missing)} role yet: no score reaches {th}." if missing else
              f"Every role has at least one head scoring {th} or more.")
-    uses = ("lower: the model uses what it saw earlier in its context" if second < first - 0.05 else
+    uses = ("lower: the model uses what it saw earlier in its context" if second < first - COPY_MARGIN else
             "not lower: the model does not yet reuse what it saw earlier in its context")
     return (f"<h3>Head roles at this checkpoint</h3><p>Each score is the share of a head's attention that goes "
             f"where the role looks, averaged over the positions where it can look there, from 0 to 1 (a head "
@@ -460,8 +461,9 @@ def _across_part(model, run, rows, seqs, out):
     if not series["iters"]:
         why = "of another model than the checkpoint's" if other else "none here (train with --snapshots N)"
         return head + f'<p class="note">No snapshots to score: {why}.</p>'
-    out["snapshots"] = {"iters": series["iters"], "scores": dict(zip(circuits.ROLES, series["scores"].swapaxes(0, 1))),
-                        "first": series["first"], "second": series["second"]}
+    by_role = dict(zip(circuits.ROLES, series["scores"].swapaxes(0, 1)))           # role: (S, L, nh)
+    out["snapshots"] = {"iters": series["iters"], "scores": by_role, "first": series["first"],
+                        "second": series["second"]}
     steps = [r for r in rows if r.get("kind") == "train"]
     evals = [r for r in rows if r.get("kind") == "eval"]
     best = series["scores"][:, circuits.ROLES.index("induction")].max(axis=(1, 2))   # (S,)

@@ -118,6 +118,16 @@ def test_each_hand_built_head_scores_1_on_its_role_and_0_elsewhere():
                                                          # second copy; on the first it makes no guess
 
 
+def test_a_few_sequences_at_a_time_read_as_all_at_once(monkeypatch):
+    """read_repeats holds the logits of a few sequences at a time (a large vocabulary's): the same numbers."""
+    seqs = circuits.repeated_tokens(np.random.default_rng(0), range(V), 5, V)
+    whole = circuits.read_repeats(hand_built(), seqs)
+    monkeypatch.setattr(circuits, "LOGITS_AT_ONCE", 1)                # one sequence at a time
+    one = circuits.read_repeats(hand_built(), seqs)
+    np.testing.assert_allclose(one[0], whole[0], rtol=1e-12)
+    assert one[1:] == pytest.approx(whole[1:], rel=1e-12)
+
+
 def test_top_heads_name_the_best_first():
     s = np.array([[0.1, 0.9], [0.5, 0.3]])
     assert circuits.top_heads(s, 3) == [(0, 1, 0.9), (1, 0, 0.5), (1, 1, 0.3)]

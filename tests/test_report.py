@@ -279,7 +279,7 @@ def test_report_json_holds_the_numbers_the_page_draws(run_dir):
     c = numbers["circuits"]
     seqs = np.array(c["sequences"]["ids"])
     assert seqs.shape == (16, 2 * 8)                                    # block 16: copies of 8 tokens
-    model = R_load(out / "ckpt_best.npz")
+    model = load_spec_model(out / "ckpt_best.npz")
     scores, first, second = circuits.read_repeats(model, seqs)
     for r, role in enumerate(circuits.ROLES):
         np.testing.assert_allclose(c["scores"][role], scores[r], rtol=1e-4, atol=1e-5)
@@ -301,7 +301,7 @@ def test_report_json_holds_the_numbers_the_page_draws(run_dir):
             "0.4.") in text
 
 
-def R_load(path):
+def load_spec_model(path):
     from minigpt.report import load_model
     return load_model(str(path), ops=spec())[0]
 
