@@ -79,8 +79,7 @@ def linear_backward(ops, dx, dw, db, dout, x, w):                 # dout (B, T, 
 
 
 def linear_gelu_forward(ops, out, dact, x, w, b):                 # x (B, T, in) -> out (B, T, out)
-    z = ops.matmul(flat(x), w, out=flat(out))                     # z = x w, in out's memory
-    ops.gelu(z, b, out=z, dgelu=flat(dact))                       # out = gelu(z + b); keeps gelu'(z + b)
+    ops.matmul_gelu(flat(x), w, b, out=flat(out), dgelu=flat(dact))   # out = gelu(x w + b); keeps gelu'(x w + b)
     return out
 
 

@@ -420,6 +420,20 @@ static void split(int n, int unit, int parts, int p, int *lo, int *hi)
     if (*hi > n) *hi = n;
 }
 
+void mgk_epilogue(const job_t *g, float *C, int i0, int i1, int j0, int j1)
+{
+    if (g->ep != EP_GELU || i0 >= i1 || j0 >= j1) return;
+#ifdef MGK_X86
+    unsigned int own = _mm_getcsr();
+    _mm_setcsr(g->csr);                        /* mgk_gelu_fwd's bits: it computes in the caller's mode */
+#endif
+    mgk_gelu_block(i1 - i0, j1 - j0, C + (long)i0 * g->ldc + j0, g->ldc, g->ep_bias ? g->ep_bias + j0 : NULL,
+                   g->ep_d + (long)i0 * g->ldd + j0, g->ldd);
+#ifdef MGK_X86
+    _mm_setcsr(own);
+#endif
+}
+
 /* MGK_CAUSAL_OUT: C[i, j] = 0 past the diagonal (j > start + i) in rows m0..m1, columns n0..n1 of one item */
 static void zero_future(const job_t *g, float *C, int m0, int m1, int n0, int n1)
 {
@@ -433,9 +447,10 @@ static void zero_future(const job_t *g, float *C, int m0, int m1, int n0, int n1
    product's future is left as the tiles wrote it (mgk_job.h) */
 void mgk_item_block(const job_t *g, const float *A, const float *B, float *C, int m0, int m1, int n0, int n1, int tid)
 {
-    if (g->small)
+    if (g->small) {
         g->isa->small(g, A, B, C, n0, n1);   /* all rows; no causal skipping there */
-    else
+        if (g->ep) mgk_epilogue(g, C, 0, g->M, n0, n1);
+    } else
         (g->bf16 ? g->isa->bf16_block : g->isa->block)(g, A, B, C, m0, m1, n0, n1, bufs[tid][0], bufs[tid][1]);
 }
 
@@ -595,7 +610,8 @@ static int plan(job_t *g)
     g->pm = 0; g->pn = 1;
     if (g->L >= nt && (g->L % nt == 0 || g->L >= 4 * nt)) return nt;
     if (g->small) {                            /* few rows: split K (each thread streams its own rows of B), */
-        g->ksplit = !g->tb && g->L == 1 && (long)g->M * g->N <= (long)KC * NC && g->K >= 64 * nt && !g->causal;
+        g->ksplit = !g->tb && g->L == 1 && (long)g->M * g->N <= (long)KC * NC && g->K >= 64 * nt && !g->causal
+                    && !g->ep;                 /* an epilogue needs the summed result */
         g->pm = 1; g->pn = nt;                 /* else the columns */
         return nt;
     }
@@ -649,7 +665,7 @@ static int run(job_t *g)
     int nt = plan(g), rc = mgk_alloc_bufs(nt);
     if (rc == MGK_OK) {
 #ifdef MGK_X86
-        unsigned int csr = _mm_getcsr();
+        unsigned int csr = g->csr = _mm_getcsr();
         mgk_pool_set_ftz();                    /* the caller computes too; its FP mode is restored below */
 #endif
         rc = mgk_pool_run(run_job, g, nt);
@@ -720,6 +736,16 @@ int mgk_bgemm(int ta, int tb, int M, int N, int K, const float *A, int lda, cons
               float beta, float *C, int ldc)
 {
     return mgk_bgemm_batched(1, 1, ta, tb, M, N, K, A, lda, 0, 0, B, ldb, 0, 0, beta, C, ldc, 0, 0);
+}
+
+int mgk_gemm_gelu(int bf16, int M, int N, int K, const float *A, int lda, const float *B, int ldb, const float *bias,
+                  float *C, int ldc, float *dgelu, int ldd)
+{
+    if (bad_args(0, 0, M, N, K, A, lda, B, ldb, C, ldc) || (M > 0 && N > 0 && (!dgelu || ldd < N)))
+        return MGK_EBADARG;
+    job_t g = {NULL, 0, 0, M, N, K, lda, ldb, ldc, 1, A, B, C, 0.0f, 0, 0, 0, 1, 0, 0, 0, 0, 1, M <= SMALL_M, 0,
+               bf16 != 0, 0, 0, EP_GELU, bias, dgelu, ldd, 0};
+    return run(&g);
 }
 
 int mgk_emulate_amx(int on)

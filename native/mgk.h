@@ -8,7 +8,7 @@
 #ifndef MGK_H
 #define MGK_H
 
-#define MGK_ABI     10   /* bumped when a signature changes; minigpt/backends/native.py refuses any other build */
+#define MGK_ABI     11   /* bumped when a signature changes; minigpt/backends/native.py refuses any other build */
 
 #define MGK_OK       0
 #define MGK_EBADARG -1   /* negative size, too small leading dimension, NULL pointer, or any other argument
@@ -19,6 +19,12 @@
 /* A is (M,K) (or (K,M) stored if ta), B is (K,N) (or (N,K) stored if tb), C is (M,N); ld* = row strides in floats */
 int mgk_sgemm(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
               float beta, float *C, int ldc);
+/* the MLP's first product with its GELU: C = gelu(A B + bias) and dgelu = gelu'(A B + bias), A (M,K), B (K,N),
+   bias (N,) or NULL, dgelu (M,N) with rows ldd apart; bf16: operands rounded as mgk_bgemm's. The same bits as
+   mgk_sgemm (mgk_bgemm) then mgk_gelu_fwd on C; fused, each block of C gets its GELU while it is in cache, so C is
+   written once and not read back */
+int mgk_gemm_gelu(int bf16, int M, int N, int K, const float *A, int lda, const float *B, int ldb, const float *bias,
+                  float *C, int ldc, float *dgelu, int ldd);
 /* L1*L2 independent products over a two-level batch (e.g. batch x head); item (i, j) uses A + i*sA1 + j*sA2,
    B + i*sB1 + j*sB2, C + i*sC1 + j*sC2 (strides in floats, >= 0), so attention reads its heads in place out of
    a (B, T, 3, n_head, hs) array. One level: L2 = 1. The C items must not overlap one another. */

@@ -23,7 +23,13 @@ typedef struct {
     int ksplit;    /* small, one product, op(B) = B: threads split K, each its own partial sum (see run) */
     int bf16;      /* round both operands to bfloat16 while packing, or reading on the few rows path (mgk_bgemm*) */
     int causal, start;   /* 0, or MGK_CAUSAL_OUT / MGK_CAUSAL_A with the diagonal's offset (mgk_gemm_causal) */
+    int ep;        /* 0, or EP_GELU (mgk_gemm_gelu): once a block of C holds its final sums, and while it is still in
+                      cache, C = gelu(C + ep_bias) and ep_d = gelu'(C + ep_bias) over it (mgk_epilogue) */
+    const float *ep_bias;        /* (N,) or NULL */
+    float *ep_d; int ldd;        /* (M, N), rows ldd apart */
+    unsigned int csr;            /* the caller's FP mode, which the epilogue computes in (the tiles run flush-to-zero) */
 } job_t;
+#define EP_GELU 1
 
 /* the job of one item's product op(A) (M x K) @ op(B), beta 0, causal 0, MGK_CAUSAL_OUT or MGK_CAUSAL_A (diagonal
    offset start), operands rounded to bf16 or not, with the path that runs it chosen as the batched products choose
@@ -37,6 +43,9 @@ MGK_INTERNAL job_t mgk_item_job(int bf16, int start, int ta, int tb, int M, int 
    and the whole product past the diagonal */
 MGK_INTERNAL void mgk_item_block(const job_t *g, const float *A, const float *B, float *C, int m0, int m1, int n0,
                                  int n1, int tid);
+/* the epilogue of g (job_t.ep) over rows i0..i1, columns j0..j1 of C, the item's result (rows g->ldc apart): each
+   block loop calls it once per block of C, after the block's last k block */
+MGK_INTERNAL void mgk_epilogue(const job_t *g, float *C, int i0, int i1, int j0, int j1);
 /* one product or fused attention at a time: the pack buffers (and the attention's scratch) are per thread id */
 MGK_INTERNAL void mgk_call_lock(void);
 MGK_INTERNAL void mgk_call_unlock(void);

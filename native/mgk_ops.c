@@ -455,6 +455,26 @@ int mgk_gelu_fwd(long long N, int H, const float *x, const float *b, float *y, f
     return MGK_OK;
 }
 
+/* the GEMM's epilogue: a block of rows, each one row of gelu_fwd_body (so the same bits) */
+typedef struct { int rows, n; float *y; long long ldy; const float *b; float *d; long long ldd; } gelu_block_t;
+
+BODY void gelu_block_body(const gelu_block_t *a, int tid, int nt)
+{
+    for (int i = 0; i < a->rows; i++) {
+        gelu_fwd_t r = {1, a->n, a->y + i * a->ldy, a->b, a->y + i * a->ldy, a->d + i * a->ldd};
+        gelu_fwd_body(&r, 0, 1);
+    }
+    (void)tid; (void)nt;
+}
+VARIANTS(gelu_block, gelu_block_t)
+
+void mgk_gelu_block(int rows, int n, float *y, long long ldy, const float *b, float *d, long long ldd)
+{
+    int isa = mgk_isa();
+    gelu_block_t a = {rows, n, y, ldy, b, d, ldd};
+    gelu_block_fns[isa < MGK_ISA_AVX512 ? isa : MGK_ISA_AVX512](&a, 0, 1);
+}
+
 int mgk_ref_gelu_fwd(long long N, int H, const float *x, const float *b, float *y, float *dgelu)
 {
     if (N < 0 || H < 0 || (N && H && (!x || !y || !dgelu))) return MGK_EBADARG;

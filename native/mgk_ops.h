@@ -68,6 +68,12 @@ __attribute__((visibility("hidden")))
 #endif
 void mgk_softmax_item(int fwd, int T, int Tk, int start, float scale, const float *att, long long lda, float *g,
                       long long ldg);
+/* internal, for the GEMM's epilogue (mgk_gemm_gelu): y = gelu(y + b) in place and d = gelu'(y + b) over a block of
+   rows x n, rows ldy and ldd apart, on the calling thread, with mgk_gelu_fwd's bits; b (n,) or NULL */
+#ifdef __GNUC__
+__attribute__((visibility("hidden")))
+#endif
+void mgk_gelu_block(int rows, int n, float *y, long long ldy, const float *b, float *d, long long ldd);
 /* internal, for the fused attention too: a seed's two keys (mgk_dropout's k1, k2), and one item's dropout on the
    calling thread: y[i, j] = x[i, j] times the mask value of element n0 + i*ldn + j (mgk_dropout's), for j <= upto + i,
    and 0 past it, where x is not read (the composition's x is 0 there; the fused backward's d(scores) holds what

@@ -7,7 +7,7 @@ few per cent.
     python setup.py build_ext --inplace   (in a checkout of the old commit: its minigpt/_mgk*.so is BEFORE)
     (BEFORE and AFTER must be two files, built with the same flags: one path given twice loads one library)
     python scripts/bench_gemm_ab.py BEFORE.so AFTER.so [--config M] [--threads 2] [--calls 9] [--rows 0] [--ops]
-                                    [--attention] [--bf16] [--isa avx2] [--spin 100]
+                                    [--attention] [--bf16] [--isa avx2] [--spin 100] [--threads 1 --clock cpu]
 
 --rows N (1-8) times N-row products against the step's weights (decoding) instead of the step's own products.
 --bf16 times the bf16 products (mgk_bgemm: operands rounded to bfloat16) instead of the float32 ones.
@@ -111,17 +111,18 @@ def attention(config, bf16, rng):
     return [(f"attention forward {B}x{nh}x{T}x{hs}", fwd), (f"attention backward {B}x{nh}x{T}x{hs}", bwd)]
 
 
-def side_by_side(libs, call, calls, reps):
-    """median seconds of one call(lib) for each lib, the libs' turns alternating"""
+def side_by_side(libs, call, calls, reps, clock=time.perf_counter):
+    """median seconds of one call(lib) for each lib, the libs' turns alternating; clock: wall time, or the
+    calling thread's CPU time (--clock cpu)"""
     for lib in libs:                                                 # warm-up: threads started, pages touched
         call(lib)
     times = [[], []]
     for c in range(calls):
         for b in ((0, 1) if c % 2 == 0 else (1, 0)):                # alternate which build goes first
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(reps):
                 call(libs[b])
-            times[b].append((time.perf_counter() - t0) / reps)
+            times[b].append((clock() - t0) / reps)
     return [np.median(t) for t in times]
 
 
@@ -144,23 +145,30 @@ def main():
                     help="the pools' wait on the CPU between calls (mgk_set_spin_us; the native backend sets "
                     f"{NativeOps.SPIN_US}, which lets small ops split over the threads); default 0: workers sleep. "
                     "Both builds' pools then spin, in each other's way")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: time each call by the calling thread's CPU time, not the wall clock (--threads 1 "
+                    "only: a one-thread call runs on its caller). On a host whose cores other work shares, the time "
+                    "the scheduler gives that work to others is then not counted; caches and memory still are")
     a = ap.parse_args()
+    if a.clock == "cpu" and a.threads != 1:
+        ap.error("--clock cpu needs --threads 1: worker threads' CPU time is not the caller's")
+    clock = time.thread_time if a.clock == "cpu" else time.perf_counter
     libs = [load(a.before, a.threads, a.isa, a.spin), load(a.after, a.threads, a.isa, a.spin)]
     rng = np.random.default_rng(0)
     print(f"{cpu_line()}; {a.threads} threads; {a.isa or 'fastest'} path; {'bf16' if a.bf16 else 'float32'} "
-          f"products; before {a.before}, after {a.after}; median of {a.calls} calls each")
+          f"products; before {a.before}, after {a.after}; median of {a.calls} calls each, {a.clock} clock")
     if a.attention:
         print("| call | before ms | after ms | before / after |\n|---|---:|---:|---:|")
         for name, call in attention(a.config, a.bf16, rng):
             if call(libs[0]) or call(libs[1]):
                 raise SystemExit(f"bench_gemm_ab: {name} returned an error code")
-            t = side_by_side(libs, call, a.calls, 1)
+            t = side_by_side(libs, call, a.calls, 1, clock)
             print(f"| {name} | {t[0] * 1e3:.2f} | {t[1] * 1e3:.2f} | {t[0] / t[1]:.3f} |", flush=True)
         return
     if a.ops:
         print("| op | before ns/element | after ns/element | before / after |\n|---|---:|---:|---:|")
         for name, n, call in ops(a.config, rng):
-            t = side_by_side(libs, call, a.calls, max(1, int(2e6 // n)))
+            t = side_by_side(libs, call, a.calls, max(1, int(2e6 // n)), clock)
             print(f"| {name} | {t[0] / n * 1e9:.3f} | {t[1] / n * 1e9:.3f} | {t[0] / t[1]:.3f} |", flush=True)
         return
     print("| product (ta tb M x N x K) | before GFLOP/s | after GFLOP/s | after / before |\n|---|---:|---:|---:|")
@@ -172,7 +180,7 @@ def main():
         gemm = "mgk_bgemm" if a.bf16 else "mgk_sgemm"
         call = lambda lib: getattr(lib, gemm)(ta, tb, M, N, K, x.ctypes.data, x.shape[1], w.ctypes.data,  # noqa: E731
                                          w.shape[1], beta, out.ctypes.data, N)
-        g = [2 * M * N * K / t / 1e9 for t in side_by_side(libs, call, a.calls, reps)]
+        g = [2 * M * N * K / t / 1e9 for t in side_by_side(libs, call, a.calls, reps, clock)]
         print(f"| {ta:d} {tb:d} {M}x{N}x{K} | {g[0]:.1f} | {g[1]:.1f} | {g[1] / g[0]:.3f} |", flush=True)
 
 

@@ -38,6 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # this tree
 CONFIGS = {"S": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch=12),
            "M": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch=64)}
 BASE = "@base"
+TORCH = ("pytorch", "pytorch-compile")                   # the PyTorch children: eager, and under torch.compile
 
 
 def model_flops(c, V=65):
@@ -73,9 +74,10 @@ class MiniStep:
 
 class TorchStep:
     """The same step in PyTorch (scripts/torch_twin.py); autocast: the forward under torch.autocast("cpu",
-    bfloat16), as a nanoGPT user would write it (the backward follows the forward's dtypes)."""
+    bfloat16), as a nanoGPT user would write it (the backward follows the forward's dtypes); compile: the model
+    wrapped in torch.compile, as nanoGPT's train.py does by default (the optimizer step stays eager, as there)."""
 
-    def __init__(self, mini, threads, autocast=False):
+    def __init__(self, mini, threads, autocast=False, compile=False):
         import contextlib
         import torch
         from torch_twin import TorchGPT                  # scripts/torch_twin.py, a sibling module
@@ -83,6 +85,7 @@ class TorchStep:
         self.torch = torch
         self.model = TorchGPT.from_minigpt(mini.model)
         names = self.model.minigpt_names().values()
+        self.forward = torch.compile(self.model) if compile else self.model
         self.opt = torch.optim.AdamW([{"params": [p for p, _ in names if p.dim() >= 2], "weight_decay": 0.1},
                                       {"params": [p for p, _ in names if p.dim() < 2], "weight_decay": 0.0}],
                                      lr=1e-4, betas=(0.9, 0.99))
@@ -92,7 +95,7 @@ class TorchStep:
     def __call__(self):
         self.opt.zero_grad(set_to_none=True)
         with self.context():
-            _, loss = self.model(self.x, self.y)
+            _, loss = self.forward(self.x, self.y)
         loss.backward()
         self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
@@ -179,11 +182,12 @@ def profile(step, n):
 def child(a):
     """One implementation in this process: median step time, profiled shares, peak RSS, as one JSON line."""
     c, bf16 = CONFIGS[a.config], a.dtype == "bf16"
-    mini = MiniStep(c, a.child if a.child != "pytorch" else "numpy", a.threads, bf16=bf16 and a.child != "pytorch",
-                    dropout=a.dropout)
-    step = TorchStep(mini, a.threads, autocast=bf16) if a.child == "pytorch" else mini
-    times = time_steps(step, a.steps, warmup=3 if a.config == "S" else 1)   # one M step warms every kernel
-    shares = profile(mini, max(1, a.steps // 3)) if a.child != "pytorch" and a.profile else None
+    torch = a.child in TORCH
+    mini = MiniStep(c, "numpy" if torch else a.child, a.threads, bf16=bf16 and not torch, dropout=a.dropout)
+    step = TorchStep(mini, a.threads, autocast=bf16, compile=a.child == "pytorch-compile") if torch else mini
+    warmup = (3 if a.config == "S" else 1) + (2 if a.child == "pytorch-compile" else 0)   # compiling takes 1-2 steps
+    times = time_steps(step, a.steps, warmup=warmup)     # one M step warms every kernel
+    shares = profile(mini, max(1, a.steps // 3)) if not torch and a.profile else None
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"median": float(np.median(times)), "shares": shares, "rss": rss}))
 
@@ -282,13 +286,13 @@ def main():
               f"backends {w['backends']}", flush=True)
     names = a.backends.split(",") if a.backends else list(where[""]["backends"])
     if not a.backends and importlib.util.find_spec("torch"):          # found, not imported: see probe()
-        names.append("pytorch")
+        names += list(TORCH)
     impls = {}                                     # label -> (backend, dtype, ISA path or None)
     for dtype in a.dtypes.split(","):
         for name in names:
             for isa in [None] + ([i for i in a.isas.split(",") if i] if name == "native" else []):
                 label = name + (f":{isa}" if isa else "") + (" bf16" if dtype == "bf16" else "")
-                impls[label.replace("pytorch bf16", "pytorch bf16 autocast")] = (name, dtype, isa)
+                impls[label.replace(" bf16", " bf16 autocast") if name in TORCH else label] = (name, dtype, isa)
     peak = where[""]["peak"]
     skip = {x.strip() for x in a.skip.split(",") if x.strip()}
     results, failed = {}, {}
@@ -301,7 +305,7 @@ def main():
                 for tag, tree in trees.items():    # (the profiled pass, for the shares, only in the first round)
                     label = name + tag
                     if (tag and (impl[0] not in where[tag]["backends"] or impl[2] is not None
-                                 or impl[0] == "pytorch")) or label in failed or f"{cfg_name}:{name}" in skip:
+                                 or impl[0] in TORCH)) or label in failed or f"{cfg_name}:{name}" in skip:
                         continue                   # pytorch runs once (it is the same in both trees); the
                                                    # baseline, each dtype on the default path only
                     r = run_child(tree, impl, cfg_name, n, a.threads, rnd == 0, a.dropout)
@@ -319,6 +323,7 @@ def main():
             _, dtype, isa = impls[name[:-len(BASE)] if name.endswith(BASE) else name]
             rows[name] = {"ms": 1000 * med, "tok_s": tokens / med, "gflops": model_flops(c) / med / 1e9,
                           "bf16_peak": dtype == "bf16" and isa is None,   # measured against the bf16 peak
+                          "torch": impls[name][0] in TORCH if name in impls else False, "dtype": dtype,
                           "share": rs[0]["shares"], "rss": max(r["rss"] for r in rs),
                           "spread": [round(1000 * r["median"], 1) for r in rs]}
             print(f"{cfg_name} {name:13s} {1000 * med:9.1f} ms/step {tokens / med:9,.0f} tok/s  "
@@ -336,7 +341,7 @@ def main():
                 where[""][k + "s"] = (where[""][k], again[k])
                 where[""][k] = max(where[""][k], again[k])
         peak = where[""]["peak"]
-    write_report(a, results, "pytorch" in names, where, peak, failed, parent_rss)
+    write_report(a, results, any(n in TORCH for n in names), where, peak, failed, parent_rss)
 
 
 NOTES = "<!-- notes: text below this line (other benchmarks' sections) is kept when the script rewrites the report -->"
@@ -381,13 +386,17 @@ def write_report(a, results, have_torch, where, peak, failed, parent_rss):
     for cfg_name, rows in results.items():
         c = CONFIGS[cfg_name]
         ref, ref16 = (rows.get(k, {}).get("tok_s") for k in ("pytorch", "pytorch bf16 autocast"))
+        best32 = max([r["tok_s"] for r in rows.values() if r["torch"] and r["dtype"] == "float32"], default=None)
+        best = max([r["tok_s"] for r in rows.values() if r["torch"]], default=None)
         lines += [f"## Config {cfg_name}: n_layer {c['n_layer']}, n_head {c['n_head']}, n_embd {c['n_embd']}, "
                   f"block {c['block_size']}, batch {c['batch']} ({model_flops(c) / 1e9:.2f} GFLOP of matmul per step)", "",
                   "| implementation | ms/step | tokens/s | vs PyTorch | " + ("vs PyTorch bf16 autocast | " if ref16 else "")
-                  + "GFLOP/s | % of peak | peak RSS MiB |", "|---|---|---|---|---|---|---|" + ("---|" if ref16 else "")]
+                  + "vs PyTorch's best float32 | vs PyTorch's best | GFLOP/s | % of peak | peak RSS MiB |",
+                  "|---|---|---|---|---|---|---|---|---|" + ("---|" if ref16 else "")]
         for name, r in rows.items():
             ratio = f"{r['tok_s'] / ref:.2f}x" if ref else "n/a"
             ratio16 = f" {r['tok_s'] / ref16:.2f}x |" if ref16 else ""
+            ratio16 += " " + " | ".join(f"{r['tok_s'] / b:.2f}x" if b else "n/a" for b in (best32, best)) + " |"
             top = bf16_peak if r["bf16_peak"] and bf16_peak else peak
             pct = f"{100 * r['gflops'] / top:.0f}%" if top else "n/a"
             lines.append(f"| {name} | {r['ms']:.1f} {r['spread']} | {r['tok_s']:,.0f} | {ratio} |{ratio16} "
@@ -407,6 +416,11 @@ def write_report(a, results, have_torch, where, peak, failed, parent_rss):
             if r["share"]:
                 lines.append(f"| {name} | " + " | ".join(f"{100 * r['share'].get(p, 0):.0f}%" for p in parts) + " |")
         lines.append("")
+    if have_torch:
+        lines += ["`pytorch-compile` rows wrap the twin's model in torch.compile (its default inductor backend), as "
+                  "nanoGPT's train.py does by default; the optimizer step stays eager, as there, and the process "
+                  "warms up with 2 more steps, the ones that compile. \"PyTorch's best\" is the fastest PyTorch row "
+                  "of the config (of all four modes; \"float32\": of eager and compiled float32).", ""]
     if not have_torch:
         lines.append("PyTorch is not in this run (not installed, or not in --backends), so there is no ratio.")
     when = lambda k: (f"the larger of {here[k + 's'][0]:.0f} before and {here[k + 's'][1]:.0f} after the rounds"

@@ -1,10 +1,11 @@
 """Small texts and configs the training tests write themselves; attention's causal products for the product tests."""
+import contextlib
 import os
 
 import numpy as np
 
 from minigpt import backends
-from minigpt.backends import interface
+from minigpt.backends import interface, native
 from minigpt.config import TrainConfig
 from minigpt.layers import heads
 
@@ -171,3 +172,47 @@ def _check_fused_attention(ops, bf16, rng, calls):
             assert (calls[before:] == ["mgk_attention_bwd"]) == fused, f"the backward fused iff the forward, {what}"
     assert np.float32(1e-40) * np.float32(1.0) != 0, "the caller's subnormals flushed to zero"
     return own
+
+
+def matmul_gelu_cases(rng):
+    """(a, b, bias) at the shapes that reach every place the epilogue runs: the few-rows path (M <= 8), one and
+    several row blocks (MC = 192), one and several k blocks (256, 384 or 512 deep by path), both of the AVX-512
+    and amx loop orders (N 130: op(B) fits the B buffer in all its k blocks; N 3000 over 2 threads: it does not,
+    with a K that ends in a part k block and one that is a whole number of them), odd edges, and no bias; and a product of zeros whose bias puts GELU's sigmoid among the subnormals, which the
+    epilogue must keep as mgk_gelu_fwd does (it computes in the caller's FP mode, not the tiles' flush-to-zero)."""
+    yield np.zeros((300, 9), np.float32), np.ones((9, 64), np.float32), np.linspace(-10.2, -9.95, 64, dtype=np.float32)
+    for M, N, K in ((3, 17, 5), (8, 130, 40), (37, 33, 17), (400, 130, 1100), (200, 3000, 600), (64, 3000, 1024),
+                    (193, 70, 384)):
+        a = rng.standard_normal((M, K)).astype(np.float32)
+        b = (rng.standard_normal((K, N)) / np.sqrt(K)).astype(np.float32)
+        yield a, b, rng.standard_normal(N).astype(np.float32)
+        if M == 37:
+            yield a, b, None
+
+
+def check_matmul_gelu(ops, rng):
+    """ops.matmul_gelu (native: mgk_gemm_gelu, the GELU in the product's epilogue) has the bits of the product
+    and the GELU called one after the other, float32 and bf16, on 1, 2 and 3 threads."""
+    for n in (1, 2, 3):
+        with native_threads(n):
+            for a, b, bias in matmul_gelu_cases(rng):
+                for bf16 in (False, True):
+                    o = ops.with_bf16(bf16)
+                    out, dgelu = np.full((2, a.shape[0], b.shape[1]), np.nan, np.float32)
+                    o.matmul_gelu(a, b, bias, out=out, dgelu=dgelu)
+                    z, d = np.empty_like(out), np.empty_like(out)
+                    o.gelu(o.matmul(a, b, out=z), bias, out=z, dgelu=d)
+                    np.testing.assert_array_equal(out, z, err_msg=f"{a.shape} {b.shape} bf16={bf16} threads={n}")
+                    np.testing.assert_array_equal(dgelu, d)
+
+
+@contextlib.contextmanager
+def native_threads(n):
+    """The native library on n threads inside the block; its count before restored after."""
+    lib = native._lib()
+    saved = lib.mgk_get_num_threads()
+    lib.mgk_set_num_threads(n)
+    try:
+        yield
+    finally:
+        lib.mgk_set_num_threads(saved)

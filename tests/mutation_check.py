@@ -23,6 +23,7 @@ TB, TE = "tests/test_bf16.py", "tests/test_native_emulated.py"
 EMU = f"{TE}::test_native_tests_pass_on_the_emulated_avx512_paths"
 CAUSAL = f"{TO}::test_causal_products_are_the_plain_products"
 ISA = "tests/test_native_isa.py::test_matmul_every_path_matches_float64"   # every path this CPU runs, forced
+GELU_EP = "tests/test_native_isa.py::test_matmul_gelu_is_the_product_then_gelu_every_path"
 SUBN = f"{TB}::test_bf16_products_round_subnormal_operands_to_zero_on_native"
 # a kernel broken badly enough that numba's own smoke test (numba_ops.backend) refuses it: the op tests then skip
 # numba, and this test fails instead
@@ -188,6 +189,19 @@ M = [
     ("native/mgk_amx_emu.inc", "uint32_t w = bf16_bits_daz(hi[j]) | bf16_bits_daz(lo[j]) >> 16;",
         "uint32_t w = bf16_bits_daz(lo[j]) | bf16_bits_daz(hi[j]) >> 16;",
         f"{TB}::test_amx_path_blocking_matches_the_emulation"),
+    # the GELU in a product's epilogue (mgk_gemm_gelu): skipped on a path or loop order, on the wrong columns, or
+    # computed in the tiles' flush-to-zero mode
+    ("native/mgk_amx.inc", "if (g->ep && pc + KC_DP >= g->K)", "if (g->ep && pc + KC_DP > g->K)",
+        "tests/test_bf16.py::test_matmul_gelu_on_the_amx_path"),
+    ("native/mgk_amx.inc", "if (g->ep)                                /* the row block is final, and still in L2 */",
+        "if (!g->ep)", "tests/test_bf16.py::test_matmul_gelu_on_the_amx_path"),
+    ("native/mgk_avx512.inc", "if (g->ep && pc + KB >= g->K)", "if (g->ep && pc + KB > g->K)", GELU_EP),
+    ("native/mgk_avx512.inc", "if (g->ep)                                /* the row block is final, and still in L2 */",
+        "if (!g->ep)", GELU_EP),
+    ("native/mgk_gemm_generic.inc", "if (g->ep && pc + GV_KC >= g->K)", "if (g->ep && pc > g->K)", GELU_EP),
+    ("native/mgk.c", "if (g->ep) mgk_epilogue(g, C, 0, g->M, n0, n1);", "", GELU_EP),
+    ("native/mgk.c", "g->ep_bias ? g->ep_bias + j0 : NULL", "g->ep_bias", GELU_EP),
+    ("native/mgk.c", "_mm_setcsr(g->csr);                        /* mgk_gelu_fwd's bits", "/* mgk_gelu_fwd's bits", GELU_EP),
     # every fast path rounds a subnormal operand to zero (vcvtneps2bf16's rule): the emulated amx copy, the packs
     # of generic/avx2/avx512 and the few-rows path (BF16_DAZ_VEC; the avx512bf16 packs: the emulated build's row)
     ("native/mgk_amx_emu.inc", "for (int k = 0; k < n; k++) d[k] = (uint16_t)(bf16_bits_daz(a[k]) >> 16);",
@@ -208,8 +222,8 @@ M = [
     ("native/mgk.c", "    long d = kc + PANEL_PAD;", "    long d = kc;", ISA),
     ("native/mgk_avx512.inc", "#define MC_AT(ic) (m1 - (ic) < MB ? m1 - (ic) : MB)", "#define MC_AT(ic) (m1 - (ic) < MB ? m1 - (ic) : MC)",
         "tests/test_native_isa.py::test_row_blocks"),
-    ("native/mgk_avx512.inc", "for (int ic = m0; ic < m1; ic += MB)\n                gemm_rows(",
-        "for (int ic = m0; ic < m1; ic += MC)\n                gemm_rows(", "tests/test_native_isa.py::test_row_blocks"),
+    ("native/mgk_avx512.inc", "for (int ic = m0; ic < m1; ic += MB) {\n                gemm_rows(",
+        "for (int ic = m0; ic < m1; ic += MC) {\n                gemm_rows(", "tests/test_native_isa.py::test_row_blocks"),
     ("native/mgk_amx.inc", "ap, bp + b * step, t);", "ap, bp, t);",
         f"{TB}::test_amx_path_blocking_matches_the_emulation"),
     ("native/mgk.c", "*k1 = empty ? *k0 : (*k1 + 31) & ~31;", "*k1 = empty ? *k0 : *k1 & ~31;",

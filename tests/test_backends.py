@@ -33,6 +33,7 @@ def _fast_here():
 # the interface
 
 COMPOSED = {"attention", "attention_backward"}   # Ops composes them of the other ops (native fuses them)
+CHECKED_COMPOSED = {"matmul_gelu"}   # Ops checks them and composes their _<op> of the other ops (native fuses that)
 
 
 def test_ops_declares_every_op_and_each_backend_implements_it():
@@ -50,13 +51,17 @@ def test_ops_declares_every_op_and_each_backend_implements_it():
         base.bmm(np.ones((2, 3, 4)), np.ones((2, 4, 5)))
     for name in backends.BACKENDS:
         cls = _class(name)
-        for op in set(DECLARED) - COMPOSED:
+        for op in CHECKED_COMPOSED:
+            assert getattr(cls, op) is getattr(Ops, op), f"{cls.__name__} overrides {op}: its checks would be skipped"
+        for op in set(DECLARED) - COMPOSED - CHECKED_COMPOSED:
             impl = "_" + op
             assert getattr(cls, impl, None) is not getattr(Ops, impl, None), f"{cls.__name__} lacks {impl}"
             assert getattr(cls, op) is getattr(Ops, op), f"{cls.__name__} overrides {op}: its checks would be skipped"
             if op not in ("matmul", "bmm"):                      # the layers call them with Ops' signatures
                 assert inspect.signature(getattr(cls, impl)) == inspect.signature(getattr(Ops, op)), (name, op)
     assert {op for op in COMPOSED if getattr(_class("native"), op) is not getattr(Ops, op)} == COMPOSED   # fused
+    native_own = {op for op in CHECKED_COMPOSED if getattr(_class("native"), "_" + op) is not getattr(Ops, "_" + op)}
+    assert native_own == CHECKED_COMPOSED                        # fused, behind Ops' checks
 
 
 def test_a_backend_that_loads_here_passes_its_own_smoke_test():

@@ -17,7 +17,7 @@ from minigpt.backends import native
 from minigpt.backends.numpy_ops import round_bf16
 from minigpt.layers import heads
 from minigpt.model import GPT, GPTConfig
-from helpers import causal_products, check_fused_attention
+from helpers import causal_products, check_fused_attention, check_matmul_gelu, native_threads
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NATIVE = backends.why_unavailable("native")
@@ -367,7 +367,7 @@ def test_the_bisections_groups_split_every_product_and_each_changes_the_step():
     sys.path.pop(0)
     patched = [(owner, name) for owner, names, _ in bl.LAYERS.values() for name in names] + [
         (GPT, "backward"), (backends.Ops, "matmul"), (backends.Ops, "bmm"),
-        (native.NativeOps, "attention"), (native.NativeOps, "attention_backward")]
+        (native.NativeOps, "attention"), (native.NativeOps, "attention_backward"), (native.NativeOps, "_matmul_gelu")]
     saved = [(owner, name, getattr(owner, name)) for owner, name in patched]
 
     def keeping(*groups, run=lambda: step("numpy", True)):
@@ -432,3 +432,11 @@ def test_a_bf16_run_learns_writes_float32_checkpoints_and_samples(tmp_path):
     assert all(r.returncode == 0 and r.stdout.startswith("The") for r in out.values()), out["bf16"].stderr
     bad = subprocess.run(cmd + ["--dtype", "fp16"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--dtype must be float32 or bf16" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.skipif(NATIVE is not None, reason=str(NATIVE))
+def test_matmul_gelu_on_the_amx_path(kernel):
+    """The GELU in the bf16 product's epilogue on the amx path's code (emulated tiles, and the real ones where the
+    CPU has them) gives the bits of the product and the GELU called one after the other (every ISA path:
+    tests/test_native_isa.py)."""
+    check_matmul_gelu(kernel, np.random.default_rng(10))

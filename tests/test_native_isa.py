@@ -1,7 +1,6 @@
 """The native library's products and a whole training step on every ISA path this CPU runs (AVX-512, AVX2+FMA,
 generic; mgk_set_isa, as MINIGPT_ISA does), against float64. tests/test_ops.py covers the path the CPU picks;
 tests/test_native_ops.py the non-matmul ops on every path. Skipped, with the reason, without the library."""
-import contextlib
 import itertools
 
 import numpy as np
@@ -12,7 +11,7 @@ from minigpt.backends import native
 from minigpt.backends.numpy_ops import round_bf16
 from minigpt.layers import heads
 from minigpt.model import GPT, GPTConfig
-from helpers import causal_products, check_fused_attention
+from helpers import causal_products, check_fused_attention, check_matmul_gelu, native_threads
 
 
 REASON = backends.why_unavailable("native")
@@ -64,18 +63,6 @@ def test_k_blocks_in_both_loop_orders(path, N):
     sum the same way, float32 and bf16, with and without beta."""
     with native_threads(2):                               # the columns per thread decide the order
         k_blocks(path, N)
-
-
-@contextlib.contextmanager
-def native_threads(n):
-    """The native library on n threads inside the block; its count before restored after."""
-    lib = native._lib()
-    saved = lib.mgk_get_num_threads()
-    lib.mgk_set_num_threads(n)
-    try:
-        yield
-    finally:
-        lib.mgk_set_num_threads(saved)
 
 
 def k_blocks(path, N):
@@ -249,3 +236,8 @@ def test_a_forked_child_runs_products_while_a_parent_thread_is_in_one():
         worker.join()
     assert status[0] == pid, "the child's product waited for a lock that no thread of its own held"
     assert os.waitstatus_to_exitcode(status[1]) == 0
+
+
+
+def test_matmul_gelu_is_the_product_then_gelu_every_path(path):
+    check_matmul_gelu(path, np.random.default_rng(9))

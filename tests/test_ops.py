@@ -595,6 +595,7 @@ def _walk_rows(rng):
     return {
         "matmul": ([r(C, 17), r(20, C), True, True, r(17, 20), True], 10),
         "bmm": ([r(2, 3, 17, 9), r(2, 3, 9, 20), False, False, nan(2, 3, 17, 20), False], 10),
+        "matmul_gelu": ([r(N, 17), r(17, C, s=0.3), bh, nan(N, C), nan(N, C)], 10),
         "layernorm": ([x, w, b, nan(N, C), nan(N), nan(N), 1e-5], 2),
         "layernorm_backward": ([r(N, C), x, w, mean, rstd, nan(N, C), r(C), r(C)], 10),
         "gelu": ([z, bh, nan(3, 7, C), nan(3, 7, C)], 2),

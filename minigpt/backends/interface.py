@@ -116,6 +116,19 @@ class Ops:
             np.copyto(out, 0, where=future(M, N, start))
         return out
 
+    # ---- a product with the op that reads its result, composed here; a backend may fuse them (native: each block
+    #      of the result gets its GELU while it is still in cache, with the same bits)
+    def matmul_gelu(self, a, b, bias, out, dgelu):
+        """a (M, K) @ b (K, N) -> out = gelu(a b + bias), dgelu = gelu'(a b + bias), both (M, N); bias (N,) or
+        None; the product in this Ops' precision. The MLP's first Linear with its GELU (layers.py)."""
+        M, N, _ = _check_product(a, b, False, False, out, False, batched=False)
+        check_shapes("matmul_gelu", ((M, N), out, dgelu), ((N,), bias))
+        return self._matmul_gelu(a, b, bias, out, dgelu)
+
+    def _matmul_gelu(self, a, b, bias, out, dgelu):
+        self.matmul(a, b, out=out)                                    # z = a b, in out's memory
+        return self.gelu(out, bias, out=out, dgelu=dgelu)             # out = gelu(z + bias), dgelu = gelu'(z + bias)
+
     def _precision(self, bf16, *arrays):
         """A product's bf16: as the call says, else (None) this Ops' own; TypeError for bf16 on other than float32."""
         bf16 = self.bf16 if bf16 is None else bool(bf16)

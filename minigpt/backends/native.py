@@ -36,7 +36,7 @@ _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # minigpt/
 _ERRORS = {-1: ("bad argument", ValueError), -2: ("out of memory", MemoryError),
            -3: ("could not start a worker thread", RuntimeError)}
 _i, _ll = ctypes.c_int, ctypes.c_longlong
-_ABI = 10                                                 # MGK_ABI in native/mgk.h
+_ABI = 11                                                 # MGK_ABI in native/mgk.h
 _CAUSAL = {"out": 1, "a": 2}                              # MGK_CAUSAL_OUT, MGK_CAUSAL_A in native/mgk.h
 _ndf32 = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
 
@@ -131,6 +131,8 @@ def _lib():
     lib.mgk_bgemm_batched.argtypes = lib.mgk_sgemm_batched.argtypes
     lib.mgk_bgemm_batched.restype = _i
     lib.mgk_gemm_causal.argtypes, lib.mgk_gemm_causal.restype = [_i] * 3 + lib.mgk_sgemm_batched.argtypes, _i
+    lib.mgk_gemm_gelu.argtypes = [_i] * 4 + [_f32, _i, _f32, _i, _f32n, _f32, _i, _f32, _i]
+    lib.mgk_gemm_gelu.restype = _i
     view = [_p, _i, _ll, _ll]                                         # a strided stack: _matrices
     drop = [_i, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_float]    # dropout: on, seed, keep_from, 1 / (1 - p)
     lib.mgk_attention_fwd.argtypes = [_i] * 7 + [ctypes.c_float] + view * 5 + drop      # q, k, v, att, y, drop
@@ -197,6 +199,16 @@ class NativeOps(Ops):
         M, N, K = gemm_dims(a, b, ta, tb)                          # the common case, with the cheapest call
         gemm = self.lib.mgk_bgemm if bf16 else self.lib.mgk_sgemm  # bgemm rounds the operands (native/mgk.c)
         _check(gemm(ta, tb, M, N, K, a, a.shape[1], b, b.shape[1], 1.0 if acc else 0.0, out, N), "gemm", a, b)
+        return out
+
+    def _matmul_gelu(self, a, b, bias, out, dgelu):               # a (M, K) @ b (K, N) -> gelu into out (M, N)
+        if not all(x.flags.c_contiguous for x in (a, b, out, dgelu) + (() if bias is None else (bias,))):
+            return super()._matmul_gelu(a, b, bias, out, dgelu)    # views: the composition walks them
+        check_float32(a, b, bias, out, dgelu, backend=self.name)
+        (M, K), N = a.shape, b.shape[1]
+        _outputs("matmul_gelu", (out, dgelu), (a, b) + (() if bias is None else (bias,)))
+        rc = self.lib.mgk_gemm_gelu(self.bf16, M, N, K, a, K, b, N, bias, out, N, dgelu, N)
+        _check(rc, "matmul_gelu", a, b)
         return out
 
     own_causal = True                                              # mgk_gemm_causal zeroes the future itself
