@@ -1,0 +1,76 @@
+"""The fused ops of the native backend against the compositions they replace, side by side in one process:
+Ops.matmul_gelu (native: mgk_gemm_gelu, the GELU in the product's epilogue) against the product and the GELU
+called one after the other (Ops' own composition, on the same backend), at the MLP's first Linear of configs S and
+M, float32 and bf16 products. The calls alternate, so a busy machine slows both alike. Writes reports/fused_ops.md.
+
+    python scripts/bench_fused.py [--threads 2] [--calls 9] [--configs S,M] [--out reports/fused_ops.md]
+"""
+import argparse
+import time
+
+import numpy as np
+
+from bench_util import command, cpu_line, revision, write_keeping_notes
+from minigpt import backends
+from minigpt.backends.interface import Ops
+
+CONFIGS = {"S": (12 * 64, 128), "M": (64 * 256, 384)}             # (rows of a step's activations, n_embd)
+NOTES = "<!-- notes: hand-written text below this line is kept when the script rewrites the report -->"
+
+
+def side_by_side(calls, n):
+    """median seconds of each call, their turns alternating (which goes first alternates too)"""
+    for c in calls:
+        c()
+    times = [[] for _ in calls]
+    for i in range(n):
+        for k in (range(len(calls)) if i % 2 == 0 else reversed(range(len(calls)))):
+            t0 = time.perf_counter()
+            calls[k]()
+            times[k].append(time.perf_counter() - t0)
+    return [float(np.median(t)) for t in times]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--calls", type=int, default=9, help="calls of each per shape (median)")
+    ap.add_argument("--configs", default="S,M")
+    ap.add_argument("--out", default="reports/fused_ops.md")
+    a = ap.parse_args()
+    ops = backends.load("native", threads=a.threads, verbose=False)
+    rng = np.random.default_rng(0)
+    rows = []
+    for cfg in a.configs.split(","):
+        R, C = CONFIGS[cfg]
+        x = rng.standard_normal((R, C)).astype(np.float32)
+        w = (rng.standard_normal((C, 4 * C)) / np.sqrt(C)).astype(np.float32)
+        b = rng.standard_normal(4 * C).astype(np.float32)
+        out, dgelu = np.empty((2, R, 4 * C), np.float32)
+        for bf16 in (False, True):
+            o = ops.with_bf16(bf16)
+            fused = lambda: o.matmul_gelu(x, w, b, out, dgelu)                      # noqa: E731
+            composed = lambda: Ops._matmul_gelu(o, x, w, b, out, dgelu)             # noqa: E731
+            reps = max(1, int(2e8 // (2 * R * C * 4 * C)))                          # small shapes: several a timing
+            t_c, t_f = side_by_side([lambda: [composed() for _ in range(reps)],
+                                     lambda: [fused() for _ in range(reps)]], a.calls)
+            rows.append((cfg, f"{R}x{4 * C}x{C}", "bf16" if bf16 else "float32", t_c / reps, t_f / reps))
+            print(rows[-1], flush=True)
+    lines = ["# Fused ops against their compositions", "",
+             f"Command: `{command('bench_fused.py')}` on {cpu_line()}, {a.threads} threads, native backend "
+             f"(path {ops.lib.mgk_isa_name(ops.lib.mgk_isa()).decode()}), {time.strftime('%Y-%m-%d %H:%M')}, at "
+             f"{revision()}. Median of {a.calls} calls each, the two alternating in one process.", "",
+             "`matmul_gelu` is the MLP's first Linear with its GELU (out = gelu(x W + b), and gelu' kept for the "
+             "backward). Composed: the product writes x W, then the GELU reads it back and writes out and gelu'. "
+             "Fused (mgk_gemm_gelu): each row block of the product gets its GELU while it is still in cache, so the "
+             "product's result is not read back from memory. Same bits (tests/test_native_isa.py).", "",
+             "| config | product (M x N x K) | products | composed ms | fused ms | speed-up |",
+             "|---|---|---|---:|---:|---:|"]
+    for cfg, shape, dt, tc, tf in rows:
+        lines.append(f"| {cfg} | {shape} | {dt} | {1e3 * tc:.2f} | {1e3 * tf:.2f} | {tc / tf:.2f}x |")
+    write_keeping_notes(a.out, "\n".join(lines), NOTES)
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
