@@ -70,7 +70,9 @@ COMMON = {
                    "BLAS gets them on numpy and numba, 1 thread on native"),
     "dtype": ("float32", "float32 | bf16: bf16 rounds the operands of every product (the Linears, the LM head, "
                          "attention's two) to bfloat16 and sums in float32; weights, gradients, optimizer state, "
-                         "LayerNorm, softmax, loss and checkpoints stay float32 (a checkpoint reads either way)"),
+                         "LayerNorm, softmax, loss and checkpoints stay float32 (a checkpoint reads either way) | "
+                         "auto (training only): whichever of the two runs this model's step faster on this CPU, "
+                         "timed at the start of the run, which says what it chose"),
 }
 
 
@@ -86,7 +88,7 @@ def check_common(cfg):
     if hasattr(cfg, "backend"):
         check_backend(cfg.backend, getattr(cfg, "given", None))
     if hasattr(cfg, "dtype"):
-        check_dtype(cfg.dtype)
+        check_dtype(cfg.dtype, auto=isinstance(cfg, TrainConfig))
     return cfg
 
 
@@ -176,6 +178,9 @@ class TrainConfig(ModelShape):
     lr_decay_iters: int = setting(2000, "step at which the decay reaches --min_lr")
     cooldown: float = setting(0.0, "0: a cosine decay after warmup; F in (0, 1]: the lr held at --lr, then a straight "
                                    "line down to --min_lr over the last F of --lr_decay_iters")
+    context_warmup: float = setting(0.0, "F in [0, 1): the first F of the run (of --lr_decay_iters, or of "
+                                         "--max_time) trains on half of --block_size, at the same batch: cheaper "
+                                         "steps while the model learns what short contexts teach (0: off)")
     optimizer: str = setting("adamw", "adamw | muon: Muon (Newton-Schulz orthogonalised momentum) for the blocks' "
                                       "matrices, AdamW for the rest (minigpt/optim.py)")
     muon_lr_ratio: float = setting(20.0, "with --optimizer muon: the Muon matrices' lr is this times --lr's schedule")
@@ -337,6 +342,12 @@ def check(cfg, given=None):
     if cfg.min_lr > cfg.lr and (given is None or "min_lr" in given):   # typed, or set in code (else: a note below)
         raise UserError(f"--min_lr {cfg.min_lr:g} is above --lr {cfg.lr:g}, so the decay would raise the learning "
                         "rate; pass a --min_lr at most --lr (e.g. --lr / 10)")
+    if not 0.0 <= cfg.context_warmup < 1.0:
+        raise UserError(f"--context_warmup must lie in [0, 1) (0: off; 0.3: half the context for the first 30% of "
+                        f"the run), got {cfg.context_warmup}")
+    if cfg.context_warmup and cfg.block_size < 2:
+        raise UserError("--context_warmup halves --block_size, which is 1; use a --block_size of at least 2 or "
+                        "--context_warmup 0")
     if not 0.0 <= cfg.cooldown <= 1.0:
         raise UserError(f"--cooldown must lie in [0, 1] (0: a cosine; 0.4: a straight line over the last 40%), "
                         f"got {cfg.cooldown}")
@@ -389,10 +400,13 @@ def check_backend(name, given=None):
     raise UserError(f"--backend must be one of auto, numpy, numba, native; got {name!r}{source}")
 
 
-def check_dtype(dtype):
-    """--dtype of training and sampling: float32 or bf16 (products in bfloat16, the rest float32)."""
-    if dtype not in ("float32", "bf16"):
-        raise UserError(f"--dtype must be float32 or bf16, got {dtype!r}")
+def check_dtype(dtype, auto=False):
+    """--dtype: float32 or bf16 (products in bfloat16, the rest float32); auto=True (training) also takes auto,
+    which times a step of each (minigpt/train.py's faster_dtype)."""
+    if dtype == "auto" and not auto:
+        raise UserError("--dtype auto is training's (it times a step of each); here pass float32 or bf16")
+    if dtype not in ("float32", "bf16", "auto"):
+        raise UserError(f"--dtype must be float32, bf16 or auto, got {dtype!r}")
     return dtype
 
 

@@ -192,6 +192,8 @@ def setup(cfg, out, world, ckpt=None):
         tok, data = make_data(cfg, tokenizer_from_json(ckpt[0]["tokenizer"]) if ckpt else None)
         vocab = ckpt[0]["model_config"]["vocab_size"] if ckpt else tok.vocab_size    # ckpt: (meta, params, state)
     check_memory(cfg, vocab, world)
+    if cfg.dtype == "auto":                                # timed on rank 0; every rank takes its choice
+        cfg.dtype = world.bcast(faster_dtype(cfg, vocab, ops) if world.root else None)
     model = GPT(cfg.model_config(vocab), np.random.default_rng([cfg.seed, 0]), bf16=cfg.dtype == "bf16", ops=ops)
     if gpt2_params is not None:
         checkpoint.load_params(model, gpt2_params, cfg.init_from)
@@ -199,6 +201,30 @@ def setup(cfg, out, world, ckpt=None):
     if world.rank > 0:                     # the same init on every rank, but each its own dropout masks
         model.rng.bit_generator.state = np.random.default_rng([cfg.seed, 3, world.rank]).bit_generator.state
     return Run(cfg, out, world, tok, data, model, make_optimizer(cfg, model), np.random.default_rng([cfg.seed, 1]))
+
+
+def faster_dtype(cfg, vocab, ops, passes=3):
+    """--dtype auto: "bf16" or "float32", whichever runs a forward and backward pass of this run's model, on a
+    batch of its shape, faster on this CPU. One model times both (its backend bound to each precision in turn),
+    each warmed up once, then alternated; the medians decide, and a line says them. The optimizer's step is left
+    out: it is no slower in bf16 (Muon's Newton-Schulz runs in bf16 there too)."""
+    B, T = cfg.batch_size, cfg.block_size
+    model = GPT(cfg.model_config(vocab), np.random.default_rng([cfg.seed, 4]), ops=ops)
+    x = np.random.default_rng([cfg.seed, 5]).integers(0, vocab, (B, T + 1)).astype(np.int32)
+    times = {"float32": [], "bf16": []}
+    for i in range(passes + 1):                            # pass 0 warms up (tables, compiled code)
+        for dtype in times:
+            model.ops = ops.with_bf16(dtype == "bf16")
+            t0 = time.perf_counter()
+            model.forward(x[:, :-1], x[:, 1:])
+            model.backward()
+            if i:
+                times[dtype].append(time.perf_counter() - t0)
+    ms = {dtype: 1000 * float(np.median(t)) for dtype, t in times.items()}
+    best = min(ms, key=ms.get)
+    say(f"--dtype auto: {best} (a forward and backward pass of this model: {ms['bf16']:.1f} ms in bf16, "
+        f"{ms['float32']:.1f} ms in float32, timed here)")
+    return best
 
 
 def say_setup(run):
@@ -368,6 +394,8 @@ def training_loop(run):
             last = it == cfg.max_iters or 0 < cfg.max_time <= run.elapsed
             schedule = it if not cfg.max_time else cfg.lr_decay_iters * run.elapsed / cfg.max_time
             lr = get_lr(schedule, cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters, cfg.cooldown)
+            short = schedule < cfg.context_warmup * cfg.lr_decay_iters    # --context_warmup: half the context
+            T = cfg.block_size // 2 if short else cfg.block_size
             if it % cfg.eval_interval == 0 or last:
                 losses = evaluate_and_checkpoint(run, log, final=last)
             if last and world.stopping(stop.signalled(), ask=True):   # a signal during the final evaluation: saved
@@ -379,12 +407,12 @@ def training_loop(run):
                     say(f"note: --max_iters {cfg.max_iters} ended the run {cfg.max_time - run.elapsed:.0f} s before "
                         f"--max_time, with the lr still at {lr:.2e}; raise --max_iters to spend the budget")
                 break
-            loss, gnorm, dt = step(run, lr, last_loss, stop)
+            loss, gnorm, dt = step(run, lr, T, last_loss, stop)
             last_loss, t_train, n_timed = loss, t_train + dt, n_timed + 1
             eta = (cfg.max_iters - it - 1) * t_train / n_timed
             if cfg.max_time:
                 eta = min(eta, cfg.max_time - run.elapsed)
-            log_step(log, run, loss, lr, gnorm, dt, eta)
+            log_step(log, run, loss, lr, T, gnorm, dt, eta)
     finally:
         log.close()
         stop.restore()
@@ -393,8 +421,8 @@ def training_loop(run):
             "tokenizer": run.tok, "log": run.out.log}
 
 
-def step(run, lr, last_loss, stop):
-    """One optimisation step: grad_accum micro-batches on each of the N ranks, each backward seeded with
+def step(run, lr, T, last_loss, stop):
+    """One optimisation step: grad_accum micro-batches of T tokens on each of the N ranks, each backward seeded with
     1/(grad_accum N), the ranks' gradients summed (world.sync), then clip and the optimizer's step. A non-finite
     loss or gradient norm raises Diverged before the weights change. -> (loss, gnorm, seconds)"""
     cfg, model, world = run.cfg, run.model, run.world
@@ -402,7 +430,7 @@ def step(run, lr, last_loss, stop):
     model.zero_grad()
     loss, k = 0.0, cfg.grad_accum * world.size                # k: micro-batches in the step, over all ranks
     for _ in range(cfg.grad_accum):
-        x, y = run.data.batch("train", cfg.batch_size, cfg.block_size, run.batch_rng, world.rank, world.size)
+        x, y = run.data.batch("train", cfg.batch_size, T, run.batch_rng, world.rank, world.size)
         loss += model.forward(x, y)[1] / k
         model.backward(scale=1.0 / k)
     loss = world.sync(model.grad_memory, loss, stop.signalled())
@@ -415,10 +443,11 @@ def step(run, lr, last_loss, stop):
     return loss, gnorm, time.perf_counter() - t0
 
 
-def log_step(log, run, loss, lr, gnorm, dt, eta):
-    """Every step into the log; a progress line every log_interval steps and at the last (tokens of all ranks)."""
+def log_step(log, run, loss, lr, T, gnorm, dt, eta):
+    """Every step into the log; a progress line every log_interval steps and at the last (tokens of all ranks,
+    T a sequence)."""
     cfg, it = run.cfg, run.it
-    tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.grad_accum * run.world.size
+    tokens_per_iter = cfg.batch_size * T * cfg.grad_accum * run.world.size
     log.write(json.dumps({"iter": it, "kind": "train", "loss": loss, "lr": lr, "grad_norm": gnorm,
                           "elapsed": run.elapsed, "ms": 1000 * dt, "tokens_per_s": tokens_per_iter / dt,
                           "rss_mb": _rss_mb()}) + "\n")

@@ -355,6 +355,11 @@ M = [
         f"{TT}::test_lr_schedule_trapezoid"),
     (TRAIN, "cfg.lr_decay_iters, cfg.cooldown)", "cfg.lr_decay_iters)",
         f"{TT}::test_max_time_ends_the_run_and_lays_the_schedule_over_the_budget"),
+    # --context_warmup's short blocks and --dtype auto's choice
+    (TRAIN, "T = cfg.block_size // 2 if short else cfg.block_size", "T = cfg.block_size",
+        f"{TT}::test_context_warmup_halves_the_context_for_its_share_of_the_run"),
+    (TRAIN, "best = min(ms, key=ms.get)", "best = max(ms, key=ms.get)",
+        f"{TT}::test_dtype_auto_takes_the_precision_whose_pass_is_faster"),
     (SPEC, "np.multiply(m, lr / bc1, out=step)", "np.multiply(g, lr, out=step)",
         f"{TT}::test_adamw_matches_the_textbook_over_steps_with_changing_gradients"),
     # the loop's wiring of one step (a hand replay of train()): accumulation, clipping, the lr, the optimizer's

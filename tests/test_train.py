@@ -761,3 +761,55 @@ def test_a_resumed_run_that_raises_max_iters_snapshots_its_end(tmp_path):
     assert OutDir(str(tmp_path / "out")).snapshot_iters() == [0, 4, 8]
     train(tiny_cfg(tmp_path, max_iters=16, eval_interval=4, snapshots=3, resume=True))
     assert OutDir(str(tmp_path / "out")).snapshot_iters() == [0, 4, 8, 16]
+
+
+# ----------------------------------------------------------------------------
+# --dtype auto and --context_warmup
+
+@pytest.mark.parametrize("slow", ["bf16", "float32"])
+def test_dtype_auto_takes_the_precision_whose_pass_is_faster(tmp_path, monkeypatch, capsys, slow):
+    """The choice follows the clock: a forward made slower in one precision sends auto to the other, the run's
+    model and its checkpoint hold the choice, and a line says it with both timings."""
+    import time
+    real = GPT.forward
+
+    def forward(self, *a, **k):
+        if self.bf16 == (slow == "bf16"):
+            time.sleep(0.02)
+        return real(self, *a, **k)
+    monkeypatch.setattr(GPT, "forward", forward)
+    res = train(tiny_cfg(tmp_path, dtype="auto", max_iters=2, eval_interval=2))
+    chosen = "float32" if slow == "bf16" else "bf16"
+    assert res["model"].bf16 == (chosen == "bf16")
+    assert checkpoint.load(str(tmp_path / "out" / "ckpt_last.npz"))[0]["train_config"]["dtype"] == chosen
+    line = [s for s in capsys.readouterr().out.splitlines() if s.startswith("--dtype auto:")]
+    assert len(line) == 1 and line[0].startswith(f"--dtype auto: {chosen} (") and "ms in bf16" in line[0]
+
+
+def test_dtype_auto_is_trainings_alone():
+    from minigpt.config import SampleConfig, check_sample
+    with pytest.raises(UserError, match="--dtype auto is training's"):
+        check_sample(SampleConfig(dtype="auto"))
+    with pytest.raises(UserError, match="float32, bf16 or auto"):
+        check(TrainConfig(dtype="fp8"))
+
+
+def test_context_warmup_halves_the_context_for_its_share_of_the_run(tmp_path, monkeypatch):
+    """--context_warmup 0.5 over 8 steps: the first 4 draw batches of half the block, the rest the whole block;
+    the evaluations keep the whole block, and the log counts the tokens a step really took."""
+    seen = []
+    real = Dataset.batch
+
+    def batch(self, split, batch_size, block_size, rng, *a):
+        seen.append((split, block_size))
+        return real(self, split, batch_size, block_size, rng, *a)
+    monkeypatch.setattr(Dataset, "batch", batch)
+    res = train(tiny_cfg(tmp_path, max_iters=8, lr_decay_iters=8, eval_interval=8, context_warmup=0.5))
+    # the evaluations at iterations 0 and 8 draw eval_iters (2) training batches each, of the whole block
+    assert [T for split, T in seen if split == "train"] == [16] * 2 + [8] * 4 + [16] * 4 + [16] * 2
+    assert {T for split, T in seen if split != "train"} == {16}
+    steps = [r for r in read_log(res["log"]) if r["kind"] == "train"]
+    ratio = [r["tokens_per_s"] * r["ms"] / 1000 / 4 for r in steps]     # tokens / batch_size
+    assert ratio == pytest.approx([8] * 4 + [16] * 4)
+    with pytest.raises(UserError, match="--context_warmup must lie in"):
+        check(TrainConfig(context_warmup=1.0))
