@@ -28,7 +28,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from bench_util import cpu_line, revision, write_keeping_notes
+from bench_util import cpu_line, revision, tree_env, write_keeping_notes
 from minigpt import backends
 from minigpt import layers as L
 from minigpt.model import GPT, GPTConfig
@@ -194,12 +194,6 @@ def child(a):
 
 # ----------------------------------------------------------------------------
 # the parent: rounds of children, from this tree and from the baseline tree
-
-def tree_env(tree):
-    """Environment of a child that must import `tree`'s minigpt: PYTHONPATH first (it precedes the editable
-    install's finder, which sits at the end of sys.meta_path; probe() checks that it does)."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([tree] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
-
 
 PROBE = """import json, sys, minigpt
 try:

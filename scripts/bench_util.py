@@ -83,6 +83,12 @@ def flag(word):
     raise argparse.ArgumentTypeError(f"expected true or false, got {word!r}")
 
 
+def tree_env(tree):
+    """Environment of a child that must import `tree`'s minigpt: PYTHONPATH first (it precedes the editable
+    install's finder, which sits at the end of sys.meta_path), so a clone measures its own code."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([tree] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+
+
 def write_keeping_notes(path, text, marker):
     """Write text to path, then marker and whatever followed marker in the file already there (hand-written notes,
     other benchmarks' sections), through a temporary file renamed into place."""

@@ -33,7 +33,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_util import command, cpu_line, flag, revision, write_keeping_notes  # noqa: E402
+from bench_util import command, cpu_line, flag, revision, tree_env, write_keeping_notes  # noqa: E402
 from minigpt.config import ScriptParser, run_command  # noqa: E402
 from minigpt.errors import UserError  # noqa: E402
 from minigpt.outdir import OutDir  # noqa: E402
@@ -174,7 +174,7 @@ def nanogpt_child(seed, threads, data):
 
 def nanogpt(seed, threads, data):
     r = subprocess.run([sys.executable, __file__, "--nanogpt_child", str(seed), "--threads", str(threads),
-                        "--data", data], cwd=ROOT, capture_output=True, text=True)
+                        "--data", data], cwd=ROOT, env=tree_env(ROOT), capture_output=True, text=True)
     if r.returncode:
         sys.exit(f"error: nanoGPT's run failed:\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -207,7 +207,7 @@ def minigpt(args, seed, seconds, threads, data, tmp):
            f"--threads={threads}", "--sample_chars=0", "--plot=", "--report=false", "--snapshots=0", *args]
     if seconds:
         cmd += [f"--max_time={seconds:.2f}", "--max_iters=1000000"]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    r = subprocess.run(cmd, cwd=ROOT, env=tree_env(ROOT), capture_output=True, text=True)
     if r.returncode:
         sys.exit(f"error: {' '.join(cmd)} failed:\n{r.stderr[-3000:]}")
     with open(OutDir(out).log) as f:
@@ -216,7 +216,7 @@ def minigpt(args, seed, seconds, threads, data, tmp):
            "val_full": evals[-1]["val_loss_full"], "iters": evals[-1]["iter"]}
     if block_of(args) > CONTEXT:
         cmd = rescore_command(args, out, data, threads)
-        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        r = subprocess.run(cmd, cwd=ROOT, env=tree_env(ROOT), capture_output=True, text=True)
         if r.returncode:
             sys.exit(f"error: {' '.join(cmd)} failed:\n{r.stderr[-3000:]}")
         res["val_short"] = float(r.stdout.split("val  : whole split ")[1].split()[0])

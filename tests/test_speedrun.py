@@ -159,9 +159,9 @@ def test_a_run_with_a_longer_block_is_scored_again_with_nanogpts_context(tmp_pat
     text = tmp_path / "text.txt"
     text.write_text("".join(f"Citizen {i}:\nBefore we proceed any further, hear me speak.\n" for i in range(300)))
     tiny = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--eval_interval=2", "--eval_iters=1", "--backend=numpy"]
-    # 6 s: enough steps for the two contexts to score apart even on a busy machine (half of it was too few: the two
-    # scores could come out nearly equal)
-    res = speedrun.minigpt(["--preset=speedrun", *tiny], 1337, 6.0, 1, str(text), str(tmp_path))
+    # 80 steps (the cap ends the run well inside its budget): enough for the two contexts to score apart, however
+    # busy the machine (a budget of seconds alone gave a busy machine too few steps)
+    res = speedrun.minigpt(["--preset=speedrun", *tiny, "--max_iters=80"], 1337, 120.0, 1, str(text), str(tmp_path))
     out = next(p for p in tmp_path.iterdir() if p.is_dir())
     model, tok = load_model(str(out / "ckpt_last.npz"))
     assert model.config.block_size == 128 == speedrun.block_of(["--preset=speedrun"])
