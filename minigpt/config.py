@@ -181,6 +181,9 @@ class TrainConfig(ModelShape):
     context_warmup: float = setting(0.0, "F in [0, 1): the first F of the run (of --lr_decay_iters, or of "
                                          "--max_time) trains on half of --block_size, at the same batch: cheaper "
                                          "steps while the model learns what short contexts teach (0: off)")
+    batch_warmup: float = setting(0.0, "F in [0, 1): the first F of the run (of --lr_decay_iters, or of "
+                                       "--max_time) takes half of --batch_size a step: more, noisier steps early, "
+                                       "when the gradient's direction matters more than its precision (0: off)")
     optimizer: str = setting("adamw", "adamw | muon: Muon (Newton-Schulz orthogonalised momentum) for the blocks' "
                                       "matrices, AdamW for the rest (minigpt/optim.py)")
     muon_lr_ratio: float = setting(20.0, "with --optimizer muon: the Muon matrices' lr is this times --lr's schedule")
@@ -342,12 +345,12 @@ def check(cfg, given=None):
     if cfg.min_lr > cfg.lr and (given is None or "min_lr" in given):   # typed, or set in code (else: a note below)
         raise UserError(f"--min_lr {cfg.min_lr:g} is above --lr {cfg.lr:g}, so the decay would raise the learning "
                         "rate; pass a --min_lr at most --lr (e.g. --lr / 10)")
-    if not 0.0 <= cfg.context_warmup < 1.0:
-        raise UserError(f"--context_warmup must lie in [0, 1) (0: off; 0.3: half the context for the first 30% of "
-                        f"the run), got {cfg.context_warmup}")
-    if cfg.context_warmup and cfg.block_size < 2:
-        raise UserError("--context_warmup halves --block_size, which is 1; use a --block_size of at least 2 or "
-                        "--context_warmup 0")
+    for k, halved in (("context_warmup", "block_size"), ("batch_warmup", "batch_size")):
+        if not 0.0 <= getattr(cfg, k) < 1.0:
+            raise UserError(f"--{k} must lie in [0, 1) (0: off; 0.3: half the {halved.split('_')[0]} for the first "
+                            f"30% of the run), got {getattr(cfg, k)}")
+        if getattr(cfg, k) and getattr(cfg, halved) < 2:
+            raise UserError(f"--{k} halves --{halved}, which is 1; use a --{halved} of at least 2 or --{k} 0")
     if not 0.0 <= cfg.cooldown <= 1.0:
         raise UserError(f"--cooldown must lie in [0, 1] (0: a cosine; 0.4: a straight line over the last 40%), "
                         f"got {cfg.cooldown}")

@@ -394,8 +394,9 @@ def training_loop(run):
             last = it == cfg.max_iters or 0 < cfg.max_time <= run.elapsed
             schedule = it if not cfg.max_time else cfg.lr_decay_iters * run.elapsed / cfg.max_time
             lr = get_lr(schedule, cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters, cfg.cooldown)
-            short = schedule < cfg.context_warmup * cfg.lr_decay_iters    # --context_warmup: half the context
-            T = cfg.block_size // 2 if short else cfg.block_size
+            done = schedule / cfg.lr_decay_iters             # the share of the run done: the warm-ups halve
+            B = cfg.batch_size // 2 if done < cfg.batch_warmup else cfg.batch_size         # the batch
+            T = cfg.block_size // 2 if done < cfg.context_warmup else cfg.block_size       # and the context
             if it % cfg.eval_interval == 0 or last:
                 losses = evaluate_and_checkpoint(run, log, final=last)
             if last and world.stopping(stop.signalled(), ask=True):   # a signal during the final evaluation: saved
@@ -407,12 +408,12 @@ def training_loop(run):
                     say(f"note: --max_iters {cfg.max_iters} ended the run {cfg.max_time - run.elapsed:.0f} s before "
                         f"--max_time, with the lr still at {lr:.2e}; raise --max_iters to spend the budget")
                 break
-            loss, gnorm, dt = step(run, lr, T, last_loss, stop)
+            loss, gnorm, dt = step(run, lr, B, T, last_loss, stop)
             last_loss, t_train, n_timed = loss, t_train + dt, n_timed + 1
             eta = (cfg.max_iters - it - 1) * t_train / n_timed
             if cfg.max_time:
                 eta = min(eta, cfg.max_time - run.elapsed)
-            log_step(log, run, loss, lr, T, gnorm, dt, eta)
+            log_step(log, run, loss, lr, B * T, gnorm, dt, eta)
     finally:
         log.close()
         stop.restore()
@@ -421,8 +422,8 @@ def training_loop(run):
             "tokenizer": run.tok, "log": run.out.log}
 
 
-def step(run, lr, T, last_loss, stop):
-    """One optimisation step: grad_accum micro-batches of T tokens on each of the N ranks, each backward seeded with
+def step(run, lr, B, T, last_loss, stop):
+    """One optimisation step: grad_accum micro-batches of B sequences of T tokens on each of the N ranks, each backward seeded with
     1/(grad_accum N), the ranks' gradients summed (world.sync), then clip and the optimizer's step. A non-finite
     loss or gradient norm raises Diverged before the weights change. -> (loss, gnorm, seconds)"""
     cfg, model, world = run.cfg, run.model, run.world
@@ -430,7 +431,7 @@ def step(run, lr, T, last_loss, stop):
     model.zero_grad()
     loss, k = 0.0, cfg.grad_accum * world.size                # k: micro-batches in the step, over all ranks
     for _ in range(cfg.grad_accum):
-        x, y = run.data.batch("train", cfg.batch_size, T, run.batch_rng, world.rank, world.size)
+        x, y = run.data.batch("train", B, T, run.batch_rng, world.rank, world.size)
         loss += model.forward(x, y)[1] / k
         model.backward(scale=1.0 / k)
     loss = world.sync(model.grad_memory, loss, stop.signalled())
@@ -443,11 +444,11 @@ def step(run, lr, T, last_loss, stop):
     return loss, gnorm, time.perf_counter() - t0
 
 
-def log_step(log, run, loss, lr, T, gnorm, dt, eta):
-    """Every step into the log; a progress line every log_interval steps and at the last (tokens of all ranks,
-    T a sequence)."""
+def log_step(log, run, loss, lr, tokens, gnorm, dt, eta):
+    """Every step into the log; a progress line every log_interval steps and at the last (tokens: of one
+    micro-batch on one rank; the line counts all of the step's)."""
     cfg, it = run.cfg, run.it
-    tokens_per_iter = cfg.batch_size * T * cfg.grad_accum * run.world.size
+    tokens_per_iter = tokens * cfg.grad_accum * run.world.size
     log.write(json.dumps({"iter": it, "kind": "train", "loss": loss, "lr": lr, "grad_norm": gnorm,
                           "elapsed": run.elapsed, "ms": 1000 * dt, "tokens_per_s": tokens_per_iter / dt,
                           "rss_mb": _rss_mb()}) + "\n")

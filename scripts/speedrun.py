@@ -82,6 +82,9 @@ CANDIDATES = {
     # sequence-length warm-up: the first 30% of the budget on half the block at the same batch, so cheaper steps
     # while the model learns what short contexts teach (more of them in the same seconds)
     "short context first (half the block for 30% of the run)": (["--context_warmup=0.3"], ["--context_warmup=0"]),
+    # a batch-size schedule (the modded-nanogpt speedruns grow theirs): the first 30% of the budget at half the
+    # batch, twice the steps there
+    "small batch first (half the batch for 30% of the run)": (["--batch_warmup=0.3"], ["--batch_warmup=0"]),
 }
 NOTES = "<!-- notes: hand-written text below this line is kept when the script rewrites the report -->"
 CURRENT = "round 6"                                              # the round --preset speedrun holds

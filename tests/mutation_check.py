@@ -355,9 +355,11 @@ M = [
         f"{TT}::test_lr_schedule_trapezoid"),
     (TRAIN, "cfg.lr_decay_iters, cfg.cooldown)", "cfg.lr_decay_iters)",
         f"{TT}::test_max_time_ends_the_run_and_lays_the_schedule_over_the_budget"),
-    # --context_warmup's short blocks and --dtype auto's choice
-    (TRAIN, "T = cfg.block_size // 2 if short else cfg.block_size", "T = cfg.block_size",
-        f"{TT}::test_context_warmup_halves_the_context_for_its_share_of_the_run"),
+    # --context_warmup's short blocks, --batch_warmup's small batches and --dtype auto's choice
+    (TRAIN, "T = cfg.block_size // 2 if done < cfg.context_warmup else cfg.block_size", "T = cfg.block_size",
+        f"{TT}::test_the_warmups_halve_the_context_and_the_batch_for_their_share_of_the_run"),
+    (TRAIN, 'x, y = run.data.batch("train", B, T,', 'x, y = run.data.batch("train", cfg.batch_size, T,',
+        f"{TT}::test_the_warmups_halve_the_context_and_the_batch_for_their_share_of_the_run"),
     (TRAIN, "best = min(ms, key=ms.get)", "best = max(ms, key=ms.get)",
         f"{TT}::test_dtype_auto_takes_the_precision_whose_pass_is_faster"),
     (SPEC, "np.multiply(m, lr / bc1, out=step)", "np.multiply(g, lr, out=step)",

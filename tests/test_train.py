@@ -794,22 +794,27 @@ def test_dtype_auto_is_trainings_alone():
         check(TrainConfig(dtype="fp8"))
 
 
-def test_context_warmup_halves_the_context_for_its_share_of_the_run(tmp_path, monkeypatch):
-    """--context_warmup 0.5 over 8 steps: the first 4 draw batches of half the block, the rest the whole block;
-    the evaluations keep the whole block, and the log counts the tokens a step really took."""
+def test_the_warmups_halve_the_context_and_the_batch_for_their_share_of_the_run(tmp_path, monkeypatch):
+    """--context_warmup 0.5 and --batch_warmup 0.25 over 8 steps: the first 2 steps draw half the batch of half the
+    block, the next 2 the whole batch of half the block, the rest the whole of both; the evaluations keep the whole
+    shape, and the log counts the tokens a step really took."""
     seen = []
     real = Dataset.batch
 
     def batch(self, split, batch_size, block_size, rng, *a):
-        seen.append((split, block_size))
+        seen.append((split, batch_size, block_size))
         return real(self, split, batch_size, block_size, rng, *a)
     monkeypatch.setattr(Dataset, "batch", batch)
-    res = train(tiny_cfg(tmp_path, max_iters=8, lr_decay_iters=8, eval_interval=8, context_warmup=0.5))
-    # the evaluations at iterations 0 and 8 draw eval_iters (2) training batches each, of the whole block
-    assert [T for split, T in seen if split == "train"] == [16] * 2 + [8] * 4 + [16] * 4 + [16] * 2
-    assert {T for split, T in seen if split != "train"} == {16}
-    steps = [r for r in read_log(res["log"]) if r["kind"] == "train"]
-    ratio = [r["tokens_per_s"] * r["ms"] / 1000 / 4 for r in steps]     # tokens / batch_size
-    assert ratio == pytest.approx([8] * 4 + [16] * 4)
-    with pytest.raises(UserError, match="--context_warmup must lie in"):
-        check(TrainConfig(context_warmup=1.0))
+    res = train(tiny_cfg(tmp_path, max_iters=8, lr_decay_iters=8, eval_interval=8, context_warmup=0.5,
+                         batch_warmup=0.25))
+    # the evaluations at iterations 0 and 8 draw eval_iters (2) training batches each, of the whole shape
+    steps = [(B, T) for split, B, T in seen if split == "train"][2:-2]
+    assert steps == [(2, 8)] * 2 + [(4, 8)] * 2 + [(4, 16)] * 4
+    assert {(B, T) for _, B, T in seen[:4] + seen[-4:]} == {(4, 16)}                 # the evaluations
+    rows = [r for r in read_log(res["log"]) if r["kind"] == "train"]
+    assert [r["tokens_per_s"] * r["ms"] / 1000 for r in rows] == pytest.approx([B * T for B, T in steps])
+    for k in ("context_warmup", "batch_warmup"):
+        with pytest.raises(UserError, match=f"--{k} must lie in"):
+            check(TrainConfig(**{k: 1.0}))
+    with pytest.raises(UserError, match="--batch_warmup halves --batch_size, which is 1"):
+        check(TrainConfig(batch_warmup=0.5, batch_size=1))
