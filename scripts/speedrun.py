@@ -195,10 +195,15 @@ def block_of(args):
 
 def rescore_command(args, out, data, threads):
     """eval_checkpoint.py's command that scores the run of settings `args` (its last checkpoint in out) over the
-    whole val split with at most CONTEXT tokens of context, on the run's backend and dtype."""
+    whole val split with at most CONTEXT tokens of context, on the run's backend and dtype (with --dtype auto, the
+    one the run chose, which its checkpoint holds)."""
     cfg = settings_of(args)
+    dtype = cfg.dtype
+    if dtype == "auto":
+        from minigpt import checkpoint
+        dtype = checkpoint.load(OutDir(out).last)[0]["train_config"]["dtype"]
     return [sys.executable, "scripts/eval_checkpoint.py", "--ckpt", OutDir(out).last, "--data",
-            data, f"--threads={threads}", f"--backend={cfg.backend}", f"--dtype={cfg.dtype}",
+            data, f"--threads={threads}", f"--backend={cfg.backend}", f"--dtype={dtype}",
             f"--context={CONTEXT}", "--splits=val", "--draws=0"]
 
 
