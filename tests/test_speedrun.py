@@ -176,11 +176,15 @@ def test_a_run_with_a_longer_block_is_scored_again_with_nanogpts_context(tmp_pat
         "3.5000; +0.1250 against its own context).")
 
 
-def test_the_second_score_runs_on_the_runs_backend_and_dtype():
+def test_the_second_score_runs_on_the_runs_backend_and_dtype(monkeypatch):
     cmd = speedrun.rescore_command(["--preset=speedrun", "--backend=numba", "--dtype=bf16"], "/o", "t.txt", 2)
     assert cmd[1:] == ["scripts/eval_checkpoint.py", "--ckpt", os.path.join("/o", "ckpt_last.npz"), "--data", "t.txt",
                        "--threads=2", "--backend=numba", "--dtype=bf16", "--context=64", "--splits=val", "--draws=0"]
-    assert "--dtype=float32" in speedrun.rescore_command(["--preset=speedrun"], "/o", "t.txt", 2)
+    assert "--dtype=float32" in speedrun.rescore_command(["--preset=speedrun", "--dtype=float32"], "/o", "t.txt", 2)
+    from minigpt import checkpoint                                 # --dtype auto: the precision the run chose
+    for chosen in ("bf16", "float32"):
+        monkeypatch.setattr(checkpoint, "load", lambda path: ({"train_config": {"dtype": chosen}}, {}, {}))
+        assert f"--dtype={chosen}" in speedrun.rescore_command(["--preset=speedrun", "--dtype=auto"], "/o", "t", 2)
 
 
 def test_the_default_text_is_downloaded_once_before_any_run(tmp_path, monkeypatch, capsys):
