@@ -153,6 +153,8 @@ def resume_settings(cfg, ckpt, given, path):
         if (given is not None and k not in given and k not in ("resume", "out_dir") and not env and not legacy
                 and hasattr(cfg, k)):
             setattr(cfg, k, v)
+    if cfg.dtype == "auto" and trained.get("dtype", "auto") != "auto":   # --dtype auto again: the run's choice
+        cfg.dtype = trained["dtype"]                                    # stands (a resume is the same run)
 
 
 def pretrained_settings(cfg, given):

@@ -362,6 +362,7 @@ M = [
         f"{TT}::test_the_warmups_halve_the_context_and_the_batch_for_their_share_of_the_run"),
     (TRAIN, "best = min(ms, key=ms.get)", "best = max(ms, key=ms.get)",
         f"{TT}::test_dtype_auto_takes_the_precision_whose_pass_is_faster"),
+    (TRAIN, 'cfg.dtype = trained["dtype"]', 'pass', f"{TT}::test_a_resumed_auto_run_keeps_the_precision_it_chose"),
     (SPEC, "np.multiply(m, lr / bc1, out=step)", "np.multiply(g, lr, out=step)",
         f"{TT}::test_adamw_matches_the_textbook_over_steps_with_changing_gradients"),
     # the loop's wiring of one step (a hand replay of train()): accumulation, clipping, the lr, the optimizer's

@@ -775,7 +775,7 @@ def test_dtype_auto_takes_the_precision_whose_pass_is_faster(tmp_path, monkeypat
 
     def forward(self, *a, **k):
         if self.bf16 == (slow == "bf16"):
-            time.sleep(0.02)
+            time.sleep(0.1)                  # far above a tiny pass and a busy scheduler
         return real(self, *a, **k)
     monkeypatch.setattr(GPT, "forward", forward)
     res = train(tiny_cfg(tmp_path, dtype="auto", max_iters=2, eval_interval=2))
@@ -818,3 +818,16 @@ def test_the_warmups_halve_the_context_and_the_batch_for_their_share_of_the_run(
             check(TrainConfig(**{k: 1.0}))
     with pytest.raises(UserError, match="--batch_warmup halves --batch_size, which is 1"):
         check(TrainConfig(batch_warmup=0.5, batch_size=1))
+
+
+def test_a_resumed_auto_run_keeps_the_precision_it_chose(tmp_path, monkeypatch):
+    """--dtype auto typed again on --resume (as --preset speedrun does) keeps the checkpoint's choice: no new
+    timing, the same precision, whatever the clock would say now."""
+    import minigpt.train as T
+    train(tiny_cfg(tmp_path, dtype="auto", max_iters=2, eval_interval=2))
+    chosen = checkpoint.load(str(tmp_path / "out" / "ckpt_last.npz"))[0]["train_config"]["dtype"]
+    monkeypatch.setattr(T, "faster_dtype", lambda *a: pytest.fail("timed again on resume"))
+    args = parse_args(["--data", str(tmp_path / "text.txt"), "--out_dir", str(tmp_path / "out"), "--resume",
+                       "--dtype", "auto", "--max_iters", "4", "--backend", "numpy"])
+    res = train(args, given=args.given)
+    assert res["model"].bf16 == (chosen == "bf16") and res["iter"] == 4
