@@ -411,7 +411,7 @@ def check_dtype(dtype, auto=False):
     if dtype == "auto" and not auto:
         raise UserError("--dtype auto is training's (it times a step of each); here pass float32 or bf16")
     if dtype not in ("float32", "bf16", "auto"):
-        raise UserError(f"--dtype must be float32, bf16 or auto, got {dtype!r}")
+        raise UserError(f"--dtype must be {'float32, bf16 or auto' if auto else 'float32 or bf16'}, got {dtype!r}")
     return dtype
 
 
