@@ -73,6 +73,10 @@ COMMON = {
                          "LayerNorm, softmax, loss and checkpoints stay float32 (a checkpoint reads either way) | "
                          "auto (training only): whichever of the two runs this model's step faster on this CPU, "
                          "timed at the start of the run, which says what it chose"),
+    "tokenizer": ("char", "char: one token per character | bpe: byte-level BPE trained on the training text "
+                          "(minigpt/bpe.py) | PATH: a GPT-2 directory, a tokenizer.json or a prepared directory "
+                          "(in training: the tokenizer of a --data folder of llm.c's or nanoGPT's shards)"),
+    "vocab_size": (512, "tokens of the BPE vocabulary (with --tokenizer bpe): 256 bytes + merges"),
 }
 
 
@@ -89,7 +93,21 @@ def check_common(cfg):
         check_backend(cfg.backend, getattr(cfg, "given", None))
     if hasattr(cfg, "dtype"):
         check_dtype(cfg.dtype, auto=isinstance(cfg, TrainConfig))
+    if hasattr(cfg, "tokenizer"):
+        check_tokenizer(cfg)
     return cfg
+
+
+def check_tokenizer(cfg):
+    """--tokenizer and --vocab_size, as training and prepare_data.py take them (a resumed run's tokenizer is its
+    checkpoint's, so its path is not looked for again)."""
+    if cfg.tokenizer not in ("char", "bpe") and not getattr(cfg, "resume", False) and not os.path.exists(
+            cfg.tokenizer):
+        raise UserError(f"--tokenizer must be char, bpe or the path of a tokenizer (a GPT-2 directory or a "
+                        f"tokenizer.json), got {cfg.tokenizer!r}")
+    if cfg.tokenizer == "bpe" and cfg.vocab_size < 257:
+        raise UserError(f"--vocab_size must be at least 257 (256 byte tokens and one merge), got {cfg.vocab_size}; "
+                        "try 512 or 1024")
 
 
 # Named sets of defaults (--preset NAME); settings typed on the command line win over them.
@@ -164,10 +182,8 @@ class TrainConfig(ModelShape):
                                  "tokenizer.json; a Hugging Face cache snapshot works): the model's shape and "
                                  "tokenizer come from it, and --preset finetune's defaults apply (block 64, batch "
                                  "4 x 8, lr 3e-5, 20 iterations: sized for a 124M model on 2 cores)")
-    tokenizer: str = setting("char", "char: one token per character | bpe: byte-level BPE trained on the training "
-                                     "split (minigpt/bpe.py) | PATH: the tokenizer (a GPT-2 directory or a "
-                                     "tokenizer.json) of a --data folder of llm.c's or nanoGPT's shards")
-    vocab_size: int = setting(512, "tokens of the BPE vocabulary (with --tokenizer bpe): 256 bytes + merges")
+    tokenizer: str = common("tokenizer")
+    vocab_size: int = common("vocab_size")
     # optimisation
     batch_size: int = setting(12, "sequences per micro-batch")
     grad_accum: int = setting(1, "micro-batches accumulated into each optimisation step")
@@ -284,6 +300,40 @@ class ExportConfig:
                                  "earlier export's other tokenizer files removed)")
 
 
+@dataclass
+class PrepareConfig:
+    """scripts/prepare_data.py (minigpt.prepare_data in code)"""
+    inputs: list = field(default_factory=list, metadata={
+        "help": "text files, folders (their .txt files), globs, .jsonl/.json or .parquet files", "positional": "INPUT"})
+    out: str = setting("", "the directory to write: new, empty or an earlier preparation (required)")
+    tokenizer: str = common("tokenizer")
+    vocab_size: int = common("vocab_size")
+    bpe_sample_mb: float = setting(20.0, "with --tokenizer bpe: MB of the corpus (its first) the BPE learns from")
+    val_fraction: float = setting(0.1, "share of the tokens in the validation split, as whole documents")
+    field: str = setting("text", "the text field of JSON lines, the column of Parquet")
+    workers: int = setting(0, "encoding processes (0: one per CPU; characters: this process alone, their table "
+                              "lookup being faster than sending the text to workers)")
+    shard_tokens: int = setting(100_000_000, "tokens per shard at most")
+    name: str = setting("", "the shards' name prefix (default: the directory's name)")
+    skip_bad: bool = setting(False, "skip (and count) files that are not UTF-8 and bad JSON lines instead of "
+                                    "stopping")
+    quiet: bool = setting(False, "no progress on stderr")
+
+
+def check_prepare(cfg):
+    """A PrepareConfig's settings, as scripts/prepare_data.py and minigpt.prepare_data check them."""
+    if not cfg.inputs:
+        raise UserError("no INPUT given: name a text file, a folder, a glob or a .jsonl file")
+    if not cfg.out:
+        raise UserError("--out is required: the directory to write the shards into")
+    if not 0 < cfg.val_fraction < 1:
+        raise UserError(f"--val_fraction must lie between 0 and 1 (e.g. 0.1), got {cfg.val_fraction}")
+    check_ranges(cfg, positive=("bpe_sample_mb", "shard_tokens", "vocab_size"), non_negative=("workers",))
+    if cfg.shard_tokens >= 2 ** 31:
+        raise UserError(f"--shard_tokens {cfg.shard_tokens}: llm.c's header holds a count below 2**31; use fewer")
+    return check_common(cfg)
+
+
 def check_sample(cfg):
     """A SampleConfig's (or the Python API's) sampling settings, as python -m minigpt.sample checks them."""
     check_ranges(cfg, positive=("num_samples",), non_negative=("max_new_tokens", "top_k", "seed"))
@@ -360,12 +410,6 @@ def check(cfg, given=None):
         raise UserError("--preset speedrun trains to a time budget: add --max_time SECONDS (e.g. --max_time 60)")
     if cfg.optimizer not in ("adamw", "muon"):
         raise UserError(f"--optimizer must be adamw or muon, got {cfg.optimizer!r}")
-    if cfg.tokenizer not in ("char", "bpe") and not cfg.resume and not os.path.exists(cfg.tokenizer):
-        raise UserError(f"--tokenizer must be char, bpe or the path of a tokenizer (a GPT-2 directory or a "
-                        f"tokenizer.json), got {cfg.tokenizer!r}")
-    if cfg.tokenizer == "bpe" and cfg.vocab_size < 257:
-        raise UserError(f"--vocab_size must be at least 257 (256 byte tokens and one merge), got {cfg.vocab_size}; "
-                        "try 512 or 1024")
     if not plot_inside_out_dir(cfg.plot):
         raise UserError(f"--plot {cfg.plot!r} lies outside --out_dir, where a run writes everything; pass a name "
                         "such as curve.png, then copy it, or draw one anywhere with scripts/plot_losses.py "
@@ -485,6 +529,11 @@ def make_parser(cls=TrainConfig, prog=None, description=None, defaults=None):
     for f in fields(cls):
         typ = _TYPES.get(f.type, f.type)
         text = f.metadata.get("help", "").replace("%", "%%")              # argparse %-formats help strings
+        if "positional" in f.metadata:                                    # a list of arguments without a --key
+            p.add_argument(f.name, nargs="*", default=argparse.SUPPRESS, metavar=f.metadata["positional"],
+                           help=text)
+            p.usage = f"%(prog)s {f.metadata['positional']}... [--key VALUE ...]"
+            continue
         if "(default:" not in text and "(required)" not in text:
             text += f" (default: {_shown(_default(f, defaults or {}))})"
         p.add_argument(f"--{f.name}", type=_converter(f.name, typ), default=argparse.SUPPRESS,

@@ -10,7 +10,7 @@ from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.figure import Figure                             # not pyplot: no global backend, no figure registry
 
 from .errors import UserError
-from .outdir import CURVE
+from .outdir import CURVE, PART
 
 FIX = "pass the log.jsonl a training run wrote in its --out_dir"
 NEEDS = {"train": ("iter", "loss"), "eval": ("iter", "train_loss", "val_loss")}   # the keys plot() reads
@@ -88,7 +88,7 @@ def plot(logs, out_png, labels=None, title="minigpt training"):
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
-    tmp = out_png + ".part"
+    tmp = out_png + PART
     try:
         os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
         fig.savefig(tmp, format=fmt, dpi=120, bbox_inches="tight")

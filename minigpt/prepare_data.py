@@ -10,7 +10,6 @@ tokens a run on the file sees; else whole documents go to val, in turn, while va
 --val_fraction of the tokens. Documents are separated by the tokenizer's <|endoftext|>, if it has one.
 Not here: reading the directory back (shards.open_prepared), training.
 """
-import argparse
 import multiprocessing
 import os
 import signal
@@ -22,6 +21,7 @@ import numpy as np
 
 from . import data
 from .bpe import BPETokenizer, count_words
+from .config import PrepareConfig, check_prepare, parse_args
 from .data import JSONL, PARQUET, TEXT, CharTokenizer, NotUTF8, code_points, decode, find_inputs, read_pieces
 from .errors import UserError, exit_code
 from .shards import (MANIFEST, MANIFEST_FORMAT, TOKENIZER, ShardWriter, prepared_files, read_manifest,
@@ -269,21 +269,30 @@ class Splits:
 # ----------------------------------------------------------------------------
 # the command
 
-def prepare(inputs, out, tokenizer="char", vocab_size=512, bpe_sample_mb=20.0, val_fraction=0.1, field="text",
-            workers=0, shard_tokens=100_000_000, name="", skip_bad=False, quiet=False):
-    """Prepare inputs into the directory out (see the module's docstring); returns its manifest. A directory
+def prepare(inputs, out, **settings):
+    """Prepare inputs (a path, or a list of them) into the directory out, as `scripts/prepare_data.py INPUT...
+    --out OUT --key value ...` does, with the same checks (the settings are PrepareConfig's, minigpt/config.py);
+    returns its manifest."""
+    inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+    argv = [str(i) for i in inputs] + [f"--{k}={v}" for k, v in {"out": out, **settings}.items()]
+    return prepare_config(parse_args(argv, PrepareConfig, prog="minigpt.prepare_data()"))
+
+
+def prepare_config(cfg):
+    """Prepare the corpus a PrepareConfig names (see the module's docstring); returns its manifest. A directory
     already prepared from the same files (sizes, mtimes) and settings is left as it is."""
-    _check(vocab_size, bpe_sample_mb, val_fraction, workers, shard_tokens)
+    check_prepare(cfg)
+    tokenizer, field, skip_bad, quiet = cfg.tokenizer, cfg.field, cfg.skip_bad, cfg.quiet
     t0 = time.perf_counter()
-    out = os.path.abspath(out)
-    name = name or "".join(c if c.isalnum() or c in "-." else "_" for c in os.path.basename(out)) or "data"
-    sources = find_inputs(inputs)
+    out = os.path.abspath(cfg.out)
+    name = cfg.name or "".join(c if c.isalnum() or c in "-." else "_" for c in os.path.basename(out)) or "data"
+    sources = find_inputs(cfg.inputs)
     files = [{"path": os.path.abspath(p), "bytes": os.path.getsize(p), "mtime": os.path.getmtime(p)}
              for p, _ in sources]
     path_tok = tokenizer not in ("char", "bpe")
-    settings = {"tokenizer": os.path.abspath(tokenizer) if path_tok else tokenizer, "val_fraction": val_fraction,
-                "field": field, "shard_tokens": shard_tokens, "name": name, "skip_bad": skip_bad,
-                **({"vocab_size": vocab_size, "bpe_sample_mb": bpe_sample_mb} if tokenizer == "bpe" else {})}
+    settings = {"tokenizer": os.path.abspath(tokenizer) if path_tok else tokenizer, "val_fraction": cfg.val_fraction,
+                "field": field, "shard_tokens": cfg.shard_tokens, "name": name, "skip_bad": skip_bad,
+                **({"vocab_size": cfg.vocab_size, "bpe_sample_mb": cfg.bpe_sample_mb} if tokenizer == "bpe" else {})}
     given = tokenizer_from_path(tokenizer) if path_tok else None
     old = read_manifest(out) if os.path.isdir(out) else None
     if old and old["sources"] == files and old["settings"] == settings and _same_tokenizer(out, given):
@@ -295,17 +304,17 @@ def prepare(inputs, out, tokenizer="char", vocab_size=512, bpe_sample_mb=20.0, v
     single = len(sources) == 1 and sources[0][1] == TEXT
     if single and not scan.chars[sources[0][0]]:
         raise UserError(f"input {sources[0][0]} is empty; pass a file with text in it")
-    single_at = scan.split_byte(sources[0][0], val_fraction) if single else None
-    tok = given or _fit(tokenizer, scan, single_at, vocab_size, bpe_sample_mb, field, skip_bad, quiet)
+    single_at = scan.split_byte(sources[0][0], cfg.val_fraction) if single else None
+    tok = given or _fit(tokenizer, scan, single_at, cfg.vocab_size, cfg.bpe_sample_mb, field, skip_bad, quiet)
     eot = getattr(tok, "added", {}).get(EOT)
     made = _claim(out)
     try:
         write_json(os.path.join(out, TOKENIZER), tok.to_json())         # first: it marks the directory ours
-        splits = Splits(out, name, tok, shard_tokens, val_fraction, eot)
+        splits = Splits(out, name, tok, cfg.shard_tokens, cfg.val_fraction, eot)
         progress, bad = Progress("encode", sum(f["bytes"] for f in files), quiet), 0
         empty = sum(1 for p, k in scan.files if k == TEXT and not scan.chars[p])
         # characters: one table lookup, faster here than sending the text to workers and the ids back
-        workers = workers or (1 if isinstance(tok, CharTokenizer) else _cpus())
+        workers = cfg.workers or (1 if isinstance(tok, CharTokenizer) else _cpus())
         for meta, result in encoded(tasks(scan, tok, single_at, field, skip_bad), tok, workers):
             empty += splits.take(meta, result)
             bad += result[2]
@@ -320,7 +329,7 @@ def prepare(inputs, out, tokenizer="char", vocab_size=512, bpe_sample_mb=20.0, v
                     "tokenizer": {"kind": tokenizer_kind(tok), "vocab_size": tok.vocab_size, "eot": eot,
                                   "file": TOKENIZER},
                     "split": "single file: its first 90% of characters train (data.split_text)" if single else
-                    f"whole documents, val while it holds less than {val_fraction} of the tokens",
+                    f"whole documents, val while it holds less than {cfg.val_fraction} of the tokens",
                     "documents": splits.docs, "tokens": splits.tokens, "shards": shards,
                     "skipped": {"not_utf8_files": scan.bad, "bad_lines": bad, "empty_documents": empty},
                     "sources": files, "settings": settings, "seconds": round(time.perf_counter() - t0, 3)}
@@ -334,16 +343,6 @@ def prepare(inputs, out, tokenizer="char", vocab_size=512, bpe_sample_mb=20.0, v
         f"{sum(splits.docs.values()):,} documents, {sum(len(v) for v in shards.values())} shard(s), "
         f"{tokenizer_kind(tok)} tokenizer of {tok.vocab_size} ids ({seconds:.1f} s encoding)", quiet)
     return manifest
-
-
-def _check(vocab_size, bpe_sample_mb, val_fraction, workers, shard_tokens):
-    if not 0 < val_fraction < 1:
-        raise UserError(f"--val_fraction must lie between 0 and 1 (e.g. 0.1), got {val_fraction}")
-    if bpe_sample_mb <= 0 or shard_tokens < 1 or workers < 0 or vocab_size < 1:
-        raise UserError("--bpe_sample_mb, --shard_tokens and --vocab_size must be positive, --workers zero (all "
-                        f"CPUs) or more; got {bpe_sample_mb}, {shard_tokens}, {vocab_size}, {workers}")
-    if shard_tokens >= 2 ** 31:
-        raise UserError(f"--shard_tokens {shard_tokens}: llm.c's header holds a count below 2**31; use fewer")
 
 
 def _cpus():
@@ -404,30 +403,9 @@ def _clear(out):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="prepare_data.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("inputs", nargs="+", metavar="INPUT", help="text file, folder, glob, .jsonl/.json or .parquet")
-    p.add_argument("--out", required=True, help="the directory to write (new, empty or an earlier preparation)")
-    p.add_argument("--tokenizer", default="char", help="char | bpe | PATH: a GPT-2 directory, a tokenizer.json or "
-                   "a prepared directory (default char)")
-    p.add_argument("--vocab_size", type=int, default=512, help="BPE: tokens of the vocabulary (default 512)")
-    p.add_argument("--bpe_sample_mb", type=float, default=20.0, help="BPE: MB of training text it learns from (the "
-                   "first ones; default 20)")
-    p.add_argument("--val_fraction", type=float, default=0.1, help="share of the tokens in val (default 0.1)")
-    p.add_argument("--field", default="text", help="the text field of JSON lines / column of Parquet (default text)")
-    p.add_argument("--workers", type=int, default=0, help="encoding processes (default 0: one per CPU; characters: "
-                   "this process alone, their table lookup being faster than sending the text to workers)")
-    p.add_argument("--shard_tokens", type=int, default=100_000_000, help="tokens per shard at most (default 1e8)")
-    p.add_argument("--name", default="", help="the shards' name prefix (default: the directory's name)")
-    p.add_argument("--skip_bad", action="store_true", help="skip (and count) files that are not UTF-8 and bad "
-                   "JSON lines instead of stopping")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-
-    def error(message):
-        raise UserError(f"{message}; see --help")
-    p.error = error
     try:
-        prepare(**vars(p.parse_args(argv)))
+        prepare_config(parse_args(sys.argv[1:] if argv is None else argv, PrepareConfig, prog="prepare_data.py",
+                                  description=__doc__))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return exit_code(e)
@@ -439,7 +417,7 @@ class _CallableModule(type(sys)):
     name), as minigpt.train is."""
 
     def __call__(self, inputs, out, **settings):
-        return prepare(inputs if isinstance(inputs, (list, tuple)) else [inputs], out, **settings)
+        return prepare(inputs, out, **settings)
 
 
 sys.modules[__name__].__class__ = _CallableModule

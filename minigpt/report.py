@@ -26,7 +26,7 @@ from .errors import UserError
 from .data import load_text, split_text
 from .loss_curves import NEEDS
 from .model import GPT, GPTConfig
-from .outdir import OutDir
+from .outdir import PART, OutDir
 from .sample import generate, load_model, start_text
 
 MAX_T = 64                  # prompt tokens drawn: attention maps are T x T per head
@@ -142,9 +142,9 @@ def write_report(cfg, verbose=False):
 def _write(path, text):
     """text -> path, through a temporary name renamed into place: a reader never sees half a file."""
     try:
-        with open(path + ".part", "w", encoding="utf-8") as f:
+        with open(path + PART, "w", encoding="utf-8") as f:
             f.write(text)
-        os.replace(path + ".part", path)
+        os.replace(path + PART, path)
     except OSError as e:                                  # a disk that filled meanwhile, say
         raise UserError(f"cannot write {path!r} ({e.strerror}); free space or pass another --out_dir") from None
     return path

@@ -13,6 +13,7 @@ import sys
 from minigpt.config import ScriptParser, run_command
 from minigpt.errors import UserError
 from minigpt.loss_curves import plot
+from minigpt.outdir import CURVE
 
 
 def main(argv):
@@ -27,7 +28,7 @@ def main(argv):
         if a.labels is not None and len(a.labels) != len(a.logs):
             raise UserError(f"--labels got {len(a.labels)} label(s) for {len(a.logs)} log(s); give one label "
                             "per log, or leave --labels out")
-        name = "loss_curve.png" if len(a.logs) == 1 else "loss_compare.png"
+        name = CURVE if len(a.logs) == 1 else "loss_compare.png"
         print(plot(a.logs, a.out or os.path.join(os.path.dirname(a.logs[0]), name), a.labels))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -12,7 +12,7 @@ import pytest
 from helpers import shakespeare_path, write_text
 from minigpt.bpe import PATTERN, BPETokenizer
 from minigpt.tokenizer import tokenizer_from_json
-from minigpt.config import UserError
+from minigpt.errors import UserError
 from minigpt.data import CharTokenizer
 
 NO_TOKENIZERS = "Hugging Face tokenizers is not a minigpt dependency; pip install tokenizers to run this"

@@ -10,7 +10,7 @@ import pytest
 
 from helpers import shakespeare_path, write_text
 from minigpt.bpe import bytes_to_unicode
-from minigpt.config import UserError
+from minigpt.errors import UserError
 from minigpt.gpt2_tokenizer import GPT2_REGEX, GPT2Tokenizer, gpt2_pattern
 
 tokenizers = pytest.importorskip("tokenizers", reason="Hugging Face tokenizers is not installed (pip install -e "

@@ -302,6 +302,24 @@ def test_bad_inputs_are_named(tmp_path):
         prep(tmp_path, [tmp_path / "ok.txt"], val_fraction=1.5)
     with pytest.raises(UserError, match="the val split is empty"):
         prep(tmp_path, [tmp_path / "ok.txt", tmp_path / "empty.txt"])
+    # the settings in code are the command line's, checked alike (config.PrepareConfig, check_prepare)
+    for kw, msg in (({"vocab_sise": 300}, "unknown setting --vocab_sise; did you mean --vocab_size"),
+                    ({"tokenizer": "bpe", "vocab_size": 100}, "--vocab_size must be at least 257"),
+                    ({"tokenizer": str(tmp_path / "no_such_tokenizer")}, "--tokenizer must be char, bpe or"),
+                    ({"workers": -1}, "--workers must be"), ({"shard_tokens": 2 ** 31}, "below 2\\*\\*31"),
+                    ({"bpe_sample_mb": 0}, "--bpe_sample_mb must be positive")):
+        with pytest.raises(UserError, match=msg):
+            prep(tmp_path, [tmp_path / "ok.txt"], "refused", **kw)
+        assert not (tmp_path / "refused").exists()
+
+
+def test_prepare_and_training_share_one_declaration_of_the_tokenizer_settings():
+    from dataclasses import fields
+
+    from minigpt.config import PrepareConfig, TrainConfig
+    train, prep_ = ({f.name: f for f in fields(c)} for c in (TrainConfig, PrepareConfig))
+    for k in ("tokenizer", "vocab_size"):
+        assert train[k].metadata == prep_[k].metadata and train[k].default == prep_[k].default
 
 
 def test_bad_shards_are_named(tmp_path, text):
