@@ -22,7 +22,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_util import command, cpu, cpu_line, revision  # noqa: E402
+from bench_util import command, cpu, cpu_line, revision, write_keeping_notes  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = [os.path.join(ROOT, "data", "tinyshakespeare.txt"), os.path.join(ROOT, "..", "shared", "data",
@@ -123,6 +123,9 @@ def train_row(d, tmp):
     return first, rss, "" if first is not None else f"no step-0 line seen; the whole run took {wall:.1f} s"
 
 
+NOTES = "<!-- notes: hand-written text below this line is kept when the script rewrites the report -->"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="100,1000", help="corpus sizes in MB, comma-separated")
@@ -187,13 +190,14 @@ def write_report(command, revision, cpu, date, tokenizers, load, tokenizer, n, r
     def first(x):
         return f"{x[0]:.1f} s / {mem(x[1])}" if x[0] is not None else "not measured"
     lo, hi = rows[0], rows[-1]
-    made = "trained here by `tokenizers` on the first 20 MB of the smallest corpus (ByteLevel pre-tokenizer with " \
-           "GPT-2's regex, BPE, 50,257 tokens with `<|endoftext|>`): GPT-2's own tokenizer.json is not on this " \
-           "machine and nothing is downloaded" if not tokenizer else f"`{tokenizer}`"
+    made = (f"GPT-2's own, read from `{tokenizer}` (--tokenizer)" if tokenizer else
+            "trained here by `tokenizers` on the first 20 MB of the smallest corpus (ByteLevel pre-tokenizer with "
+            "GPT-2's regex, BPE, 50,257 tokens with `<|endoftext|>`): GPT-2's own tokenizer.json is not on this "
+            "machine and nothing is downloaded")
     L = ["# Preparing a corpus: token shards, against Hugging Face `tokenizers`", "",
          f"Command: `{command}` at {revision}, on {cpu}, {date}; 1-minute load average {load[0]:.2f} before, "
          f"{load[1]:.2f} after.", "",
-         "Corpora: tiny Shakespeare repeated with a line number before every line. The GPT-2-style tokenizer: "
+         "Corpora: tiny Shakespeare repeated with a line number before every line. The GPT-2 tokenizer: "
          f"{made}; `tokenizers` {tokenizers}. Each row ran in its own process, one after the other.", "",
          "Prepare with the GPT-2 tokenizer encoded " + ", ".join(
              f"{r['gpt2']['mbs'] / r['hf']['mbs']:.1f}x as fast as `tokenizers`' encode_batch at {r['mb']:,} MB"
@@ -230,9 +234,7 @@ def write_report(command, revision, cpu, date, tokenizers, load, tokenizer, n, r
           "batch per split, one step); the peak resident memory is the whole run's, its final score of at most "
           "--val_tokens validation tokens included."
           + (" " + "; ".join(notes) + "." if notes else "")]
-    path = out if os.path.isabs(out) else os.path.join(ROOT, out)
-    with open(path, "w") as f:
-        f.write("\n".join(L) + "\n")
+    write_keeping_notes(out if os.path.isabs(out) else os.path.join(ROOT, out), "\n".join(L), NOTES)
     print("wrote", out)
 
 
