@@ -2,7 +2,8 @@
 
 The defaults are config S, nanoGPT's documented CPU Shakespeare-char run (config/train_shakespeare_char.py
 with the CPU overrides of nanoGPT's README). Every setting is declared once here: TrainConfig's, and the other
-commands' (SampleConfig, ReportConfig, EvalConfig, ExportConfig), which take the settings they share from COMMON.
+commands' (SampleConfig, ReportConfig, EvalConfig, ExportConfig, PrepareConfig), which take the settings they
+share from COMMON.
 Each field carries its one-line help (setting(...)), and parse_args makes the argparse parser, --help included,
 from the fields, so the command line and the dataclass cannot drift.
 Unknown keys and wrong types are UserErrors that name the fix; run_command is how every command ends when it is
@@ -74,15 +75,16 @@ COMMON = {
                          "auto (training only): whichever of the two runs this model's step faster on this CPU, "
                          "timed at the start of the run, which says what it chose"),
     "tokenizer": ("char", "char: one token per character | bpe: byte-level BPE trained on the training text "
-                          "(minigpt/bpe.py) | PATH: a GPT-2 directory, a tokenizer.json or a prepared directory "
-                          "(in training: the tokenizer of a --data folder of llm.c's or nanoGPT's shards)"),
+                          "(minigpt/bpe.py) | PATH: a GPT-2 directory or a tokenizer.json"),
     "vocab_size": (512, "tokens of the BPE vocabulary (with --tokenizer bpe): 256 bytes + merges"),
 }
 
 
-def common(name):
-    """The dataclass field of a setting several commands take (COMMON)."""
-    return setting(*COMMON[name])
+def common(name, more=""):
+    """The dataclass field of a setting several commands take (COMMON); `more`: what it means to this command
+    alone, appended to the shared help."""
+    default, text = COMMON[name]
+    return setting(default, f"{text}; {more}" if more else text)
 
 
 def check_common(cfg):
@@ -93,8 +95,6 @@ def check_common(cfg):
         check_backend(cfg.backend, getattr(cfg, "given", None))
     if hasattr(cfg, "dtype"):
         check_dtype(cfg.dtype, auto=isinstance(cfg, TrainConfig))
-    if hasattr(cfg, "tokenizer"):
-        check_tokenizer(cfg)
     return cfg
 
 
@@ -103,8 +103,8 @@ def check_tokenizer(cfg):
     checkpoint's, so its path is not looked for again)."""
     if cfg.tokenizer not in ("char", "bpe") and not getattr(cfg, "resume", False) and not os.path.exists(
             cfg.tokenizer):
-        raise UserError(f"--tokenizer must be char, bpe or the path of a tokenizer (a GPT-2 directory or a "
-                        f"tokenizer.json), got {cfg.tokenizer!r}")
+        raise UserError(f"--tokenizer must be char, bpe or the path of a tokenizer (a GPT-2 directory, a "
+                        f"tokenizer.json or a prepared directory), got {cfg.tokenizer!r}")
     if cfg.tokenizer == "bpe" and cfg.vocab_size < 257:
         raise UserError(f"--vocab_size must be at least 257 (256 byte tokens and one merge), got {cfg.vocab_size}; "
                         "try 512 or 1024")
@@ -182,7 +182,8 @@ class TrainConfig(ModelShape):
                                  "tokenizer.json; a Hugging Face cache snapshot works): the model's shape and "
                                  "tokenizer come from it, and --preset finetune's defaults apply (block 64, batch "
                                  "4 x 8, lr 3e-5, 20 iterations: sized for a 124M model on 2 cores)")
-    tokenizer: str = common("tokenizer")
+    tokenizer: str = common("tokenizer", "in training PATH names the tokenizer of a --data folder of llm.c's or "
+                                         "nanoGPT's shards")
     vocab_size: int = common("vocab_size")
     # optimisation
     batch_size: int = setting(12, "sequences per micro-batch")
@@ -306,7 +307,7 @@ class PrepareConfig:
     inputs: list = field(default_factory=list, metadata={
         "help": "text files, folders (their .txt files), globs, .jsonl/.json or .parquet files", "positional": "INPUT"})
     out: str = setting("", "the directory to write: new, empty or an earlier preparation (required)")
-    tokenizer: str = common("tokenizer")
+    tokenizer: str = common("tokenizer", "PATH may also be a directory prepare_data.py wrote (its tokenizer)")
     vocab_size: int = common("vocab_size")
     bpe_sample_mb: float = setting(20.0, "with --tokenizer bpe: MB of the corpus (its first) the BPE learns from")
     val_fraction: float = setting(0.1, "share of the tokens in the validation split, as whole documents")
@@ -331,6 +332,7 @@ def check_prepare(cfg):
     check_ranges(cfg, positive=("bpe_sample_mb", "shard_tokens", "vocab_size"), non_negative=("workers",))
     if cfg.shard_tokens >= 2 ** 31:
         raise UserError(f"--shard_tokens {cfg.shard_tokens}: llm.c's header holds a count below 2**31; use fewer")
+    check_tokenizer(cfg)
     return check_common(cfg)
 
 
@@ -414,6 +416,7 @@ def check(cfg, given=None):
         raise UserError(f"--plot {cfg.plot!r} lies outside --out_dir, where a run writes everything; pass a name "
                         "such as curve.png, then copy it, or draw one anywhere with scripts/plot_losses.py "
                         "OUT_DIR/log.jsonl -o PATH")
+    check_tokenizer(cfg)
     if given is not None and "vocab_size" in given and cfg.tokenizer != "bpe" and not os.path.isdir(cfg.data):
         raise UserError(f"--vocab_size sets the size of a BPE vocabulary, but this run's tokenizer is "
                         f"{cfg.tokenizer}; add --tokenizer bpe (a new run) or drop --vocab_size")
@@ -552,6 +555,16 @@ def _unknown(arg, keys):
     return UserError(f"unknown setting --{key}{hint}")
 
 
+def _bare_flags(argv, cls):
+    """A true/false setting typed alone (--skip_bad) before a word that is no true/false value (an INPUT, say)
+    becomes --skip_bad=true, so the word is not read as its value."""
+    if not any("positional" in f.metadata for f in fields(cls)):
+        return argv                                                   # no word may follow: argparse says why
+    flags = {f"--{f.name}" for f in fields(cls) if _TYPES.get(f.type, f.type) is bool}
+    return [f"{a}=true" if a in flags and i + 1 < len(argv) and not argv[i + 1].startswith("-")
+            and argv[i + 1].lower() not in _TRUE | _FALSE else a for i, a in enumerate(argv)]
+
+
 def _underscored(arg):
     """--key-with-dashes[=value] -> --key_with_dashes[=value]; values and other arguments unchanged."""
     if not arg.startswith("--"):
@@ -565,10 +578,17 @@ def parse_args(argv, cls=TrainConfig, *, prog=None, description=None, **defaults
     fields). The config's .given is the frozenset of keys typed in argv (not those in defaults), and a typed
     --preset's keys (they count as typed: on --resume they win over the checkpoint's). --help prints the
     settings and raises SystemExit(0); every mistake is a UserError."""
-    argv = [_underscored(a) for a in argv]
-    typed, extra = make_parser(cls, prog, description, defaults).parse_known_args(argv)
+    positional = next((f.name for f in fields(cls) if "positional" in f.metadata), None)
+    words = []                                                        # after "--": positional words alone
+    if positional and "--" in argv:
+        argv, words = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    argv = _bare_flags([_underscored(a) for a in argv], cls)
+    parser = make_parser(cls, prog, description, defaults)
+    typed, extra = (parser.parse_known_intermixed_args if positional else parser.parse_known_args)(argv)
+    if words:
+        setattr(typed, positional, getattr(typed, positional, []) + words)
     if extra:
-        raise _unknown(extra[0], [f.name for f in fields(cls)])
+        raise _unknown(extra[0], [f.name for f in fields(cls) if "positional" not in f.metadata])
     given = frozenset(vars(typed)) - set(defaults)                    # what the user set explicitly
     preset = vars(typed).get("preset") or defaults.get("preset") or ("finetune" if vars(typed).get("init_from") else "")
     if preset:                                                        # its values become defaults

@@ -274,7 +274,8 @@ def prepare(inputs, out, **settings):
     --out OUT --key value ...` does, with the same checks (the settings are PrepareConfig's, minigpt/config.py);
     returns its manifest."""
     inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
-    argv = [str(i) for i in inputs] + [f"--{k}={v}" for k, v in {"out": out, **settings}.items()]
+    argv = [f"--{k}={v}" for k, v in {"out": out, **settings}.items() if v is not None]   # None: the default
+    argv += ["--", *map(str, inputs)]                                    # "--": an input may start with "-"
     return prepare_config(parse_args(argv, PrepareConfig, prog="minigpt.prepare_data()"))
 
 

@@ -316,10 +316,25 @@ def test_bad_inputs_are_named(tmp_path):
 def test_prepare_and_training_share_one_declaration_of_the_tokenizer_settings():
     from dataclasses import fields
 
-    from minigpt.config import PrepareConfig, TrainConfig
+    from minigpt.config import COMMON, PrepareConfig, TrainConfig
     train, prep_ = ({f.name: f for f in fields(c)} for c in (TrainConfig, PrepareConfig))
     for k in ("tokenizer", "vocab_size"):
-        assert train[k].metadata == prep_[k].metadata and train[k].default == prep_[k].default
+        default, text = COMMON[k]
+        assert train[k].default == prep_[k].default == default
+        assert train[k].metadata["help"].startswith(text) and prep_[k].metadata["help"].startswith(text)
+
+
+def test_command_line_and_code_take_inputs_anywhere(tmp_path, monkeypatch, capsys):
+    (tmp_path / "-dash.txt").write_text("to be or not to be " * 50)
+    (tmp_path / "b.txt").write_text("the king shall speak " * 50)
+    monkeypatch.chdir(tmp_path)
+    # a bare flag before the inputs is true, not the input's name; "--" before an input that starts with "-"
+    assert prepare_data.main(["--skip_bad", "b.txt", "--quiet", "--out", "o1", "--", "-dash.txt"]) == 0
+    assert json.load(open(tmp_path / "o1" / "manifest.json"))["settings"]["skip_bad"] is True
+    m = prepare("-dash.txt", str(tmp_path / "o2"), name=None, quiet=True)          # None: the default name
+    assert m["name"] == "o2"
+    assert prepare_data.main(["b.txt", "--out", "o3", "--inputs", "x"]) == 2      # no setting of that name
+    assert capsys.readouterr().err.startswith("error: unknown setting --inputs; valid settings: out, ")
 
 
 def test_bad_shards_are_named(tmp_path, text):
