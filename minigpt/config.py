@@ -208,6 +208,9 @@ class TrainConfig(ModelShape):
     muon_lr_ratio: float = setting(20.0, "with --optimizer muon: the Muon matrices' lr is this times --lr's schedule")
     muon_momentum_warmup: int = setting(0, "with --optimizer muon: Muon's momentum rises linearly from 0.85 to "
                                            "0.95 over this many steps (0: 0.95 from the start)")
+    muon_split_qkv: bool = setting(False, "with --optimizer muon: orthogonalise c_attn's update as its q, k and v "
+                                          "parts, three C x C matrices, each on its own (the modded-nanogpt "
+                                          "speedruns' way), not as one C x 3C matrix")
     embed_lr_ratio: float = setting(1.0, "the embeddings' (wte, wpe) AdamW lr is this times --lr's schedule")
     beta1: float = setting(0.9, "AdamW beta1, in [0, 1)")
     beta2: float = setting(0.99, "AdamW beta2, in [0, 1)")

@@ -123,6 +123,17 @@ def newton_schulz(ops, G, steps=5, bf16=False):
     return X[0] if flat else X
 
 
+def newton_schulz_parts(ops, U, parts, steps=5, bf16=False):
+    """U (L, rows, parts * cols) -> newton_schulz of each of its `parts` column blocks (L, rows, cols) on its own,
+    put back side by side; parts=1 is newton_schulz of U. The blocks go through as one stack of L * parts."""
+    if parts == 1:
+        return newton_schulz(ops, U, steps, bf16)
+    L, rows, cols = U.shape[0], U.shape[1], U.shape[2] // parts
+    blocks = U.reshape(L, rows, parts, cols).transpose(0, 2, 1, 3).reshape(L * parts, rows, cols)   # a copy
+    O = newton_schulz(ops, blocks, steps, bf16)
+    return O.reshape(L, parts, rows, cols).transpose(0, 2, 1, 3).reshape(L, rows, parts * cols)
+
+
 def muon_params(params):
     """Names Muon updates: the 2-D parameters of the blocks (h.{i}.attn.c_attn/c_proj, h.{i}.mlp.c_fc/c_proj
     weights). Embeddings, the LM head, LayerNorms and biases stay with AdamW: they are lookups or vectors,
@@ -149,13 +160,17 @@ class Muon(Optimizer):
     Weight decay is decoupled: AdamW's as in AdamW, the Muon matrices' p *= 1 - lr_ratio * lr * muon_weight_decay.
     State (Optimizer): momentum[k] for the Muon matrices; m[k], v[k] (AdamW's moments) for the rest.
     Newton-Schulz runs the backend's batched products over each stack of same-shaped matrices, on bfloat16
-    operands with bf16=True (a --dtype bf16 model's); what it costs: reports/muon.md."""
+    operands with bf16=True (a --dtype bf16 model's); what it costs: reports/muon.md. split_qkv=True
+    orthogonalises the q, k and v parts of each c_attn update (its three C x C column blocks) each on its own, as
+    three square matrices (scaled as such), rather than the C x 3C whole, as the modded-nanogpt speedruns do."""
 
     name = "muon"
 
     def __init__(self, params, lr_ratio=20.0, momentum=0.95, nesterov=True, ns_steps=5, betas=(0.9, 0.99),
-                 eps=1e-8, weight_decay=0.1, muon_weight_decay=0.1, momentum_warmup=0, bf16=False, *, ops):
+                 eps=1e-8, weight_decay=0.1, muon_weight_decay=0.1, momentum_warmup=0, bf16=False,
+                 split_qkv=False, *, ops):
         self.lr_ratio, self.nesterov, self.ns_steps = lr_ratio, nesterov, ns_steps
+        self.split_qkv = split_qkv                                     # c_attn as its q, k, v blocks
         self.momentum = momentum                                       # the coefficient mu (buffers: momentum_buf)
         self.bf16 = bf16                                               # Newton-Schulz's products in bfloat16
         self.momentum_warmup = momentum_warmup
@@ -194,11 +209,13 @@ class Muon(Optimizer):
                     u += g                                             # u = g + mu buf
                 else:
                     u[...] = buf
-            O = newton_schulz(self.ops, U, self.ns_steps, self.bf16)   # (L, rows, cols)
+            parts = 3 if self.split_qkv and names[0].endswith("attn.c_attn.weight") else 1
+            O = newton_schulz_parts(self.ops, U, parts, self.ns_steps, self.bf16)   # (L, rows, cols)
+            scale = muon_scale((shape[0], shape[1] // parts))          # of one part
             for k, o in zip(names, O):
                 p = params[k]
                 p *= 1.0 - lr_muon * self.muon_weight_decay            # p -= lr wd p
-                p -= (lr_muon * muon_scale(shape)) * o
+                p -= (lr_muon * scale) * o
 
 
 # ----------------------------------------------------------------------------

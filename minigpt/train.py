@@ -296,7 +296,7 @@ def make_optimizer(cfg, model):
     if cfg.optimizer == "muon":
         opt = Muon(params, lr_ratio=cfg.muon_lr_ratio, betas=betas, weight_decay=cfg.weight_decay,
                    muon_weight_decay=cfg.weight_decay, momentum_warmup=cfg.muon_momentum_warmup, bf16=model.bf16,
-                   ops=model.ops)
+                   split_qkv=cfg.muon_split_qkv, ops=model.ops)
     else:
         opt = AdamW(params, betas, weight_decay=cfg.weight_decay, ops=model.ops)
     return opt.scale_lr(("wte.weight", "wpe.weight"), cfg.embed_lr_ratio)

@@ -86,6 +86,11 @@ CANDIDATES = {
     # a batch-size schedule (the modded-nanogpt speedruns grow theirs): the first 30% of the budget at half the
     # batch, twice the steps there
     "small batch first (half the batch for 30% of the run)": (["--batch_warmup=0.3"], ["--batch_warmup=0"]),
+    # Muon's orthogonalisation of c_attn as its q, k and v parts, three square matrices, as the modded-nanogpt
+    # speedruns store it, rather than one C x 3C matrix
+    "q, k, v apart in Muon": (["--muon_split_qkv=true"], ["--muon_split_qkv=false"]),
+    # the lr schedule's end: the cosine down to 0 instead of a tenth of the peak
+    "lr down to 0 (--min_lr 0)": (["--min_lr=0"], ["--min_lr=1e-4"]),
 }
 NOTES = "<!-- notes: hand-written text below this line is kept when the script rewrites the report -->"
 CURRENT = "round 7"                                              # the round --preset speedrun holds

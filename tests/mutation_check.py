@@ -139,8 +139,16 @@ M = [
     # Muon: the Nesterov look-ahead, the shape scale, one Newton-Schulz product
     (OPT, "if self.nesterov:", "if False:",
         f"{TMU}::test_muon_step_matches_float64_reference_and_adamw"),
-    (OPT, "p -= (lr_muon * muon_scale(shape)) * o", "p -= lr_muon * o",
+    (OPT, "p -= (lr_muon * scale) * o", "p -= lr_muon * o",
         f"{TMU}::test_muon_step_matches_float64_reference_and_adamw"),
+    # --muon_split_qkv: c_attn's q, k, v blocks apart, each scaled as a square matrix, turned on by training
+    (OPT, "blocks = U.reshape(L, rows, parts, cols).transpose(0, 2, 1, 3).reshape(L * parts, rows, cols)",
+        "blocks = U.reshape(L * parts, rows, cols).copy()",
+        f"{TMU}::test_muon_split_qkv_orthogonalises_q_k_v_each_on_its_own"),
+    (OPT, "scale = muon_scale((shape[0], shape[1] // parts))", "scale = muon_scale(shape)",
+        f"{TMU}::test_muon_split_qkv_orthogonalises_q_k_v_each_on_its_own"),
+    (TRAIN, "split_qkv=cfg.muon_split_qkv, ops=model.ops)", "ops=model.ops)",
+        f"{TMU}::test_muon_split_qkv_orthogonalises_q_k_v_each_on_its_own"),
     (OPT, "ops.bmm(B, X, out=Y, acc=True, bf16=bf16)", "ops.bmm(B, X, out=Y, acc=False, bf16=bf16)",
         f"{TMU}::test_newton_schulz_matches_float64_reference"),
     # Muon's Newton-Schulz in bf16: one product's operands left float32; a bf16 model's Muon left float32

@@ -187,6 +187,42 @@ def test_muon_step_matches_float64_reference_and_adamw():
     assert opt.t == 4
 
 
+def test_muon_split_qkv_orthogonalises_q_k_v_each_on_its_own():
+    """--muon_split_qkv: c_attn's update is NS of its three C x C column blocks, each scaled as a square matrix
+    (1); the other matrices as without it."""
+    model, twin = tiny_gpt(), tiny_gpt()
+    opt = Muon(model.params(), lr_ratio=20.0, muon_weight_decay=0.1, split_qkv=True, ops=spec())
+    whole = Muon(twin.params(), lr_ratio=20.0, muon_weight_decay=0.1, ops=spec())
+    names = muon_params(model.params())
+    ref = {k: model.params()[k].astype(np.float64) for k in names}
+    bufs = {k: np.zeros_like(ref[k]) for k in names}
+    for step, lr in enumerate([1e-3, 2e-3]):
+        grads = random_grads(model, seed=step)
+        random_grads(twin, seed=step)
+        before = {k: ref[k].copy() for k in names}
+        opt.step(model.params(), grads, lr)
+        whole.step(twin.params(), twin.grads(), lr)
+        for k in names:
+            if k.endswith("attn.c_attn.weight"):
+                g = grads[k].astype(np.float64)
+                bufs[k] = 0.95 * bufs[k] + g
+                u = g + 0.95 * bufs[k]
+                C = u.shape[0]
+                o = np.concatenate([ns_reference(u[:, i * C:(i + 1) * C]) for i in range(3)], axis=1)
+                ref[k] = ref[k] * (1 - 20.0 * lr * 0.1) - 20.0 * lr * o
+            else:
+                ref[k] = muon_reference(ref[k], bufs, grads[k].astype(np.float64), lr, k, 20.0, 0.95, 0.1)
+                np.testing.assert_array_equal(model.params()[k], twin.params()[k], err_msg=k)
+            delta, want = model.params()[k] - before[k], ref[k] - before[k]
+            assert frob_err(delta, want) < 1e-4, (step, k, frob_err(delta, want))
+    k = "h.0.attn.c_attn.weight"
+    assert frob_err(model.params()[k] - twin.params()[k], twin.params()[k]) > 1e-4      # it changes c_attn
+    from minigpt.config import TrainConfig                             # and training's setting turns it on
+    from minigpt.train import make_optimizer
+    assert make_optimizer(TrainConfig(optimizer="muon", muon_split_qkv=True), tiny_gpt()).split_qkv
+    assert not make_optimizer(TrainConfig(optimizer="muon"), tiny_gpt()).split_qkv
+
+
 def test_muon_momentum_warmup_matches_float64_reference():
     """--muon_momentum_warmup 3: momentum 0.85, 0.90, then 0.95 from step 3 on, in the buffer and the update."""
     model = tiny_gpt()
