@@ -115,10 +115,10 @@ PRESETS = {
     # scripts/speedrun.py's recipe: more of nanoGPT's wall time spent learning. It needs --max_time (the seconds
     # you have; check() says so); max_iters is only a cap. Muon for the blocks' matrices, a larger lr for the
     # embeddings, a longer context at a smaller batch, fewer evaluation batches (their time goes to steps), an
-    # LM head of its own and the faster precision of this CPU (timed at the start); reports/speedrun.md says what
-    # each change gained and on which seeds it was chosen.
+    # LM head of its own, the faster precision of this CPU (timed at the start) and the lr decayed to 0;
+    # reports/speedrun.md says what each change gained and on which seeds it was chosen.
     "speedrun": dict(optimizer="muon", batch_size=24, block_size=128, max_iters=10 ** 6, embed_lr_ratio=10.0,
-                     dtype="auto",
+                     dtype="auto", min_lr=0.0,
                      eval_iters=5, tie_weights=False),
     # fine-tuning a pretrained GPT-2 (--init_from DIR sets it when no --preset is typed): nanoGPT's
     # finetune_shakespeare (constant lr 3e-5, 20 iterations, eval every 5) at llm.c's CPU shapes (B=4, T=64)

@@ -58,7 +58,7 @@ def test_speedrun_report_of_one_seed(tmp_path):
             f"{speedrun.RECIPE} reaches 3.970 (3.9700; +0.0200 against its own context).") in md
     assert not re.search(r"\bnan\b", md) and "1 seeds" not in md and "the others are held out" not in md
     assert f"| {speedrun.RECIPE} | 3.2 | 3 | 3.9500 | - | 3.9500 |" in md
-    assert "; seed 1337 (rounds 1-3 were chosen on 1337, rounds 4-7 on 1337, 1338, 1339)." in md
+    assert "; seed 1337 (rounds 1-3 were chosen on 1337, rounds 4-8 on 1337, 1338, 1339)." in md
     assert "` at abc1234, on " in md                       # the commit taken before the runs, not after the plot
     assert "reaches 3.950 on seed 1337; 0 of 1 seed at or below" in md
     ax = plt.gcf().axes[0]
@@ -86,8 +86,8 @@ def test_speedrun_bf16_runs_the_two_recipes_again_and_reports_them_paired(tmp_pa
     a = smoke_args(tmp_path, "bf16.md", seeds=[1338, 1340])
     speedrun.write_report(a, made)
     md = (tmp_path / "bf16.md").read_text()
-    assert "seeds 1338, 1340 (rounds 1-3 were chosen on 1337, rounds 4-7 on 1337, 1338, 1339; the others are " in md
-    assert "The round 7 recipe reaches 3.960 (sd 0.014) over all seeds, 3.970 over the held-out seeds;" in md
+    assert "seeds 1338, 1340 (rounds 1-3 were chosen on 1337, rounds 4-8 on 1337, 1338, 1339; the others are " in md
+    assert "The round 8 recipe reaches 3.960 (sd 0.014) over all seeds, 3.970 over the held-out seeds;" in md
     assert f"| {speedrun.RECIPE} | 3.1 | 3 | 3.9600 |" in md and f"| {speedrun.OLD} | 3.1 | 4 | 4.0000 |" in md
     assert f"| {speedrun.RECIPE_BF16} | 3.1 | 4 | 3.9350 |" in md
     assert f"| {speedrun.OLD_BF16} | 3.1 | 5 | 3.9850 |" in md
@@ -122,21 +122,21 @@ def test_speedrun_dtype_bf16_runs_every_minigpt_run_in_bf16(tmp_path):
     candidate's shape still applies), under the same names, and the report says so once."""
     f32 = speedrun.plan_of(True, nanogpt=True, candidates=["context 128, batch 24"])
     bf = speedrun.plan_of(True, nanogpt=True, candidates=["context 128, batch 24"], dtype="bf16")
-    assert speedrun.toggled("context 128, batch 24") == (        # round 7 holds it: toggled off, round 3 + the rest
-        "round 7 without context 128, batch 24", ["--preset=speedrun", "--block_size=64", "--batch_size=32"])
+    assert speedrun.toggled("context 128, batch 24") == (        # round 8 holds it: toggled off, round 3 + the rest
+        "round 8 without context 128, batch 24", ["--preset=speedrun", "--block_size=64", "--batch_size=32"])
     off = speedrun.settings_of(speedrun.toggled("context 128, batch 24")[1])
     assert (off.block_size, off.batch_size, off.embed_lr_ratio, off.optimizer, off.eval_iters, off.tie_weights) == (
         64, 32, 10.0, "muon", 5, False)
     assert speedrun.toggled("evaluations of 5 batches") == (     # and toggled off here
-        "round 7 without evaluations of 5 batches", ["--preset=speedrun", "--eval_iters=20"])
+        "round 8 without evaluations of 5 batches", ["--preset=speedrun", "--eval_iters=20"])
     assert speedrun.toggled("untied head") == (                  # and this one
-        "round 7 without untied head", ["--preset=speedrun", "--tie_weights=true"])
+        "round 8 without untied head", ["--preset=speedrun", "--tie_weights=true"])
     r5 = speedrun.settings_of(speedrun.toggled("untied head")[1])
     assert (r5.tie_weights, r5.eval_iters, r5.block_size) == (True, 5, 128)
     assert speedrun.toggled("bf16 where faster (--dtype auto)") == (    # round 7's own two
-        "round 7 without bf16 where faster (--dtype auto)", ["--preset=speedrun", "--dtype=float32"])
+        "round 8 without bf16 where faster (--dtype auto)", ["--preset=speedrun", "--dtype=float32"])
     assert speedrun.toggled("short context first (half the block for 30% of the run)") == (
-        "round 7 + short context first (half the block for 30% of the run)",
+        "round 8 + short context first (half the block for 30% of the run)",
         ["--preset=speedrun", "--context_warmup=0.3"])
     assert list(bf) == list(f32) and "round 1 + context 128, batch 24" in bf
     for name, (args, timed) in bf.items():
