@@ -150,12 +150,17 @@ def test_muon_params_are_the_block_matrices():
 SCALE = {"attn.c_attn": math.sqrt(3), "attn.c_proj": 1.0, "mlp.c_fc": 2.0, "mlp.c_proj": 1.0}
 
 
-def muon_reference(p, bufs, g, lr, name, ratio, mu, wd):
+def muon_reference(p, bufs, g, lr, name, ratio, mu, wd, split_qkv=False):
     """One Muon update of p in float64, written from the algorithm: buf = mu buf + g, u = g + mu buf
-    (Nesterov), p = p (1 - lr' wd) - lr' scale NS(u) with lr' = ratio * lr."""
+    (Nesterov), p = p (1 - lr' wd) - lr' scale NS(u) with lr' = ratio * lr. split_qkv: c_attn's NS(u) is that of
+    each of its three C x C column blocks, side by side, each scaled as a square matrix (1)."""
     bufs[name] = mu * bufs[name] + g
     u = g + mu * bufs[name]
     lr_m = ratio * lr
+    if split_qkv and name.endswith("attn.c_attn.weight"):
+        C = u.shape[0]
+        return p * (1 - lr_m * wd) - lr_m * np.concatenate([ns_reference(u[:, i * C:(i + 1) * C]) for i in range(3)],
+                                                           axis=1)
     scale = SCALE[name.split(".", 2)[2].rsplit(".", 1)[0]]
     return p * (1 - lr_m * wd) - lr_m * scale * ns_reference(u)
 
@@ -203,15 +208,8 @@ def test_muon_split_qkv_orthogonalises_q_k_v_each_on_its_own():
         opt.step(model.params(), grads, lr)
         whole.step(twin.params(), twin.grads(), lr)
         for k in names:
-            if k.endswith("attn.c_attn.weight"):
-                g = grads[k].astype(np.float64)
-                bufs[k] = 0.95 * bufs[k] + g
-                u = g + 0.95 * bufs[k]
-                C = u.shape[0]
-                o = np.concatenate([ns_reference(u[:, i * C:(i + 1) * C]) for i in range(3)], axis=1)
-                ref[k] = ref[k] * (1 - 20.0 * lr * 0.1) - 20.0 * lr * o
-            else:
-                ref[k] = muon_reference(ref[k], bufs, grads[k].astype(np.float64), lr, k, 20.0, 0.95, 0.1)
+            ref[k] = muon_reference(ref[k], bufs, grads[k].astype(np.float64), lr, k, 20.0, 0.95, 0.1, True)
+            if not k.endswith("attn.c_attn.weight"):                   # the rest as without the split
                 np.testing.assert_array_equal(model.params()[k], twin.params()[k], err_msg=k)
             delta, want = model.params()[k] - before[k], ref[k] - before[k]
             assert frob_err(delta, want) < 1e-4, (step, k, frob_err(delta, want))
