@@ -559,10 +559,8 @@ def _unknown(arg, keys):
 
 
 def _bare_flags(argv, cls):
-    """A true/false setting typed alone (--skip_bad) before a word that is no true/false value (an INPUT, say)
-    becomes --skip_bad=true, so the word is not read as its value."""
-    if not any("positional" in f.metadata for f in fields(cls)):
-        return argv                                                   # no word may follow: argparse says why
+    """For a command that takes words (INPUT...): a true/false setting typed alone (--skip_bad) before a word that
+    is no true/false value becomes --skip_bad=true, so the word is not read as its value."""
     flags = {f"--{f.name}" for f in fields(cls) if _TYPES.get(f.type, f.type) is bool}
     return [f"{a}=true" if a in flags and i + 1 < len(argv) and not argv[i + 1].startswith("-")
             and argv[i + 1].lower() not in _TRUE | _FALSE else a for i, a in enumerate(argv)]
@@ -585,7 +583,9 @@ def parse_args(argv, cls=TrainConfig, *, prog=None, description=None, **defaults
     words = []                                                        # after "--": positional words alone
     if positional and "--" in argv:
         argv, words = argv[:argv.index("--")], argv[argv.index("--") + 1:]
-    argv = _bare_flags([_underscored(a) for a in argv], cls)
+    argv = [_underscored(a) for a in argv]
+    if positional:                                                    # elsewhere no word may follow: argparse
+        argv = _bare_flags(argv, cls)                                 # says why
     parser = make_parser(cls, prog, description, defaults)
     typed, extra = (parser.parse_known_intermixed_args if positional else parser.parse_known_args)(argv)
     if words:
