@@ -55,26 +55,33 @@ def layernorm_forward(ops, out, mean, rstd, x, w, b, eps=LN_EPS):  # x (B, T, C)
     return out
 
 
-def layernorm_backward(ops, dx, dw, db, dout, x, w, mean, rstd): # dout (B, T, C) -> dx (B, T, C); dw, db (C,) +=
-    ops.layernorm_backward(flat(dout), flat(x), w, mean, rstd, flat(dx), dw, db)
+def layernorm_backward(ops, dx, dw, db, dout, x, w, mean, rstd, acc=False):   # dout (B, T, C) -> dx (B, T, C)
+    ops.layernorm_backward(flat(dout), flat(x), w, mean, rstd, flat(dx), dw, db, acc)   # (acc: dx +=); dw, db +=
     return dx
 
 
 # ----------------------------------------------------------------------------
 # Linear (w stored (in, out), as GPT-2's Conv1D), and the MLP's first layer: Linear with GELU fused, or relu^2
 
-def linear_forward(ops, out, x, w, b):                            # x (B, T, in) -> out (B, T, out)
+def linear_forward(ops, out, x, w, b, res=None):                  # x (B, T, in) -> out (B, T, out)
+    if res is not None:                                           # the residual add after it, in one pass:
+        ops.matmul_add(flat(x), w, b, flat(res), out=flat(out))   # out = res + (x w + b)
+        return out
     ops.matmul(flat(x), w, out=flat(out))                         # out = x w
     if b is not None:
         out += b                                                  #     + b
     return out
 
 
-def linear_backward(ops, dx, dw, db, dout, x, w):                 # dout (B, T, out) -> dx (B, T, in); dw, db +=
+def linear_backward(ops, dx, dw, db, dout, x, w, dact=None):      # dout (B, T, out) -> dx (B, T, in); dw, db +=
     if db is not None:
         db += flat(dout).sum(axis=0)                              # fwd: out = z + b -> db += sum of dout's rows
     ops.matmul(flat(x), flat(dout), ta=True, out=dw, acc=True)    # fwd: z = x w -> dw += x^T dout
-    ops.matmul(flat(dout), w, tb=True, out=flat(dx))              #                 dx = dout w^T
+    if dact is None:
+        ops.matmul(flat(dout), w, tb=True, out=flat(dx))          #                 dx = dout w^T
+    else:                                                         # x = act(z') (linear_gelu_forward, which kept
+        ops.matmul_mul(flat(dout), w, flat(dact), out=flat(dx), tb=True)   # act'(z') in dact): dx = dout w^T act'(z'),
+                                                                  # d loss / d z', the act's backward done too
     return dx
 
 

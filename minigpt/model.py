@@ -93,7 +93,6 @@ def gradient_shapes(cfg, B, T):
     C, V = cfg.n_embd, cfg.vocab_size
     return {
         "dresid":  (B, T, C),             # d loss / d the residual stream, carried down through the layers
-        "dln_in":  (B, T, C),             # d loss / d a LayerNorm's input, its own part (added into dresid)
         "dln":     (B, T, C),             # d loss / d a LayerNorm's output
         "dproj":   (B, T, C),             # d loss / d an output projection, under dropout
         "datty":   (B, T, C),
@@ -171,10 +170,11 @@ class Block:
         if self.qk_norm:
             L.qk_norm_forward(a.qk_rstd, a.qkv, self.n_head)      # q, k <- q / rms(q), k / rms(k), per head
         L.attention_forward(ops, a.atty, a.att, a.qkv, self.n_head, start, kv, self.att_dropout(a, dropped))
+        if not dropped:                                            # x_attn = x + attn(ln_1(x)), in one pass
+            return L.linear_forward(ops, a.x_attn, a.atty, p["attn.c_proj.weight"], b("attn.c_proj.bias"), res=x)
         L.linear_forward(ops, a.x_attn, a.atty, p["attn.c_proj.weight"], b("attn.c_proj.bias"))   # attn(ln_1(x))
-        if dropped:
-            L.dropout(ops, a.x_attn, a.x_attn, self.p_drop, a.drop_seeds[ATTN_OUT])
-        return np.add(x, a.x_attn, out=a.x_attn)                   # x_attn = x + attn(ln_1(x))
+        L.dropout(ops, a.x_attn, a.x_attn, self.p_drop, a.drop_seeds[ATTN_OUT])
+        return np.add(x, a.x_attn, out=a.x_attn)                   # x_attn = x + dropout(attn(ln_1(x)))
 
     def attn_backward(self, ops, dx, x, a, d, dropped):            # dx (B, T, C): d loss / d x_attn
         p, g, gb = self.p, self.g, self.g.get                      # gb(name): that bias's gradient, or None
@@ -186,9 +186,8 @@ class Block:
             L.qk_norm_backward(d.dqkv, d.datty, a.qkv, a.qk_rstd, self.n_head)
         L.linear_backward(ops, d.dln, g["attn.c_attn.weight"], gb("attn.c_attn.bias"), d.dqkv, a.ln1,
                           p["attn.c_attn.weight"])
-        L.layernorm_backward(ops, d.dln_in, g["ln_1.weight"], gb("ln_1.bias"), d.dln, x, p["ln_1.weight"],
-                             a.ln1_mean, a.ln1_rstd)
-        dx += d.dln_in                                             # fwd: x_attn = x + attn(ln_1(x))
+        L.layernorm_backward(ops, dx, g["ln_1.weight"], gb("ln_1.bias"), d.dln, x, p["ln_1.weight"],
+                             a.ln1_mean, a.ln1_rstd, acc=True)     # fwd: x_attn = x + attn(ln_1(x)) -> dx +=
         return dx
 
     # ---- the MLP half
@@ -197,22 +196,22 @@ class Block:
         L.layernorm_forward(ops, a.ln2, a.ln2_mean, a.ln2_rstd, x, p["ln_2.weight"], b("ln_2.bias"))
         act = L.linear_relu2_forward if self.relu2 else L.linear_gelu_forward
         act(ops, a.fc, a.fc_dact, a.ln2, p["mlp.c_fc.weight"], b("mlp.c_fc.bias"))
+        if not dropped:                                            # x_mlp = x + mlp(ln_2(x)), in one pass
+            return L.linear_forward(ops, a.x_mlp, a.fc, p["mlp.c_proj.weight"], b("mlp.c_proj.bias"), res=x)
         L.linear_forward(ops, a.x_mlp, a.fc, p["mlp.c_proj.weight"], b("mlp.c_proj.bias"))   # mlp(ln_2(x))
-        if dropped:
-            L.dropout(ops, a.x_mlp, a.x_mlp, self.p_drop, a.drop_seeds[MLP_OUT])
-        return np.add(x, a.x_mlp, out=a.x_mlp)                     # x_mlp = x + mlp(ln_2(x))
+        L.dropout(ops, a.x_mlp, a.x_mlp, self.p_drop, a.drop_seeds[MLP_OUT])
+        return np.add(x, a.x_mlp, out=a.x_mlp)                     # x_mlp = x + dropout(mlp(ln_2(x)))
 
     def mlp_backward(self, ops, dx, x, a, d, dropped):             # dx (B, T, C): d loss / d x_mlp
         p, g, gb = self.p, self.g, self.g.get                      # gb(name): that bias's gradient, or None
         dy = L.dropout(ops, d.dproj, dx, self.p_drop, a.drop_seeds[MLP_OUT]) if dropped else dx  # y = dropout(y)
+        # fc = act(z), z = ln2 W_fc + b: the product into fc's gradient multiplies by act'(z) (kept in fc_dact) as it
+        # writes, so d.dfc is d loss / d z, and what is left of linear_gelu_backward (_relu2_) is c_fc's Linear
         L.linear_backward(ops, d.dfc, g["mlp.c_proj.weight"], gb("mlp.c_proj.bias"), dy, a.fc,
-                          p["mlp.c_proj.weight"])
-        act_backward = L.linear_relu2_backward if self.relu2 else L.linear_gelu_backward
-        act_backward(ops, d.dln, g["mlp.c_fc.weight"], gb("mlp.c_fc.bias"), d.dfc, a.fc_dact, a.ln2,
-                     p["mlp.c_fc.weight"])
-        L.layernorm_backward(ops, d.dln_in, g["ln_2.weight"], gb("ln_2.bias"), d.dln, x, p["ln_2.weight"],
-                             a.ln2_mean, a.ln2_rstd)
-        dx += d.dln_in                                             # fwd: x_mlp = x + mlp(ln_2(x))
+                          p["mlp.c_proj.weight"], dact=a.fc_dact)
+        L.linear_backward(ops, d.dln, g["mlp.c_fc.weight"], gb("mlp.c_fc.bias"), d.dfc, a.ln2, p["mlp.c_fc.weight"])
+        L.layernorm_backward(ops, dx, g["ln_2.weight"], gb("ln_2.bias"), d.dln, x, p["ln_2.weight"],
+                             a.ln2_mean, a.ln2_rstd, acc=True)     # fwd: x_mlp = x + mlp(ln_2(x)) -> dx +=
         return dx
 
 

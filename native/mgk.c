@@ -39,6 +39,7 @@
 #endif
 #include "mgk.h"
 #include "mgk_job.h"   /* job_t, and what this file lends the fused attention (mgk_attention.c) */
+#include "mgk_ops.h"   /* the epilogues' blocks: mgk_gelu_block, mgk_ep_block */
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(MGK_NO_SIMD)
 #include <immintrin.h>     /* each intrinsic carries its own target attribute: used only under target pragmas */
 #ifdef MGK_EMULATE_AVX512  /* the test build (tests/test_native_emulated.py): AVX-512 intrinsics as scalar lanes */
@@ -422,13 +423,17 @@ static void split(int n, int unit, int parts, int p, int *lo, int *hi)
 
 void mgk_epilogue(const job_t *g, float *C, int i0, int i1, int j0, int j1)
 {
-    if (g->ep != EP_GELU || i0 >= i1 || j0 >= j1) return;
+    if (!g->ep || i0 >= i1 || j0 >= j1) return;
+    float *c = C + (long)i0 * g->ldc + j0, *d = g->ep_d + (long)i0 * g->ldd + j0;
+    const float *b = g->ep_bias ? g->ep_bias + j0 : NULL;
 #ifdef MGK_X86
     unsigned int own = _mm_getcsr();
-    _mm_setcsr(g->csr);                        /* mgk_gelu_fwd's bits: it computes in the caller's mode */
+    _mm_setcsr(g->csr);                        /* the composition's bits: it computes in the caller's mode */
 #endif
-    mgk_gelu_block(i1 - i0, j1 - j0, C + (long)i0 * g->ldc + j0, g->ldc, g->ep_bias ? g->ep_bias + j0 : NULL,
-                   g->ep_d + (long)i0 * g->ldd + j0, g->ldd);
+    if (g->ep == EP_GELU)
+        mgk_gelu_block(i1 - i0, j1 - j0, c, g->ldc, b, d, g->ldd);
+    else
+        mgk_ep_block(g->ep == EP_MUL, i1 - i0, j1 - j0, c, g->ldc, b, d, g->ldd);
 #ifdef MGK_X86
     _mm_setcsr(own);
 #endif
@@ -745,6 +750,26 @@ int mgk_gemm_gelu(int bf16, int M, int N, int K, const float *A, int lda, const 
         return MGK_EBADARG;
     job_t g = {NULL, 0, 0, M, N, K, lda, ldb, ldc, 1, A, B, C, 0.0f, 0, 0, 0, 1, 0, 0, 0, 0, 1, M <= SMALL_M, 0,
                bf16 != 0, 0, 0, EP_GELU, bias, dgelu, ldd, 0};
+    return run(&g);
+}
+
+int mgk_gemm_mul(int bf16, int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                 const float *D, int ldd, float *C, int ldc)
+{
+    if (bad_args(ta, tb, M, N, K, A, lda, B, ldb, C, ldc) || (M > 0 && N > 0 && (!D || ldd < N)))
+        return MGK_EBADARG;
+    job_t g = {NULL, ta, tb, M, N, K, lda, ldb, ldc, 1, A, B, C, 0.0f, 0, 0, 0, 1, 0, 0, 0, 0, 1,
+               M <= SMALL_M && !(ta && tb), 0, bf16 != 0, 0, 0, EP_MUL, NULL, (float *)D, ldd, 0};
+    return run(&g);
+}
+
+int mgk_gemm_add(int bf16, int M, int N, int K, const float *A, int lda, const float *B, int ldb, const float *bias,
+                 const float *R, int ldr, float *C, int ldc)
+{
+    if (bad_args(0, 0, M, N, K, A, lda, B, ldb, C, ldc) || (M > 0 && N > 0 && (!R || ldr < N)))
+        return MGK_EBADARG;
+    job_t g = {NULL, 0, 0, M, N, K, lda, ldb, ldc, 1, A, B, C, 0.0f, 0, 0, 0, 1, 0, 0, 0, 0, 1, M <= SMALL_M, 0,
+               bf16 != 0, 0, 0, EP_ADD, bias, (float *)R, ldr, 0};
     return run(&g);
 }
 

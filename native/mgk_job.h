@@ -23,13 +23,16 @@ typedef struct {
     int ksplit;    /* small, one product, op(B) = B: threads split K, each its own partial sum (see run) */
     int bf16;      /* round both operands to bfloat16 while packing, or reading on the few rows path (mgk_bgemm*) */
     int causal, start;   /* 0, or MGK_CAUSAL_OUT / MGK_CAUSAL_A with the diagonal's offset (mgk_gemm_causal) */
-    int ep;        /* 0, or EP_GELU (mgk_gemm_gelu): once a block of C holds its final sums, and while it is still in
-                      cache, C = gelu(C + ep_bias) and ep_d = gelu'(C + ep_bias) over it (mgk_epilogue) */
+    int ep;        /* 0, or what happens to a block of C once it holds its final sums, while it is still in cache
+                      (mgk_epilogue): EP_GELU (mgk_gemm_gelu) C = gelu(C + ep_bias), ep_d = gelu'(C + ep_bias);
+                      EP_MUL (mgk_gemm_mul) C = C * ep_d; EP_ADD (mgk_gemm_add) C = ep_d + (C + ep_bias) */
     const float *ep_bias;        /* (N,) or NULL */
-    float *ep_d; int ldd;        /* (M, N), rows ldd apart */
+    float *ep_d; int ldd;        /* (M, N), rows ldd apart: EP_GELU's output, EP_MUL's and EP_ADD's input */
     unsigned int csr;            /* the caller's FP mode, which the epilogue computes in (the tiles run flush-to-zero) */
 } job_t;
 #define EP_GELU 1
+#define EP_MUL  2
+#define EP_ADD  3
 
 /* the job of one item's product op(A) (M x K) @ op(B), beta 0, causal 0, MGK_CAUSAL_OUT or MGK_CAUSAL_A (diagonal
    offset start), operands rounded to bf16 or not, with the path that runs it chosen as the batched products choose

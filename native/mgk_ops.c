@@ -339,6 +339,7 @@ int mgk_ref_layernorm_fwd(long long N, int C, const float *x, const float *w, co
 #define LN_BLOCK_ROWS 16
 typedef struct {
     long long N; int C; const float *dy, *x, *w, *mean, *rstd; float *dx; long long block_rows, blocks; float *pw, *pb;
+    int acc;
 } ln_bwd_t;
 
 BODY void ln_bwd_body(const ln_bwd_t *a, int tid, int nt)
@@ -362,7 +363,10 @@ BODY void ln_bwd_body(const ln_bwd_t *a, int tid, int nt)
             float ma = (float)(row_dot(dy, w, C) / (double)C);
             float mc = (float)(row_dot_xhat(dy, w, x, m, r, C) / (double)C);
             /* fwd: xhat = (x - mean) * rstd  ->  dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) */
-            for (long long j = 0; j < C; j++) dx[j] = r * (dy[j] * w[j] - ma - ((x[j] - m) * r) * mc);
+            if (a->acc)                                /* dx += ...: the residual stream's gradient (apart from dy, x) */
+                for (long long j = 0; j < C; j++) dx[j] += r * (dy[j] * w[j] - ma - ((x[j] - m) * r) * mc);
+            else
+                for (long long j = 0; j < C; j++) dx[j] = r * (dy[j] * w[j] - ma - ((x[j] - m) * r) * mc);
         }
     }
 }
@@ -375,14 +379,14 @@ static int overlap(const void *p, const void *q, long long n)     /* two arrays 
 }
 
 int mgk_layernorm_bwd(long long N, int C, const float *dy, const float *x, const float *w, const float *mean,
-                      const float *rstd, float *dx, float *dw, float *db)
+                      const float *rstd, float *dx, float *dw, float *db, int acc)
 {
     if (N < 0 || C < 0 || (N && C && (!dy || !x || !w || !mean || !rstd || !dx || !dw)) ||
-        (dx != dy && overlap(dx, dy, N * C)) || (dx != x && overlap(dx, x, N * C)))   /* in place, or apart */
-        return MGK_EBADARG;
+        ((dx != dy || acc) && overlap(dx, dy, N * C)) || ((dx != x || acc) && overlap(dx, x, N * C)))
+        return MGK_EBADARG;                                        /* in place (not with acc), or apart */
     if (N == 0 || C == 0) return MGK_OK;
     long long rows = (N + LN_BLOCKS - 1) / LN_BLOCKS > LN_BLOCK_ROWS ? (N + LN_BLOCKS - 1) / LN_BLOCKS : LN_BLOCK_ROWS;
-    ln_bwd_t a = {N, C, dy, x, w, mean, rstd, dx, rows, (N + rows - 1) / rows, NULL, NULL};
+    ln_bwd_t a = {N, C, dy, x, w, mean, rstd, dx, rows, (N + rows - 1) / rows, NULL, NULL, acc != 0};
     if (!(a.pw = malloc(sizeof(float) * (size_t)(a.blocks * C * (db ? 2 : 1))))) return MGK_ENOMEM;
     a.pb = db ? a.pw + a.blocks * C : NULL;
     run(ln_bwd_fns, &a, N * C * PS_LN_BWD, a.blocks);
@@ -395,7 +399,7 @@ int mgk_layernorm_bwd(long long N, int C, const float *dy, const float *x, const
 }
 
 int mgk_ref_layernorm_bwd(long long N, int C, const float *dy, const float *x, const float *w, const float *mean,
-                          const float *rstd, float *dx, float *dw, float *db)
+                          const float *rstd, float *dx, float *dw, float *db, int acc)
 {
     if (N < 0 || C < 0 || (N && C && (!dy || !x || !w || !mean || !rstd || !dx || !dw))) return MGK_EBADARG;
     for (long long i = 0; i < N; i++, dy += C, x += C, dx += C) {
@@ -408,7 +412,10 @@ int mgk_ref_layernorm_bwd(long long N, int C, const float *dy, const float *x, c
             mc += dy[j] * w[j] * xhat;
         }
         ma /= C, mc /= C;
-        for (int j = 0; j < C; j++) dx[j] = r * (dy[j] * w[j] - ma - (x[j] - m) * r * mc);
+        for (int j = 0; j < C; j++) {
+            float v = r * (dy[j] * w[j] - ma - (x[j] - m) * r * mc);
+            dx[j] = acc ? dx[j] + v : v;
+        }
     }
     return MGK_OK;
 }
@@ -473,6 +480,32 @@ void mgk_gelu_block(int rows, int n, float *y, long long ldy, const float *b, fl
     int isa = mgk_isa();
     gelu_block_t a = {rows, n, y, ldy, b, d, ldd};
     gelu_block_fns[isa < MGK_ISA_AVX512 ? isa : MGK_ISA_AVX512](&a, 0, 1);
+}
+
+/* the GEMM's other epilogues: a block of rows, each read and written once while the product's block is in cache */
+typedef struct { int mul, rows, n; float *y; long long ldy; const float *b, *d; long long ldd; } ep_block_t;
+
+BODY void ep_block_body(const ep_block_t *a, int tid, int nt)
+{
+    for (int i = 0; i < a->rows; i++) {
+        float *restrict y = a->y + i * a->ldy;
+        const float *restrict d = a->d + i * a->ldd, *b = a->b;
+        if (a->mul)
+            for (int j = 0; j < a->n; j++) y[j] = y[j] * d[j];               /* dz = (dout w^T) act'(z) */
+        else if (b)
+            for (int j = 0; j < a->n; j++) y[j] = d[j] + (y[j] + b[j]);      /* x + (z + b) */
+        else
+            for (int j = 0; j < a->n; j++) y[j] = d[j] + y[j];               /* x + z */
+    }
+    (void)tid; (void)nt;
+}
+VARIANTS(ep_block, ep_block_t)
+
+void mgk_ep_block(int mul, int rows, int n, float *y, long long ldy, const float *b, const float *d, long long ldd)
+{
+    int isa = mgk_isa();
+    ep_block_t a = {mul, rows, n, y, ldy, b, d, ldd};
+    ep_block_fns[isa < MGK_ISA_AVX512 ? isa : MGK_ISA_AVX512](&a, 0, 1);
 }
 
 int mgk_ref_gelu_fwd(long long N, int H, const float *x, const float *b, float *y, float *dgelu)

@@ -13,11 +13,12 @@
 /* LayerNorm over rows: x (N, C) -> y (N, C), mean and rstd (N,) kept for backward; b may be NULL (no bias) */
 int mgk_layernorm_fwd(long long N, int C, const float *x, const float *w, const float *b, double eps,
                       float *y, float *mean, float *rstd);
-/* dy, x (N, C) -> dx (N, C) written (dx may be dy or x, but not overlap them otherwise: MGK_EBADARG); dw, db (C,)
-   += over the rows (db NULL: no bias), in row blocks fixed by N (a scratch of at most 64 x 2C floats: MGK_ENOMEM
-   if it cannot be had); xhat recomputed */
+/* dy, x (N, C) -> dx (N, C) written, or added into with acc != 0 (a pre-LN block's residual stream: its gradient
+   gets LayerNorm's without a pass of its own); dx may be dy or x without acc, and must not overlap them otherwise
+   (MGK_EBADARG); dw, db (C,) += over the rows (db NULL: no bias), in row blocks fixed by N (a scratch of at most
+   64 x 2C floats: MGK_ENOMEM if it cannot be had); xhat recomputed */
 int mgk_layernorm_bwd(long long N, int C, const float *dy, const float *x, const float *w, const float *mean,
-                      const float *rstd, float *dx, float *dw, float *db);
+                      const float *rstd, float *dx, float *dw, float *db, int acc);
 /* y = gelu(x + b), dgelu = gelu'(x + b), tanh form, x (N, H), b (H,) or NULL; y or dgelu may be x itself */
 int mgk_gelu_fwd(long long N, int H, const float *x, const float *b, float *y, float *dgelu);
 /* dx = dout * dgelu (dx may be dout itself); db (H,) += the column sums of dx, db NULL: no bias */
@@ -46,7 +47,7 @@ int mgk_exp(long long n, const float *x, float *y);
 int mgk_ref_layernorm_fwd(long long N, int C, const float *x, const float *w, const float *b, double eps,
                           float *y, float *mean, float *rstd);
 int mgk_ref_layernorm_bwd(long long N, int C, const float *dy, const float *x, const float *w, const float *mean,
-                          const float *rstd, float *dx, float *dw, float *db);
+                          const float *rstd, float *dx, float *dw, float *db, int acc);
 int mgk_ref_gelu_fwd(long long N, int H, const float *x, const float *b, float *y, float *dgelu);
 int mgk_ref_gelu_bwd(long long N, int H, const float *dout, const float *dgelu, float *dx, float *db);
 int mgk_ref_causal_softmax_fwd(long long L, int T, int Tk, int start, float scale, float *att);
@@ -74,6 +75,13 @@ void mgk_softmax_item(int fwd, int T, int Tk, int start, float scale, const floa
 __attribute__((visibility("hidden")))
 #endif
 void mgk_gelu_block(int rows, int n, float *y, long long ldy, const float *b, float *d, long long ldd);
+/* internal, for the GEMM's other epilogues over a block of rows x n, on the calling thread: mul != 0, y = y * d (the
+   bits of mgk_gelu_bwd without db: mgk_gemm_mul); else y = d + (y + b) (b (n,) or NULL: the bits of numpy's out += b
+   then np.add(d, out): mgk_gemm_add) */
+#ifdef __GNUC__
+__attribute__((visibility("hidden")))
+#endif
+void mgk_ep_block(int mul, int rows, int n, float *y, long long ldy, const float *b, const float *d, long long ldd);
 /* internal, for the fused attention too: a seed's two keys (mgk_dropout's k1, k2), and one item's dropout on the
    calling thread: y[i, j] = x[i, j] times the mask value of element n0 + i*ldn + j (mgk_dropout's), for j <= upto + i,
    and 0 past it, where x is not read (the composition's x is 0 there; the fused backward's d(scores) holds what

@@ -1,7 +1,10 @@
-"""The fused ops of the native backend against the compositions they replace, side by side in one process:
-Ops.matmul_gelu (native: mgk_gemm_gelu, the GELU in the product's epilogue) against the product and the GELU
-called one after the other (Ops' own composition, on the same backend), at the MLP's first Linear of configs S and
-M, float32 and bf16 products. The calls alternate, so a busy machine slows both alike. Writes reports/fused_ops.md.
+"""The fused ops of the native backend against the compositions they replace, side by side in one process, at
+configs S and M, float32 and bf16 products, each against Ops' own composition on the same backend:
+  matmul_gelu  the MLP's first Linear with its GELU (mgk_gemm_gelu)
+  matmul_mul   the MLP's second Linear's backward into fc, times the gelu' its forward kept (mgk_gemm_mul)
+  matmul_add   an output projection with the residual add after it (mgk_gemm_add): attention's (C -> C) and the
+               MLP's (4C -> C)
+The calls alternate, so a busy machine slows both alike. Writes reports/fused_ops.md.
 
     python scripts/bench_fused.py [--threads 2] [--calls 9] [--configs S,M] [--out reports/fused_ops.md]
 """
@@ -43,31 +46,49 @@ def main():
     rows = []
     for cfg in a.configs.split(","):
         R, C = CONFIGS[cfg]
-        x = rng.standard_normal((R, C)).astype(np.float32)
-        w = (rng.standard_normal((C, 4 * C)) / np.sqrt(C)).astype(np.float32)
+        x, dy, res = (rng.standard_normal((R, C)).astype(np.float32) for _ in range(3))
+        fc = rng.standard_normal((R, 4 * C)).astype(np.float32)
+        w_fc = (rng.standard_normal((C, 4 * C)) / np.sqrt(C)).astype(np.float32)
+        w_proj = (rng.standard_normal((4 * C, C)) / np.sqrt(4 * C)).astype(np.float32)
+        w_attn = (rng.standard_normal((C, C)) / np.sqrt(C)).astype(np.float32)
         b = rng.standard_normal(4 * C).astype(np.float32)
         out, dgelu = np.empty((2, R, 4 * C), np.float32)
+        y = np.empty((R, C), np.float32)
         for bf16 in (False, True):
             o = ops.with_bf16(bf16)
-            fused = lambda: o.matmul_gelu(x, w, b, out, dgelu)                      # noqa: E731
-            composed = lambda: Ops._matmul_gelu(o, x, w, b, out, dgelu)             # noqa: E731
-            reps = max(1, int(2e8 // (2 * R * C * 4 * C)))                          # small shapes: several a timing
-            t_c, t_f = side_by_side([lambda: [composed() for _ in range(reps)],
-                                     lambda: [fused() for _ in range(reps)]], a.calls)
-            rows.append((cfg, f"{R}x{4 * C}x{C}", "bf16" if bf16 else "float32", t_c / reps, t_f / reps))
-            print(rows[-1], flush=True)
+            cases = [  # (op, what, M x N x K, fused, composed)
+                ("matmul_gelu", "c_fc: gelu(x W + b)", (R, 4 * C, C),
+                 lambda: o.matmul_gelu(x, w_fc, b, out, dgelu),
+                 lambda: Ops._matmul_gelu(o, x, w_fc, b, out, dgelu)),
+                ("matmul_mul", "mlp.c_proj backward: (dy W^T) gelu'", (R, 4 * C, C),
+                 lambda: o.matmul_mul(dy, w_proj, dgelu, out, tb=True),
+                 lambda: Ops._matmul_mul(o, dy, w_proj, dgelu, out, True)),
+                ("matmul_add", "attn.c_proj: x + y W", (R, C, C),
+                 lambda: o.matmul_add(x, w_attn, None, res, y),
+                 lambda: Ops._matmul_add(o, x, w_attn, None, res, y)),
+                ("matmul_add", "mlp.c_proj: x + fc W", (R, C, 4 * C),
+                 lambda: o.matmul_add(fc, w_proj, None, res, y),
+                 lambda: Ops._matmul_add(o, fc, w_proj, None, res, y))]
+            for op, what, (M, N, K), fused, composed in cases:
+                reps = max(1, int(2e8 // (2 * M * N * K)))                          # small shapes: several a timing
+                t_c, t_f = side_by_side([lambda: [composed() for _ in range(reps)],
+                                         lambda: [fused() for _ in range(reps)]], a.calls)
+                rows.append((cfg, op, what, f"{M}x{N}x{K}", "bf16" if bf16 else "float32", t_c / reps, t_f / reps))
+                print(rows[-1], flush=True)
     lines = ["# Fused ops against their compositions", "",
              f"Command: `{command('bench_fused.py')}` on {cpu_line()}, {a.threads} threads, native backend "
              f"(path {ops.lib.mgk_isa_name(ops.lib.mgk_isa()).decode()}), {time.strftime('%Y-%m-%d %H:%M')}, at "
              f"{revision()}. Median of {a.calls} calls each, the two alternating in one process.", "",
-             "`matmul_gelu` is the MLP's first Linear with its GELU (out = gelu(x W + b), and gelu' kept for the "
-             "backward). Composed: the product writes x W, then the GELU reads it back and writes out and gelu'. "
-             "Fused (mgk_gemm_gelu): each row block of the product gets its GELU while it is still in cache, so the "
-             "product's result is not read back from memory. Same bits (tests/test_native_isa.py).", "",
-             "| config | product (M x N x K) | products | composed ms | fused ms | speed-up |",
-             "|---|---|---|---:|---:|---:|"]
-    for cfg, shape, dt, tc, tf in rows:
-        lines.append(f"| {cfg} | {shape} | {dt} | {1e3 * tc:.2f} | {1e3 * tf:.2f} | {tc / tf:.2f}x |")
+             "Each is a product with the elementwise op that reads its result. Composed: the product writes its "
+             "result, then the op (numpy's, or the backend's GELU) reads it back and writes it again. Fused: each "
+             "block of the product gets the op while it is still in cache, so the result is written once and not "
+             "read back (`matmul_gelu`: out = gelu(x W + b), gelu' kept for the backward; `matmul_mul`: the "
+             "MLP's backward, d loss / d z = (dy W^T) gelu'; `matmul_add`: a projection and the residual add, out "
+             "= x + y W). Same bits (tests/test_native_isa.py).", "",
+             "| config | op | where | product (M x N x K) | products | composed ms | fused ms | speed-up |",
+             "|---|---|---|---|---|---:|---:|---:|"]
+    for cfg, op, what, shape, dt, tc, tf in rows:
+        lines.append(f"| {cfg} | `{op}` | {what} | {shape} | {dt} | {1e3 * tc:.2f} | {1e3 * tf:.2f} | {tc / tf:.2f}x |")
     write_keeping_notes(a.out, "\n".join(lines), NOTES)
     print(f"wrote {a.out}")
 

@@ -121,7 +121,9 @@ def time_steps(step, n, warmup=3):
 # trees before (where the same work sat in layer classes): the Linears (with their bias adds) and the head are
 # "matmul", the attention core (bmm, causal softmax, the head views) is "attention", and so on. GELU is fused
 # into the MLP's first Linear, so it is wrapped at the backend's ops (gelu, gelu_backward) and its time comes out
-# of matmul's. "other" is what no part covers: embeddings, residual adds, dropout, zero_grad, clip_grad_norm, glue.
+# of matmul's; where a backend runs it in a product's epilogue (native's matmul_gelu, and GELU's backward in
+# matmul_mul), as the residual adds in matmul_add and layernorm_backward's acc, it is in that product's part.
+# "other" is what no part covers: embeddings, residual adds left to numpy, dropout, zero_grad, clip_grad_norm, glue.
 
 PARTS = {"matmul": [(L, "linear_forward"), (L, "linear_backward"), (L, "linear_gelu_forward"),
                     (L, "linear_gelu_backward"), (GPT, "head_forward"), (GPT, "head_backward")],

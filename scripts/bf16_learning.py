@@ -78,8 +78,8 @@ _now = {"layer": None, "backward": False}                 # what runs now: set b
 def keep_float32(*groups):
     """Within a bf16 model, run the products of the given GROUPS in float32: the functions of LAYERS and
     GPT.backward note what runs, and Ops.matmul/bmm take float32 operands when it is a kept group's. Native's
-    fused attention and product-with-GELU are replaced by Ops' compositions, whose products go through Ops.bmm
-    and Ops.matmul."""
+    fused attention and products with an epilogue (GELU, multiply, residual add) are replaced by Ops'
+    compositions, whose products go through Ops.bmm and Ops.matmul."""
     def noting(owner, name, key, value):
         def run_noted(*a, _fn=getattr(owner, name), **k):
             before, _now[key] = _now[key], value
@@ -104,9 +104,9 @@ def keep_float32(*groups):
         setattr(backends.Ops, name, in_kept_precision)
     product("matmul")
     product("bmm")
-    for name in ("attention", "attention_backward", "_matmul_gelu"):   # native's fused ops run their products in
-        setattr(native.NativeOps, name, getattr(backends.Ops, name))    # C, past Ops.bmm and Ops.matmul: the
-                                                                        # compositions run them here
+    for name in ("attention", "attention_backward", "_matmul_gelu", "_matmul_mul", "_matmul_add"):   # native's
+        # fused ops run their products in C, past Ops.bmm and Ops.matmul: the compositions run them here
+        setattr(native.NativeOps, name, getattr(backends.Ops, name))
 
 
 def run(out_dir, flags, args, read, keep=None, env=None):

@@ -206,6 +206,37 @@ def check_matmul_gelu(ops, rng):
                     np.testing.assert_array_equal(dgelu, d)
 
 
+def check_matmul_epilogues(ops, rng):
+    """ops.matmul_mul and ops.matmul_add (native: mgk_gemm_mul, mgk_gemm_add, the multiply or the residual add in
+    the product's epilogue) have the bits of the product and the op called one after the other (Ops' composition),
+    float32 and bf16, on 1, 2 and 3 threads, at matmul_gelu_cases' shapes (matmul_mul with op(b) = b^T too, as
+    the MLP's backward calls it), and where the op's result is subnormal: the epilogue computes in the caller's FP
+    mode, not the tiles' flush-to-zero."""
+    cases = list(matmul_gelu_cases(rng))
+    subnormal = {40: np.full((40, 24), 1e-20, np.float32),          # z 9e-20, times 1e-20: subnormal
+                 41: np.full((41, 24), 1e-39, np.float32)}          # z 0, plus a subnormal
+    cases += [(np.full((40, 9), 1e-10, np.float32), np.full((9, 24), 1e-10, np.float32), None),
+              (np.zeros((41, 9), np.float32), np.ones((9, 24), np.float32), None)]
+    for n in (1, 2, 3):
+        with native_threads(n):
+            for a, b, bias in cases:
+                M, N = a.shape[0], b.shape[1]
+                other = subnormal.get(M, rng.standard_normal((M, N)).astype(np.float32))
+                for bf16 in (False, True):
+                    o, what = ops.with_bf16(bf16), f"{a.shape} {b.shape} bf16={bf16} threads={n}"
+                    for tb in (False, True):
+                        bb = np.ascontiguousarray(b.T) if tb else b
+                        out = np.full((M, N), np.nan, np.float32)
+                        o.matmul_mul(a, bb, other, out, tb=tb)
+                        want = interface.Ops._matmul_mul(o, a, bb, other, np.empty_like(out), tb)
+                        np.testing.assert_array_equal(out, want, err_msg=f"matmul_mul tb={tb} {what}")
+                    out = np.full((M, N), np.nan, np.float32)
+                    o.matmul_add(a, b, bias, other, out)
+                    want = interface.Ops._matmul_add(o, a, b, bias, other, np.empty_like(out))
+                    np.testing.assert_array_equal(out, want, err_msg=f"matmul_add {what}")
+    assert np.float32(1e-40) * np.float32(1.0) != 0, "the caller's subnormals flushed to zero"
+
+
 @contextlib.contextmanager
 def native_threads(n):
     """The native library on n threads inside the block; its count before restored after."""

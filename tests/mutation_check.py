@@ -24,6 +24,7 @@ EMU = f"{TE}::test_native_tests_pass_on_the_emulated_avx512_paths"
 CAUSAL = f"{TO}::test_causal_products_are_the_plain_products"
 ISA = "tests/test_native_isa.py::test_matmul_every_path_matches_float64"   # every path this CPU runs, forced
 GELU_EP = "tests/test_native_isa.py::test_matmul_gelu_is_the_product_then_gelu_every_path"
+EPI = "tests/test_native_isa.py::test_matmul_mul_and_add_are_the_product_then_the_op_every_path"
 SUBN = f"{TB}::test_bf16_products_round_subnormal_operands_to_zero_on_native"
 # a kernel broken badly enough that numba's own smoke test (numba_ops.backend) refuses it: the op tests then skip
 # numba, and this test fails instead
@@ -49,8 +50,17 @@ M = [
     (L, "yh, scale, start, drop)", "yh, scale, 0, drop)",
         f"{TL}::test_attention_with_a_kv_cache_equals_the_full_pass"),
     (L, "scale / targets.size, flat(dlogits)", "1.0 / targets.size, flat(dlogits)", f"{TL}::test_cross_entropy_grad"),
-    (MODEL, "dx += d.dln_in                                             # fwd: x_mlp = x + mlp(ln_2(x))",
-        "dx[...] = d.dln_in", f"{TL}::test_block_grad"),
+    (MODEL, "a.ln2_mean, a.ln2_rstd, acc=True)", "a.ln2_mean, a.ln2_rstd, acc=False)", f"{TL}::test_block_grad"),
+    (MODEL, 'b("attn.c_proj.bias"), res=x)', 'b("attn.c_proj.bias"))', f"{TL}::test_block_grad"),
+    (MODEL, 'p["mlp.c_proj.weight"], dact=a.fc_dact)', 'p["mlp.c_proj.weight"])', f"{TL}::test_block_grad"),
+    (L, "ops.matmul_mul(flat(dout), w, flat(dact), out=flat(dx), tb=True)", "ops.matmul(flat(dout), w, tb=True, "
+        "out=flat(dx))", f"{TL}::test_block_grad"),
+    (BK, "return np.multiply(out, scale, out=out)", "return out", f"{TL}::test_block_grad"),
+    (BK, "return np.add(res, out, out=out)", "return out", f"{TL}::test_block_grad"),
+    (SPEC, "dx += dxhat", "dx[...] = dxhat", f"{TL}::test_block_grad"),
+    (NK, "dx[i, j] = dx[i, j] + v if acc else v", "dx[i, j] = v", f"{TO}::test_in_place_forms_match"),
+    ("native/mgk_ops.c", "for (long long j = 0; j < C; j++) dx[j] += r * (dy[j]",
+        "for (long long j = 0; j < C; j++) dx[j] = r * (dy[j]", f"{TO}::test_in_place_forms_match"),
     (MODEL, "dy = L.dropout(ops, d.dproj, dx, self.p_drop, a.drop_seeds[MLP_OUT]) if dropped else dx", "dy = dx",
         f"{TL}::test_block_grad"),
     (MODEL, 'ops.matmul(flat(dlogits), flat(x), ta=True, out=self._grads["wte.weight"], acc=True)', "None",
@@ -94,7 +104,7 @@ M = [
         f"{TL}::test_cross_entropy_grad"),
     # the numba kernels (numba and native backends), caught by test_ops.py against the spec
     (NK, "g[r, j] += dout[n, j]", "g[r, j] = dout[n, j]", f"{TO}::test_embedding_backward_matches_loop"),
-    (NK, "dx[i, j] = ri * (a[j] - ma - (x[i, j] - mi) * ri * mc)", "dx[i, j] = ri * (a[j] - (x[i, j] - mi) * ri * mc)",
+    (NK, "v = ri * (a[j] - ma - (x[i, j] - mi) * ri * mc)", "v = ri * (a[j] - (x[i, j] - mi) * ri * mc)",
         f"{TO}::test_layernorm_matches_spec"),
     (NK, "dw[j] += dy[i, j] * ((x[i, j] - mi) * ri)", "dw[j] += dy[i, j] * (x[i, j] - mi)",
         f"{TO}::test_layernorm_matches_spec"),
@@ -209,7 +219,13 @@ M = [
     ("native/mgk_gemm_generic.inc", "if (g->ep && pc + GV_KC >= g->K)", "if (g->ep && pc > g->K)", GELU_EP),
     ("native/mgk.c", "if (g->ep) mgk_epilogue(g, C, 0, g->M, n0, n1);", "", GELU_EP),
     ("native/mgk.c", "g->ep_bias ? g->ep_bias + j0 : NULL", "g->ep_bias", GELU_EP),
-    ("native/mgk.c", "_mm_setcsr(g->csr);                        /* mgk_gelu_fwd's bits", "/* mgk_gelu_fwd's bits", GELU_EP),
+    ("native/mgk.c", "_mm_setcsr(g->csr);                        /* the composition's bits", "/* no", GELU_EP),
+    # the multiply and the residual add in a product's epilogue (mgk_gemm_mul, mgk_gemm_add)
+    ("native/mgk.c", "_mm_setcsr(g->csr);                        /* the composition's bits", "/* no", EPI),
+    ("native/mgk.c", "mgk_ep_block(g->ep == EP_MUL,", "mgk_ep_block(g->ep != EP_MUL,", EPI),
+    ("native/mgk_ops.c", "y[j] = y[j] * d[j];", "y[j] = d[j];", EPI),
+    ("native/mgk_ops.c", "y[j] = d[j] + (y[j] + b[j]);", "y[j] = d[j] + y[j];", EPI),
+    ("native/mgk_ops.c", "y[j] = d[j] + y[j];               /* x + z */", "y[j] = y[j];", EPI),
     # every fast path rounds a subnormal operand to zero (vcvtneps2bf16's rule): the emulated amx copy, the packs
     # of generic/avx2/avx512 and the few-rows path (BF16_DAZ_VEC; the avx512bf16 packs: the emulated build's row)
     ("native/mgk_amx_emu.inc", "for (int k = 0; k < n; k++) d[k] = (uint16_t)(bf16_bits_daz(a[k]) >> 16);",

@@ -33,7 +33,8 @@ def _fast_here():
 # the interface
 
 COMPOSED = {"attention", "attention_backward"}   # Ops composes them of the other ops (native fuses them)
-CHECKED_COMPOSED = {"matmul_gelu"}   # Ops checks them and composes their _<op> of the other ops (native fuses that)
+# Ops checks them and composes their _<op> of the other ops (native fuses that: a product with its epilogue)
+CHECKED_COMPOSED = {"matmul_gelu", "matmul_mul", "matmul_add"}
 
 
 def test_ops_declares_every_op_and_each_backend_implements_it():

@@ -17,7 +17,8 @@ from minigpt.backends import native
 from minigpt.backends.numpy_ops import round_bf16
 from minigpt.layers import heads
 from minigpt.model import GPT, GPTConfig
-from helpers import causal_products, check_fused_attention, check_matmul_gelu, native_threads
+from helpers import (causal_products, check_fused_attention, check_matmul_epilogues, check_matmul_gelu,
+                     native_threads)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NATIVE = backends.why_unavailable("native")
@@ -367,7 +368,8 @@ def test_the_bisections_groups_split_every_product_and_each_changes_the_step():
     sys.path.pop(0)
     patched = [(owner, name) for owner, names, _ in bl.LAYERS.values() for name in names] + [
         (GPT, "backward"), (backends.Ops, "matmul"), (backends.Ops, "bmm"),
-        (native.NativeOps, "attention"), (native.NativeOps, "attention_backward"), (native.NativeOps, "_matmul_gelu")]
+        (native.NativeOps, "attention"), (native.NativeOps, "attention_backward"), (native.NativeOps, "_matmul_gelu"),
+        (native.NativeOps, "_matmul_mul"), (native.NativeOps, "_matmul_add")]
     saved = [(owner, name, getattr(owner, name)) for owner, name in patched]
 
     def keeping(*groups, run=lambda: step("numpy", True)):
@@ -440,3 +442,10 @@ def test_matmul_gelu_on_the_amx_path(kernel):
     CPU has them) gives the bits of the product and the GELU called one after the other (every ISA path:
     tests/test_native_isa.py)."""
     check_matmul_gelu(kernel, np.random.default_rng(10))
+
+
+@pytest.mark.skipif(NATIVE is not None, reason=str(NATIVE))
+def test_matmul_mul_and_add_on_the_amx_path(kernel):
+    """The multiply and the residual add in the bf16 product's epilogue on the amx path's code, as
+    test_matmul_gelu_on_the_amx_path."""
+    check_matmul_epilogues(kernel, np.random.default_rng(12))

@@ -11,7 +11,8 @@ from minigpt.backends import native
 from minigpt.backends.numpy_ops import round_bf16
 from minigpt.layers import heads
 from minigpt.model import GPT, GPTConfig
-from helpers import causal_products, check_fused_attention, check_matmul_gelu, native_threads
+from helpers import (causal_products, check_fused_attention, check_matmul_epilogues, check_matmul_gelu,
+                     native_threads)
 
 
 REASON = backends.why_unavailable("native")
@@ -241,3 +242,7 @@ def test_a_forked_child_runs_products_while_a_parent_thread_is_in_one():
 
 def test_matmul_gelu_is_the_product_then_gelu_every_path(path):
     check_matmul_gelu(path, np.random.default_rng(9))
+
+
+def test_matmul_mul_and_add_are_the_product_then_the_op_every_path(path):
+    check_matmul_epilogues(path, np.random.default_rng(11))

@@ -78,12 +78,15 @@ def check(lib, isas, run, spec, k=1.0):
 # the ops, one runner each: C arguments from numpy arrays, fresh outputs
 
 def layernorm(lib, prefix, x, w, b, dy, dw0, db0):
+    """... and its backward a second time, adding dx into dx0 (acc): the last output, dx0 + dx"""
     N, C = x.shape
     y, mean, rstd, dx = np.empty_like(x), np.empty(N, F32), np.empty(N, F32), np.empty_like(x)
     dw, db = dw0.copy(), None if db0 is None else db0.copy()
     assert getattr(lib, prefix + "layernorm_fwd")(N, C, x, w, b, 1e-5, y, mean, rstd) == 0
-    assert getattr(lib, prefix + "layernorm_bwd")(N, C, dy, x, w, mean, rstd, dx, dw, db) == 0
-    return [y, mean, rstd, dx, dw] + ([] if db is None else [db])
+    assert getattr(lib, prefix + "layernorm_bwd")(N, C, dy, x, w, mean, rstd, dx, dw, db, 0) == 0
+    acc = np.linspace(-1, 1, N * C, dtype=F32).reshape(N, C)
+    assert getattr(lib, prefix + "layernorm_bwd")(N, C, dy, x, w, mean, rstd, acc, dw0.copy(), None, 1) == 0
+    return [y, mean, rstd, dx, dw] + ([] if db is None else [db]) + [acc]
 
 
 def layernorm_spec(x, w, b, dy, dw0, db0):
@@ -92,7 +95,7 @@ def layernorm_spec(x, w, b, dy, dw0, db0):
     x, w, b, dy, dw, db = f64(x, w, b, dy, dw0, db0)
     SPEC.layernorm(x, w, b, y, mean, rstd, 1e-5)
     SPEC.layernorm_backward(dy, x, w, mean, rstd, dx, dw, db)
-    return [y, mean, rstd, dx, dw] + ([] if db is None else [db])
+    return [y, mean, rstd, dx, dw] + ([] if db is None else [db]) + [np.linspace(-1, 1, N * C).reshape(N, C) + dx]
 
 
 @pytest.mark.parametrize("N", ROWS)
@@ -389,8 +392,9 @@ def test_native_ops_reject_float64_and_bad_arguments(ops):
     assert ops.lib.mgk_embedding_bwd(2, 4, 2, dW, ids, np.zeros((2, 2), F32)) == -1
     buf, w, dw = np.zeros((5, 4), F32), np.ones(4, F32), np.zeros(4, F32)   # LayerNorm backward's dx: in place over
     stats = np.ones(4, F32)                                                # dy, or apart from it, not half over it
-    assert ops.lib.mgk_layernorm_bwd(4, 4, buf[1:], buf[1:], w, stats, stats, buf[:4], dw, None) == -1
-    assert ops.lib.mgk_layernorm_bwd(4, 4, buf[1:], buf[1:], w, stats, stats, buf[1:], dw, None) == 0
+    assert ops.lib.mgk_layernorm_bwd(4, 4, buf[1:], buf[1:], w, stats, stats, buf[:4], dw, None, 0) == -1
+    assert ops.lib.mgk_layernorm_bwd(4, 4, buf[1:], buf[1:], w, stats, stats, buf[1:], dw, None, 0) == 0
+    assert ops.lib.mgk_layernorm_bwd(4, 4, buf[1:], buf[1:], w, stats, stats, buf[1:], dw, None, 1) == -1  # acc
     with pytest.raises(ValueError, match="shape"):
         ops.layernorm(logits, np.ones(4, F32), None, np.empty_like(logits), np.empty(3, F32), np.empty(3, F32))
     with pytest.raises(ValueError, match="read-only"):

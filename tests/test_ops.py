@@ -313,6 +313,10 @@ def test_layernorm_matches_spec(use, rng, name, dt, bias, layout, N, C):
     if bias:
         close(db, ref_db, dt, what="db")
     assert dx_gaps()
+    first = dx.copy()
+    ops.layernorm_backward(dy, x, w, mean, rstd, dx, dw, db, acc=True)  # dx += the same again, through the view
+    np.testing.assert_array_equal(dx, first + first)
+    assert dx_gaps()
 
 
 @pytest.mark.parametrize("name,dt", KERNELS)
@@ -558,6 +562,13 @@ def test_in_place_forms_match(use, rng, name, dt):
     assert ops.layernorm_backward(dy2, x, w, mean, rstd, dy2, dw2, db2) is dy2
     for got, want in ((dy2, dx), (dw2, dw1), (db2, db1)):
         np.testing.assert_array_equal(got, want)
+    dx0 = randn(rng, (21, 33), dt)                                              # acc: dx += what it would write
+    dx3, dw3, db3 = dx0.copy(), np.zeros(33, dt), np.zeros(33, dt)
+    assert ops.layernorm_backward(dy, x, w, mean, rstd, dx3, dw3, db3, acc=True) is dx3
+    for got, want in ((dx3, dx0 + dx), (dw3, dw1), (db3, db1)):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="overlaps"):                            # not in place over dy
+        ops.layernorm_backward(dy2, x, w, mean, rstd, dy2, dw3, None, acc=True)
     buf = np.concatenate([dy, dy[:1]])
     for dy4, x4, dx4 in ((buf[1:], x, buf[:21]), (dy, buf[1:], buf[:21]), (dy, buf[:21], buf[:21])):
         with pytest.raises(ValueError, match="overlaps"):                        # half over dy or x, or dx is x
@@ -596,6 +607,8 @@ def _walk_rows(rng):
         "matmul": ([r(C, 17), r(20, C), True, True, r(17, 20), True], 10),
         "bmm": ([r(2, 3, 17, 9), r(2, 3, 9, 20), False, False, nan(2, 3, 17, 20), False], 10),
         "matmul_gelu": ([r(N, 17), r(17, C, s=0.3), bh, nan(N, C), nan(N, C)], 10),
+        "matmul_mul": ([r(N, 17), r(C, 17, s=0.3), r(N, C), nan(N, C), True], 10),
+        "matmul_add": ([r(N, 17), r(17, C, s=0.3), bh, r(N, C), nan(N, C)], 10),
         "layernorm": ([x, w, b, nan(N, C), nan(N), nan(N), 1e-5], 2),
         "layernorm_backward": ([r(N, C), x, w, mean, rstd, nan(N, C), r(C), r(C)], 10),
         "gelu": ([z, bh, nan(3, 7, C), nan(3, 7, C)], 2),

@@ -129,6 +129,34 @@ class Ops:
         self.matmul(a, b, out=out)                                    # z = a b, in out's memory
         return self.gelu(out, bias, out=out, dgelu=dgelu)             # out = gelu(z + bias), dgelu = gelu'(z + bias)
 
+    def matmul_mul(self, a, b, scale, out, tb=False):
+        """a (M, K) @ op(b) (K, N) -> out = (a op(b)) * scale, scale and out (M, N), apart from a and b; the product
+        in this Ops' precision. A Linear's backward into the output of the MLP's activation, whose derivative its
+        forward kept (matmul_gelu's dgelu): d loss / d its input, the activation's backward done as it is written."""
+        M, N, _ = _check_product(a, b, False, tb, out, False, batched=False)
+        check_shapes("matmul_mul", ((M, N), scale, out))
+        _apart("matmul_mul", out, a, b, scale)
+        return self._matmul_mul(a, b, scale, out, bool(tb))
+
+    def _matmul_mul(self, a, b, scale, out, tb):
+        self.matmul(a, b, tb=tb, out=out)                             # z = a op(b), in out's memory
+        return np.multiply(out, scale, out=out)                       # out = z * scale (gelu_backward's bits)
+
+    def matmul_add(self, a, b, bias, res, out):
+        """a (M, K) @ b (K, N) -> out = res + (a b + bias), res and out (M, N), apart from each other and from a
+        and b; bias (N,) or None; the product in this Ops' precision. A Linear and the residual add after it
+        (the block's x + attn(ln_1(x)) and x + mlp(ln_2(x)))."""
+        M, N, _ = _check_product(a, b, False, False, out, False, batched=False)
+        check_shapes("matmul_add", ((M, N), res, out), ((N,), bias))
+        _apart("matmul_add", out, a, b, res)
+        return self._matmul_add(a, b, bias, res, out)
+
+    def _matmul_add(self, a, b, bias, res, out):
+        self.matmul(a, b, out=out)                                    # z = a b, in out's memory
+        if bias is not None:
+            out += bias                                               #     + bias
+        return np.add(res, out, out=out)                              # out = res + (z + bias)
+
     def _precision(self, bf16, *arrays):
         """A product's bf16: as the call says, else (None) this Ops' own; TypeError for bf16 on other than float32."""
         bf16 = self.bf16 if bf16 is None else bool(bf16)
@@ -152,15 +180,16 @@ class Ops:
         check_shapes("layernorm", (x.shape, out), ((C,), w, b), ((N,), mean, rstd))
         return self._layernorm(x, w, b, out, mean, rstd, eps)
 
-    def layernorm_backward(self, dy, x, w, mean, rstd, dx, dw, db):
-        """dy, x (N, C) -> dx (N, C) written (dx may be dy, and must not overlap x); dw, db (C,) +=; db is None
-        without a bias."""
+    def layernorm_backward(self, dy, x, w, mean, rstd, dx, dw, db, acc=False):
+        """dy, x (N, C) -> dx (N, C) written, or added into with acc (a pre-LN block's residual stream, whose
+        gradient is x's other use); dx may be dy (not with acc), and must not overlap x; dw, db (C,) +=; db is
+        None without a bias."""
         N, C = _rows("layernorm_backward", x)
         check_shapes("layernorm_backward", (x.shape, dy, dx), ((C,), w, dw, db), ((N,), mean, rstd))
-        if (not _same(dx, dy) and np.may_share_memory(dx, dy)) or np.may_share_memory(dx, x):
-            raise ValueError("layernorm_backward: dx overlaps x, or dy without being it: pass dy itself (in place) "
-                             "or a separate array")
-        return self._layernorm_backward(dy, x, w, mean, rstd, dx, dw, db)
+        if ((acc or not _same(dx, dy)) and np.may_share_memory(dx, dy)) or np.may_share_memory(dx, x):
+            raise ValueError("layernorm_backward: dx overlaps x, or dy without being it (or with acc): pass dy "
+                             "itself (in place, without acc) or a separate array")
+        return self._layernorm_backward(dy, x, w, mean, rstd, dx, dw, db, bool(acc))
 
     def gelu(self, x, b, out, dgelu):
         """x (..., H), b (H,) or None -> out = gelu(x + b) (tanh form; out may be x), dgelu = gelu'(x + b)."""
@@ -325,6 +354,12 @@ class Contiguous:
     def back(self):
         for s, x in self.copies:
             np.copyto(x, s)
+
+
+def _apart(what, out, *inputs):
+    """ValueError if out shares memory with an input (a fused op reads them while it writes out)."""
+    if any(np.may_share_memory(out, x) for x in inputs):
+        raise ValueError(f"{what}: out overlaps an input; pass a separate array")
 
 
 def _check_product(a, b, ta, tb, out, acc, batched):

@@ -36,7 +36,7 @@ _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # minigpt/
 _ERRORS = {-1: ("bad argument", ValueError), -2: ("out of memory", MemoryError),
            -3: ("could not start a worker thread", RuntimeError)}
 _i, _ll = ctypes.c_int, ctypes.c_longlong
-_ABI = 11                                                 # MGK_ABI in native/mgk.h
+_ABI = 12                                                 # MGK_ABI in native/mgk.h
 _CAUSAL = {"out": 1, "a": 2}                              # MGK_CAUSAL_OUT, MGK_CAUSAL_A in native/mgk.h
 _ndf32 = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
 
@@ -133,6 +133,9 @@ def _lib():
     lib.mgk_gemm_causal.argtypes, lib.mgk_gemm_causal.restype = [_i] * 3 + lib.mgk_sgemm_batched.argtypes, _i
     lib.mgk_gemm_gelu.argtypes = [_i] * 4 + [_f32, _i, _f32, _i, _f32n, _f32, _i, _f32, _i]
     lib.mgk_gemm_gelu.restype = _i
+    lib.mgk_gemm_mul.argtypes = [_i] * 6 + [_f32, _i, _f32, _i, _f32, _i, _f32, _i]
+    lib.mgk_gemm_add.argtypes = [_i] * 4 + [_f32, _i, _f32, _i, _f32n, _f32, _i, _f32, _i]
+    lib.mgk_gemm_mul.restype = lib.mgk_gemm_add.restype = _i
     view = [_p, _i, _ll, _ll]                                         # a strided stack: _matrices
     drop = [_i, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_float]    # dropout: on, seed, keep_from, 1 / (1 - p)
     lib.mgk_attention_fwd.argtypes = [_i] * 7 + [ctypes.c_float] + view * 5 + drop      # q, k, v, att, y, drop
@@ -150,7 +153,7 @@ def _lib():
         getattr(lib, f).argtypes, getattr(lib, f).restype = [_ll], ctypes.c_double
     _f, _d = ctypes.c_float, ctypes.c_double                          # the other ops (native/mgk_ops.h)
     ops = {"layernorm_fwd": [_ll, _i, _f32, _f32, _f32n, _d, _f32, _f32, _f32],
-           "layernorm_bwd": [_ll, _i, _f32, _f32, _f32, _f32, _f32, _f32, _f32, _f32n],
+           "layernorm_bwd": [_ll, _i, _f32, _f32, _f32, _f32, _f32, _f32, _f32, _f32n, _i],
            "gelu_fwd": [_ll, _i, _f32, _f32n, _f32, _f32],
            "gelu_bwd": [_ll, _i, _f32, _f32, _f32, _f32n],
            "causal_softmax_fwd": [_ll, _i, _i, _i, _f, _f32],
@@ -209,6 +212,25 @@ class NativeOps(Ops):
         _outputs("matmul_gelu", (out, dgelu), (a, b) + (() if bias is None else (bias,)))
         rc = self.lib.mgk_gemm_gelu(self.bf16, M, N, K, a, K, b, N, bias, out, N, dgelu, N)
         _check(rc, "matmul_gelu", a, b)
+        return out
+
+    def _matmul_mul(self, a, b, scale, out, tb):                   # (a op(b)) * scale, each block as it is made
+        if not all(x.flags.c_contiguous for x in (a, b, scale, out)):
+            return super()._matmul_mul(a, b, scale, out, tb)
+        check_float32(a, b, scale, out, backend=self.name)
+        M, N, K = gemm_dims(a, b, False, tb)
+        _outputs("matmul_mul", (out,), (a, b, scale))
+        _check(self.lib.mgk_gemm_mul(self.bf16, 0, tb, M, N, K, a, K, b, b.shape[1], scale, N, out, N), "matmul_mul",
+               a, b)
+        return out
+
+    def _matmul_add(self, a, b, bias, res, out):                   # res + (a b + bias), each block as it is made
+        if not all(x.flags.c_contiguous for x in (a, b, res, out) + (() if bias is None else (bias,))):
+            return super()._matmul_add(a, b, bias, res, out)
+        check_float32(a, b, bias, res, out, backend=self.name)
+        (M, K), N = a.shape, b.shape[1]
+        _outputs("matmul_add", (out,), (a, b, res) + (() if bias is None else (bias,)))
+        _check(self.lib.mgk_gemm_add(self.bf16, M, N, K, a, K, b, N, bias, res, N, out, N), "matmul_add", a, b)
         return out
 
     own_causal = True                                              # mgk_gemm_causal zeroes the future itself
@@ -278,12 +300,12 @@ class NativeOps(Ops):
         self._done(rc, "layernorm", c)
         return out
 
-    def _layernorm_backward(self, dy, x, w, mean, rstd, dx, dw, db):         # dy, x (N, C) -> dx; dw, db (C,) +=
+    def _layernorm_backward(self, dy, x, w, mean, rstd, dx, dw, db, acc=False):   # dy, x (N, C) -> dx (+=)
         check_float32(dy, x, w, mean, rstd, dx, dw, db, backend=self.name)
         N, C = x.shape
         c = self._contiguous("layernorm_backward")
-        rc = self.lib.mgk_layernorm_bwd(N, C, c.inp(dy), c.inp(x), c.inp(w), c.inp(mean), c.inp(rstd), c.out(dx),
-                                        c.inout(dw), c.inout(db))
+        rc = self.lib.mgk_layernorm_bwd(N, C, c.inp(dy), c.inp(x), c.inp(w), c.inp(mean), c.inp(rstd),
+                                        c.inout(dx) if acc else c.out(dx), c.inout(dw), c.inout(db), int(acc))
         self._done(rc, "layernorm_backward", c)
         return dx
 

@@ -176,17 +176,18 @@ def layernorm_fwd(x, w, b, eps, y, mean, rstd):            # x, y (N, C); w, b (
 
 
 @njit(parallel=True, **_JIT)
-def layernorm_bwd(dy, x, w, mean, rstd, dx):                # dy, x -> dx (N, C), written
+def layernorm_bwd(dy, x, w, mean, rstd, dx, acc):           # dy, x -> dx (N, C), written (acc: added into)
     N, C = x.shape
     for i in prange(N):
         mi, ri = mean[i], rstd[i]
-        a, c = dx[i], np.empty(C, x.dtype)                  # a: dxhat (in dx's row), c: dxhat * xhat
+        a, c = np.empty(C, x.dtype), np.empty(C, x.dtype)   # a: dxhat, c: dxhat * xhat
         for j in range(C):
             a[j] = dy[i, j] * w[j]                          # fwd: y = xhat * w + b
             c[j] = a[j] * ((x[i, j] - mi) * ri)
         ma, mc = x.dtype.type(_sum8(a, C) / C), x.dtype.type(_sum8(c, C) / C)   # mean(dxhat), mean(dxhat xhat)
         for j in range(C):                                  # fwd: xhat = (x - mean) * rstd ->
-            dx[i, j] = ri * (a[j] - ma - (x[i, j] - mi) * ri * mc)   # dx = rstd (dxhat - ma - xhat mc)
+            v = ri * (a[j] - ma - (x[i, j] - mi) * ri * mc)   # dx = rstd (dxhat - ma - xhat mc)
+            dx[i, j] = dx[i, j] + v if acc else v
 
 
 @njit(**_JIT)

@@ -87,12 +87,12 @@ class NumbaOps(Ops):
         c.back()
         return out
 
-    def _layernorm_backward(self, dy, x, w, mean, rstd, dx, dw, db):     # dy, x (N, C) -> dx; dw, db (C,) +=
+    def _layernorm_backward(self, dy, x, w, mean, rstd, dx, dw, db, acc=False):  # dy, x (N, C) -> dx (+=)
         self._threads(x.size)
         c = self._contiguous("layernorm_backward")
         dy, x = c.inp(dy), c.inp(x)
         NK.layernorm_bwd_params(dy, x, mean, rstd, dw, self._zeros(0, x.dtype) if db is None else db)
-        NK.layernorm_bwd(dy, x, w, mean, rstd, c.out(dx))                # second: dx may be dy itself
+        NK.layernorm_bwd(dy, x, w, mean, rstd, c.inout(dx) if acc else c.out(dx), acc)   # second: dx may be dy
         c.back()
         return dx
 

@@ -119,19 +119,21 @@ class NumpyOps(Ops):
             xc += b
         return out
 
-    def _layernorm_backward(self, dy, x, w, mean, rstd, dx, dw, db):   # dy (N, C) -> dx (N, C)
+    def _layernorm_backward(self, dy, x, w, mean, rstd, dx, dw, db, acc=False):   # dy (N, C) -> dx (+=)
         xhat = np.subtract(x, mean[:, None], out=self._tmp("xhat", x.shape, x.dtype))
         xhat *= rstd[:, None]                                       # recomputed, not stored
         prod = np.multiply(dy, xhat, out=self._tmp("prod", x.shape, x.dtype))
         dw += prod.sum(0)                                           # fwd: y = xhat * w + b
         if db is not None:
             db += dy.sum(0)
-        dxhat = np.multiply(dy, w, out=dx)                          # dy is not read after this: dx may be dy
+        dxhat = np.multiply(dy, w, out=self._tmp("dxhat", x.shape, x.dtype) if acc else dx)   # dx may be dy
         # fwd: xhat = (x - mean) * rstd  ->  dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
         mean_dxhat_xhat = np.multiply(dxhat, xhat, out=prod).mean(-1, keepdims=True)     # (N, 1)
         dxhat -= dxhat.mean(-1, keepdims=True)
         dxhat -= np.multiply(xhat, mean_dxhat_xhat, out=xhat)
         dxhat *= rstd[:, None]                                      # dx, in place
+        if acc:
+            dx += dxhat                                             # the residual stream's gradient: x's other use
         return dx
 
     # ---- GELU, tanh form as GPT-2: y = 0.5 x (1 + tanh(u)), u = c (x + 0.044715 x^3), of x + b. Computed with
