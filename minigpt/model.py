@@ -206,7 +206,7 @@ class Block:
         p, g, gb = self.p, self.g, self.g.get                      # gb(name): that bias's gradient, or None
         dy = L.dropout(ops, d.dproj, dx, self.p_drop, a.drop_seeds[MLP_OUT]) if dropped else dx  # y = dropout(y)
         # fc = act(z), z = ln2 W_fc + b: the product into fc's gradient multiplies by act'(z) (kept in fc_dact) as it
-        # writes, so d.dfc is d loss / d z, and what is left of linear_gelu_backward (_relu2_) is c_fc's Linear
+        # writes, so d.dfc is d loss / d z, and c_fc's backward is a plain Linear's (linear_gelu_backward's rest)
         L.linear_backward(ops, d.dfc, g["mlp.c_proj.weight"], gb("mlp.c_proj.bias"), dy, a.fc,
                           p["mlp.c_proj.weight"], dact=a.fc_dact)
         L.linear_backward(ops, d.dln, g["mlp.c_fc.weight"], gb("mlp.c_fc.bias"), d.dfc, a.ln2, p["mlp.c_fc.weight"])

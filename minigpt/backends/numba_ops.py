@@ -109,6 +109,10 @@ class NumbaOps(Ops):
         c.back()
         return out
 
+    def _matmul_mul(self, a, b, scale, out, tb):                          # the product, then the multiply on
+        self.matmul(a, b, tb=tb, out=out)                                 # numba's threads (gelu_backward's
+        return self._gelu_backward(out, scale, out, None)                 # kernel: the composition's bits)
+
     def _gelu_backward(self, dout, dgelu, dx, db):                        # dx = dout * dgelu; db (H,) +=
         H = dout.shape[-1]
         c = self._contiguous("gelu_backward")
