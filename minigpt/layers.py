@@ -63,10 +63,10 @@ def layernorm_backward(ops, dx, dw, db, dout, x, w, mean, rstd, acc=False):   # 
 # ----------------------------------------------------------------------------
 # Linear (w stored (in, out), as GPT-2's Conv1D), and the MLP's first layer: Linear with GELU fused, or relu^2
 
-def linear_forward(ops, out, x, w, b, res=None):                  # x (B, T, in) -> out (B, T, out)
-    if res is not None:                                           # the residual add after it, in one pass:
-        ops.matmul_add(flat(x), w, b, flat(res), out=flat(out))   # out = res + (x w + b)
-        return out
+def linear_forward(ops, out, x, w, b, res=None, drop=None):       # x (B, T, in) -> out (B, T, out)
+    if res is not None:                                           # the residual add after it, in one pass (drop:
+        ops.matmul_add(flat(x), w, b, flat(res), out=flat(out), drop=drop)   # dropout's (p, seed) between):
+        return out                                                # out = res + dropout(x w + b)
     ops.matmul(flat(x), w, out=flat(out))                         # out = x w
     if b is not None:
         out += b                                                  #     + b

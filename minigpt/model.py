@@ -170,11 +170,8 @@ class Block:
         if self.qk_norm:
             L.qk_norm_forward(a.qk_rstd, a.qkv, self.n_head)      # q, k <- q / rms(q), k / rms(k), per head
         L.attention_forward(ops, a.atty, a.att, a.qkv, self.n_head, start, kv, self.att_dropout(a, dropped))
-        if not dropped:                                            # x_attn = x + attn(ln_1(x)), in one pass
-            return L.linear_forward(ops, a.x_attn, a.atty, p["attn.c_proj.weight"], b("attn.c_proj.bias"), res=x)
-        L.linear_forward(ops, a.x_attn, a.atty, p["attn.c_proj.weight"], b("attn.c_proj.bias"))   # attn(ln_1(x))
-        L.dropout(ops, a.x_attn, a.x_attn, self.p_drop, a.drop_seeds[ATTN_OUT])
-        return np.add(x, a.x_attn, out=a.x_attn)                   # x_attn = x + dropout(attn(ln_1(x)))
+        drop = (self.p_drop, int(a.drop_seeds[ATTN_OUT])) if dropped else None   # x_attn = x + dropout(attn(ln_1(x)))
+        return L.linear_forward(ops, a.x_attn, a.atty, p["attn.c_proj.weight"], b("attn.c_proj.bias"), res=x, drop=drop)
 
     def attn_backward(self, ops, dx, x, a, d, dropped):            # dx (B, T, C): d loss / d x_attn
         p, g, gb = self.p, self.g, self.g.get                      # gb(name): that bias's gradient, or None
@@ -196,11 +193,8 @@ class Block:
         L.layernorm_forward(ops, a.ln2, a.ln2_mean, a.ln2_rstd, x, p["ln_2.weight"], b("ln_2.bias"))
         act = L.linear_relu2_forward if self.relu2 else L.linear_gelu_forward
         act(ops, a.fc, a.fc_dact, a.ln2, p["mlp.c_fc.weight"], b("mlp.c_fc.bias"))
-        if not dropped:                                            # x_mlp = x + mlp(ln_2(x)), in one pass
-            return L.linear_forward(ops, a.x_mlp, a.fc, p["mlp.c_proj.weight"], b("mlp.c_proj.bias"), res=x)
-        L.linear_forward(ops, a.x_mlp, a.fc, p["mlp.c_proj.weight"], b("mlp.c_proj.bias"))   # mlp(ln_2(x))
-        L.dropout(ops, a.x_mlp, a.x_mlp, self.p_drop, a.drop_seeds[MLP_OUT])
-        return np.add(x, a.x_mlp, out=a.x_mlp)                     # x_mlp = x + dropout(mlp(ln_2(x)))
+        drop = (self.p_drop, int(a.drop_seeds[MLP_OUT])) if dropped else None    # x_mlp = x + dropout(mlp(ln_2(x)))
+        return L.linear_forward(ops, a.x_mlp, a.fc, p["mlp.c_proj.weight"], b("mlp.c_proj.bias"), res=x, drop=drop)
 
     def mlp_backward(self, ops, dx, x, a, d, dropped):             # dx (B, T, C): d loss / d x_mlp
         p, g, gb = self.p, self.g, self.g.get                      # gb(name): that bias's gradient, or None

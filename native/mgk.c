@@ -432,8 +432,16 @@ void mgk_epilogue(const job_t *g, float *C, int i0, int i1, int j0, int j1)
 #endif
     if (g->ep == EP_GELU)
         mgk_gelu_block(i1 - i0, j1 - j0, c, g->ldc, b, d, g->ldd);
-    else
-        mgk_ep_block(g->ep == EP_MUL, i1 - i0, j1 - j0, c, g->ldc, b, d, g->ldd);
+    else if (g->ep == EP_MUL)
+        mgk_ep_block(MGK_EPB_MUL, i1 - i0, j1 - j0, c, g->ldc, NULL, d, g->ldd);
+    else if (!g->drop)
+        mgk_ep_block(MGK_EPB_ADD, i1 - i0, j1 - j0, c, g->ldc, b, d, g->ldd);
+    else {                                     /* the composition's three steps, on the block while it is in cache */
+        if (b) mgk_ep_block(MGK_EPB_BIAS, i1 - i0, j1 - j0, c, g->ldc, b, NULL, 0);
+        mgk_dropout_rows(i1 - i0, j1 - j0, j1 - j0, (unsigned int)((long long)i0 * g->N + j0), (unsigned int)g->N,
+                         g->k1, g->k2, g->keep_from, g->drop_scale, c, g->ldc, c, g->ldc);
+        mgk_ep_block(MGK_EPB_ADD, i1 - i0, j1 - j0, c, g->ldc, NULL, d, g->ldd);
+    }
 #ifdef MGK_X86
     _mm_setcsr(own);
 #endif
@@ -764,12 +772,15 @@ int mgk_gemm_mul(int bf16, int ta, int tb, int M, int N, int K, const float *A, 
 }
 
 int mgk_gemm_add(int bf16, int M, int N, int K, const float *A, int lda, const float *B, int ldb, const float *bias,
-                 const float *R, int ldr, float *C, int ldc)
+                 const float *R, int ldr, float *C, int ldc,
+                 int drop, unsigned long long seed, unsigned int keep_from, float drop_scale)
 {
-    if (bad_args(0, 0, M, N, K, A, lda, B, ldb, C, ldc) || (M > 0 && N > 0 && (!R || ldr < N)))
+    if (bad_args(0, 0, M, N, K, A, lda, B, ldb, C, ldc) || (M > 0 && N > 0 && (!R || ldr < N)) ||
+        (drop && (long long)M * N > 0xffffffffLL))
         return MGK_EBADARG;
     job_t g = {NULL, 0, 0, M, N, K, lda, ldb, ldc, 1, A, B, C, 0.0f, 0, 0, 0, 1, 0, 0, 0, 0, 1, M <= SMALL_M, 0,
-               bf16 != 0, 0, 0, EP_ADD, bias, (float *)R, ldr, 0};
+               bf16 != 0, 0, 0, EP_ADD, bias, (float *)R, ldr, 0, drop != 0, 0, 0, keep_from, drop_scale};
+    if (drop) mgk_dropout_keys(seed, &g.k1, &g.k2);
     return run(&g);
 }
 

@@ -8,7 +8,7 @@
 #ifndef MGK_H
 #define MGK_H
 
-#define MGK_ABI     12   /* bumped when a signature changes; minigpt/backends/native.py refuses any other build */
+#define MGK_ABI     13   /* bumped when a signature changes; minigpt/backends/native.py refuses any other build */
 
 #define MGK_OK       0
 #define MGK_EBADARG -1   /* negative size, too small leading dimension, NULL pointer, or any other argument
@@ -30,11 +30,13 @@ int mgk_gemm_gelu(int bf16, int M, int N, int K, const float *A, int lda, const 
    (mgk_bgemm) then C *= D; fused, C is written once and not read back */
 int mgk_gemm_mul(int bf16, int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                  const float *D, int ldd, float *C, int ldc);
-/* a Linear and the residual add after it: C = R + (A @ B + bias), R (M, N) with rows ldr apart (it must not
-   overlap C), bias (N,) or NULL; bf16 as mgk_bgemm. The bits of mgk_sgemm (mgk_bgemm), C += bias, then C = R + C;
-   fused, as mgk_gemm_mul */
+/* a Linear and the residual add after it: C = R + drop(A @ B + bias), R (M, N) with rows ldr apart (it must not
+   overlap C), bias (N,) or NULL; bf16 as mgk_bgemm; drop != 0: dropout between them, mgk_dropout's mask of seed,
+   keep_from and drop_scale over C's elements numbered as those of an (M, N) array (fewer than 2**32), else none.
+   The bits of mgk_sgemm (mgk_bgemm), C += bias, mgk_dropout on C, then C = R + C; fused, as mgk_gemm_mul */
 int mgk_gemm_add(int bf16, int M, int N, int K, const float *A, int lda, const float *B, int ldb, const float *bias,
-                 const float *R, int ldr, float *C, int ldc);
+                 const float *R, int ldr, float *C, int ldc,
+                 int drop, unsigned long long seed, unsigned int keep_from, float drop_scale);
 /* L1*L2 independent products over a two-level batch (e.g. batch x head); item (i, j) uses A + i*sA1 + j*sA2,
    B + i*sB1 + j*sB2, C + i*sC1 + j*sC2 (strides in floats, >= 0), so attention reads its heads in place out of
    a (B, T, 3, n_head, hs) array. One level: L2 = 1. The C items must not overlap one another. */

@@ -25,10 +25,12 @@ typedef struct {
     int causal, start;   /* 0, or MGK_CAUSAL_OUT / MGK_CAUSAL_A with the diagonal's offset (mgk_gemm_causal) */
     int ep;        /* 0, or what happens to a block of C once it holds its final sums, while it is still in cache
                       (mgk_epilogue): EP_GELU (mgk_gemm_gelu) C = gelu(C + ep_bias), ep_d = gelu'(C + ep_bias);
-                      EP_MUL (mgk_gemm_mul) C = C * ep_d; EP_ADD (mgk_gemm_add) C = ep_d + (C + ep_bias) */
+                      EP_MUL (mgk_gemm_mul) C = C * ep_d; EP_ADD (mgk_gemm_add) C = ep_d + drop(C + ep_bias) */
     const float *ep_bias;        /* (N,) or NULL */
     float *ep_d; int ldd;        /* (M, N), rows ldd apart: EP_GELU's output, EP_MUL's and EP_ADD's input */
     unsigned int csr;            /* the caller's FP mode, which the epilogue computes in (the tiles run flush-to-zero) */
+    int drop;                    /* EP_ADD: dropout between the product (+ bias) and the add, mgk_dropout's mask of */
+    unsigned int k1, k2, keep_from; float drop_scale;   /* the keys of its seed, numbering C's elements i*N + j */
 } job_t;
 #define EP_GELU 1
 #define EP_MUL  2

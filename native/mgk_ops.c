@@ -483,15 +483,17 @@ void mgk_gelu_block(int rows, int n, float *y, long long ldy, const float *b, fl
 }
 
 /* the GEMM's other epilogues: a block of rows, each read and written once while the product's block is in cache */
-typedef struct { int mul, rows, n; float *y; long long ldy; const float *b, *d; long long ldd; } ep_block_t;
+typedef struct { int kind, rows, n; float *y; long long ldy; const float *b, *d; long long ldd; } ep_block_t;
 
 BODY void ep_block_body(const ep_block_t *a, int tid, int nt)
 {
     for (int i = 0; i < a->rows; i++) {
         float *restrict y = a->y + i * a->ldy;
         const float *restrict d = a->d + i * a->ldd, *b = a->b;
-        if (a->mul)
+        if (a->kind == MGK_EPB_MUL)
             for (int j = 0; j < a->n; j++) y[j] = y[j] * d[j];               /* dz = (dout w^T) act'(z) */
+        else if (a->kind == MGK_EPB_BIAS)
+            for (int j = 0; j < a->n; j++) y[j] = y[j] + b[j];               /* z + b */
         else if (b)
             for (int j = 0; j < a->n; j++) y[j] = d[j] + (y[j] + b[j]);      /* x + (z + b) */
         else
@@ -501,10 +503,10 @@ BODY void ep_block_body(const ep_block_t *a, int tid, int nt)
 }
 VARIANTS(ep_block, ep_block_t)
 
-void mgk_ep_block(int mul, int rows, int n, float *y, long long ldy, const float *b, const float *d, long long ldd)
+void mgk_ep_block(int kind, int rows, int n, float *y, long long ldy, const float *b, const float *d, long long ldd)
 {
     int isa = mgk_isa();
-    ep_block_t a = {mul, rows, n, y, ldy, b, d, ldd};
+    ep_block_t a = {kind, rows, n, y, ldy, b, d, ldd};
     ep_block_fns[isa < MGK_ISA_AVX512 ? isa : MGK_ISA_AVX512](&a, 0, 1);
 }
 

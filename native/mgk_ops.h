@@ -75,13 +75,16 @@ void mgk_softmax_item(int fwd, int T, int Tk, int start, float scale, const floa
 __attribute__((visibility("hidden")))
 #endif
 void mgk_gelu_block(int rows, int n, float *y, long long ldy, const float *b, float *d, long long ldd);
-/* internal, for the GEMM's other epilogues over a block of rows x n, on the calling thread: mul != 0, y = y * d (the
-   bits of mgk_gelu_bwd without db: mgk_gemm_mul); else y = d + (y + b) (b (n,) or NULL: the bits of numpy's out += b
-   then np.add(d, out): mgk_gemm_add) */
+/* internal, for the GEMM's other epilogues over a block of rows x n, on the calling thread, b (n,) or NULL: kind
+   MGK_EPB_MUL y = y * d (the bits of mgk_gelu_bwd without db: mgk_gemm_mul); MGK_EPB_BIAS y = y + b (numpy's out +=
+   b); MGK_EPB_ADD y = d + (y + b) (out += b, then np.add(d, out): mgk_gemm_add) */
+#define MGK_EPB_MUL  0
+#define MGK_EPB_BIAS 1
+#define MGK_EPB_ADD  2
 #ifdef __GNUC__
 __attribute__((visibility("hidden")))
 #endif
-void mgk_ep_block(int mul, int rows, int n, float *y, long long ldy, const float *b, const float *d, long long ldd);
+void mgk_ep_block(int kind, int rows, int n, float *y, long long ldy, const float *b, const float *d, long long ldd);
 /* internal, for the fused attention too: a seed's two keys (mgk_dropout's k1, k2), and one item's dropout on the
    calling thread: y[i, j] = x[i, j] times the mask value of element n0 + i*ldn + j (mgk_dropout's), for j <= upto + i,
    and 0 past it, where x is not read (the composition's x is 0 there; the fused backward's d(scores) holds what

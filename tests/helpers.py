@@ -207,8 +207,9 @@ def check_matmul_gelu(ops, rng):
 
 
 def check_matmul_epilogues(ops, rng):
-    """ops.matmul_mul and ops.matmul_add (native: mgk_gemm_mul, mgk_gemm_add, the multiply or the residual add in
-    the product's epilogue) have the bits of the product and the op called one after the other (Ops' composition),
+    """ops.matmul_mul and ops.matmul_add (native: mgk_gemm_mul, mgk_gemm_add, the multiply or the residual add, with
+    or without dropout before it, in the product's epilogue) have the bits of the product and the ops called one
+    after the other (Ops' composition),
     float32 and bf16, on 1, 2 and 3 threads, at matmul_gelu_cases' shapes (matmul_mul with op(b) = b^T too, as
     the MLP's backward calls it), and where the op's result is subnormal: the epilogue computes in the caller's FP
     mode, not the tiles' flush-to-zero."""
@@ -230,10 +231,11 @@ def check_matmul_epilogues(ops, rng):
                         o.matmul_mul(a, bb, other, out, tb=tb)
                         want = interface.Ops._matmul_mul(o, a, bb, other, np.empty_like(out), tb)
                         np.testing.assert_array_equal(out, want, err_msg=f"matmul_mul tb={tb} {what}")
-                    out = np.full((M, N), np.nan, np.float32)
-                    o.matmul_add(a, b, bias, other, out)
-                    want = interface.Ops._matmul_add(o, a, b, bias, other, np.empty_like(out))
-                    np.testing.assert_array_equal(out, want, err_msg=f"matmul_add {what}")
+                    for drop in (None, (0.3, 2**64 - 5)):
+                        out = np.full((M, N), np.nan, np.float32)
+                        o.matmul_add(a, b, bias, other, out, drop=drop)
+                        want = interface.Ops._matmul_add(o, a, b, bias, other, np.empty_like(out), drop)
+                        np.testing.assert_array_equal(out, want, err_msg=f"matmul_add drop={drop} {what}")
     assert np.float32(1e-40) * np.float32(1.0) != 0, "the caller's subnormals flushed to zero"
 
 

@@ -51,7 +51,7 @@ M = [
         f"{TL}::test_attention_with_a_kv_cache_equals_the_full_pass"),
     (L, "scale / targets.size, flat(dlogits)", "1.0 / targets.size, flat(dlogits)", f"{TL}::test_cross_entropy_grad"),
     (MODEL, "a.ln2_mean, a.ln2_rstd, acc=True)", "a.ln2_mean, a.ln2_rstd, acc=False)", f"{TL}::test_block_grad"),
-    (MODEL, 'b("attn.c_proj.bias"), res=x)', 'b("attn.c_proj.bias"))', f"{TL}::test_block_grad"),
+    (MODEL, 'b("attn.c_proj.bias"), res=x, drop=drop)', 'b("attn.c_proj.bias"), drop=drop)', f"{TL}::test_block_grad"),
     (MODEL, 'p["mlp.c_proj.weight"], dact=a.fc_dact)', 'p["mlp.c_proj.weight"])', f"{TL}::test_block_grad"),
     (L, "ops.matmul_mul(flat(dout), w, flat(dact), out=flat(dx), tb=True)", "ops.matmul(flat(dout), w, tb=True, "
         "out=flat(dx))", f"{TL}::test_block_grad"),
@@ -222,10 +222,13 @@ M = [
     ("native/mgk.c", "_mm_setcsr(g->csr);                        /* the composition's bits", "/* no", GELU_EP),
     # the multiply and the residual add in a product's epilogue (mgk_gemm_mul, mgk_gemm_add)
     ("native/mgk.c", "_mm_setcsr(g->csr);                        /* the composition's bits", "/* no", EPI),
-    ("native/mgk.c", "mgk_ep_block(g->ep == EP_MUL,", "mgk_ep_block(g->ep != EP_MUL,", EPI),
+    ("native/mgk.c", "mgk_ep_block(MGK_EPB_MUL, i1 - i0", "mgk_ep_block(MGK_EPB_ADD, i1 - i0", EPI),
     ("native/mgk_ops.c", "y[j] = y[j] * d[j];", "y[j] = d[j];", EPI),
     ("native/mgk_ops.c", "y[j] = d[j] + (y[j] + b[j]);", "y[j] = d[j] + y[j];", EPI),
     ("native/mgk_ops.c", "y[j] = d[j] + y[j];               /* x + z */", "y[j] = y[j];", EPI),
+    ("native/mgk.c", "(unsigned int)((long long)i0 * g->N + j0)", "(unsigned int)((long long)i0 * g->N)", EPI),
+    ("native/mgk.c", "if (b) mgk_ep_block(MGK_EPB_BIAS,", "if (0) mgk_ep_block(MGK_EPB_BIAS,", EPI),
+    (BK, "self.dropout(out, *drop, out=out)                         # dropout(z + bias)", "None", f"{TL}::test_block_grad"),
     # every fast path rounds a subnormal operand to zero (vcvtneps2bf16's rule): the emulated amx copy, the packs
     # of generic/avx2/avx512 and the few-rows path (BF16_DAZ_VEC; the avx512bf16 packs: the emulated build's row)
     ("native/mgk_amx_emu.inc", "for (int k = 0; k < n; k++) d[k] = (uint16_t)(bf16_bits_daz(a[k]) >> 16);",

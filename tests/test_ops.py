@@ -608,7 +608,7 @@ def _walk_rows(rng):
         "bmm": ([r(2, 3, 17, 9), r(2, 3, 9, 20), False, False, nan(2, 3, 17, 20), False], 10),
         "matmul_gelu": ([r(N, 17), r(17, C, s=0.3), bh, nan(N, C), nan(N, C)], 10),
         "matmul_mul": ([r(N, 17), r(C, 17, s=0.3), r(N, C), nan(N, C), True], 10),
-        "matmul_add": ([r(N, 17), r(17, C, s=0.3), bh, r(N, C), nan(N, C)], 10),
+        "matmul_add": ([r(N, 17), r(17, C, s=0.3), bh, r(N, C), nan(N, C), (0.25, 12345)], 10),
         "layernorm": ([x, w, b, nan(N, C), nan(N), nan(N), 1e-5], 2),
         "layernorm_backward": ([r(N, C), x, w, mean, rstd, nan(N, C), r(C), r(C)], 10),
         "gelu": ([z, bh, nan(3, 7, C), nan(3, 7, C)], 2),

@@ -142,20 +142,25 @@ class Ops:
         self.matmul(a, b, tb=tb, out=out)                             # z = a op(b), in out's memory
         return np.multiply(out, scale, out=out)                       # out = z * scale (gelu_backward's bits)
 
-    def matmul_add(self, a, b, bias, res, out):
-        """a (M, K) @ b (K, N) -> out = res + (a b + bias), res and out (M, N), apart from each other and from a
-        and b; bias (N,) or None; the product in this Ops' precision. A Linear and the residual add after it
-        (the block's x + attn(ln_1(x)) and x + mlp(ln_2(x)))."""
+    def matmul_add(self, a, b, bias, res, out, drop=None):
+        """a (M, K) @ b (K, N) -> out = res + dropout(a b + bias), res and out (M, N), apart from each other and
+        from a and b; bias (N,) or None; drop (p, seed), dropout's, or None: none; the product in this Ops'
+        precision. A Linear and the residual add after it (the block's x + attn(ln_1(x)) and x + mlp(ln_2(x)))."""
         M, N, _ = _check_product(a, b, False, False, out, False, batched=False)
         check_shapes("matmul_add", ((M, N), res, out), ((N,), bias))
         _apart("matmul_add", out, a, b, res)
-        return self._matmul_add(a, b, bias, res, out)
+        if drop is not None:
+            dropout_keep_from(drop[0])                                # p in [0, 1)
+            check_dropout(out, drop[1], out)
+        return self._matmul_add(a, b, bias, res, out, drop)
 
-    def _matmul_add(self, a, b, bias, res, out):
+    def _matmul_add(self, a, b, bias, res, out, drop=None):
         self.matmul(a, b, out=out)                                    # z = a b, in out's memory
         if bias is not None:
             out += bias                                               #     + bias
-        return np.add(res, out, out=out)                              # out = res + (z + bias)
+        if drop is not None:
+            self.dropout(out, *drop, out=out)                         # dropout(z + bias)
+        return np.add(res, out, out=out)                              # out = res + dropout(z + bias)
 
     def _precision(self, bf16, *arrays):
         """A product's bf16: as the call says, else (None) this Ops' own; TypeError for bf16 on other than float32."""

@@ -36,7 +36,7 @@ _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # minigpt/
 _ERRORS = {-1: ("bad argument", ValueError), -2: ("out of memory", MemoryError),
            -3: ("could not start a worker thread", RuntimeError)}
 _i, _ll = ctypes.c_int, ctypes.c_longlong
-_ABI = 12                                                 # MGK_ABI in native/mgk.h
+_ABI = 13                                                 # MGK_ABI in native/mgk.h
 _CAUSAL = {"out": 1, "a": 2}                              # MGK_CAUSAL_OUT, MGK_CAUSAL_A in native/mgk.h
 _ndf32 = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
 
@@ -131,13 +131,13 @@ def _lib():
     lib.mgk_bgemm_batched.argtypes = lib.mgk_sgemm_batched.argtypes
     lib.mgk_bgemm_batched.restype = _i
     lib.mgk_gemm_causal.argtypes, lib.mgk_gemm_causal.restype = [_i] * 3 + lib.mgk_sgemm_batched.argtypes, _i
+    drop = [_i, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_float]    # dropout: on, seed, keep_from, 1 / (1 - p)
     lib.mgk_gemm_gelu.argtypes = [_i] * 4 + [_f32, _i, _f32, _i, _f32n, _f32, _i, _f32, _i]
     lib.mgk_gemm_gelu.restype = _i
     lib.mgk_gemm_mul.argtypes = [_i] * 6 + [_f32, _i, _f32, _i, _f32, _i, _f32, _i]
-    lib.mgk_gemm_add.argtypes = [_i] * 4 + [_f32, _i, _f32, _i, _f32n, _f32, _i, _f32, _i]
+    lib.mgk_gemm_add.argtypes = [_i] * 4 + [_f32, _i, _f32, _i, _f32n, _f32, _i, _f32, _i] + drop
     lib.mgk_gemm_mul.restype = lib.mgk_gemm_add.restype = _i
     view = [_p, _i, _ll, _ll]                                         # a strided stack: _matrices
-    drop = [_i, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_float]    # dropout: on, seed, keep_from, 1 / (1 - p)
     lib.mgk_attention_fwd.argtypes = [_i] * 7 + [ctypes.c_float] + view * 5 + drop      # q, k, v, att, y, drop
     lib.mgk_attention_bwd.argtypes = [_i] * 5 + [ctypes.c_float] + view * 8 + drop      # ..., dv, drop
     lib.mgk_attention_fwd.restype = lib.mgk_attention_bwd.restype = _i
@@ -224,13 +224,16 @@ class NativeOps(Ops):
                a, b)
         return out
 
-    def _matmul_add(self, a, b, bias, res, out):                   # res + (a b + bias), each block as it is made
+    def _matmul_add(self, a, b, bias, res, out, drop=None):        # res + drop(a b + bias), each block as it is made
         if not all(x.flags.c_contiguous for x in (a, b, res, out) + (() if bias is None else (bias,))):
-            return super()._matmul_add(a, b, bias, res, out)
+            return super()._matmul_add(a, b, bias, res, out, drop)
         check_float32(a, b, bias, res, out, backend=self.name)
         (M, K), N = a.shape, b.shape[1]
         _outputs("matmul_add", (out,), (a, b, res) + (() if bias is None else (bias,)))
-        _check(self.lib.mgk_gemm_add(self.bf16, M, N, K, a, K, b, N, bias, res, N, out, N), "matmul_add", a, b)
+        p, seed = drop or (0.0, 0)
+        rc = self.lib.mgk_gemm_add(self.bf16, M, N, K, a, K, b, N, bias, res, N, out, N, drop is not None, seed,
+                                   dropout_keep_from(p), 1.0 / (1.0 - p))
+        _check(rc, "matmul_add", a, b)
         return out
 
     own_causal = True                                              # mgk_gemm_causal zeroes the future itself
