@@ -4,6 +4,8 @@ configs S and M, float32 and bf16 products, each against Ops' own composition on
   matmul_mul   the MLP's second Linear's backward into fc, times the gelu' its forward kept (mgk_gemm_mul)
   matmul_add   an output projection with the residual add after it (mgk_gemm_add): attention's (C -> C) and the
                MLP's (4C -> C)
+and, not a product, LayerNorm's backward adding into the residual stream's gradient (acc=True) against writing
+its own array and adding it with numpy (float32 rows only: it has no products).
 The calls alternate, so a busy machine slows both alike. Writes reports/fused_ops.md.
 
     python scripts/bench_fused.py [--threads 2] [--calls 9] [--configs S,M] [--out reports/fused_ops.md]
@@ -54,6 +56,16 @@ def main():
         b = rng.standard_normal(4 * C).astype(np.float32)
         out, dgelu = np.empty((2, R, 4 * C), np.float32)
         y = np.empty((R, C), np.float32)
+        w_ln, dw = np.ones(C, np.float32), np.zeros(C, np.float32)
+        mean, rstd = np.empty(R, np.float32), np.empty(R, np.float32)
+        ops.layernorm(x, w_ln, None, np.empty_like(x), mean, rstd)
+        dresid, dln_in = res.copy(), np.empty_like(x)
+
+        def ln_composed():
+            ops.layernorm_backward(dy, x, w_ln, mean, rstd, dln_in, dw, None)
+            np.add(dresid, dln_in, out=dresid)
+        ln = ("layernorm_backward", "acc: dresid += LayerNorm's dx", (R, C, 0),
+              lambda: ops.layernorm_backward(dy, x, w_ln, mean, rstd, dresid, dw, None, acc=True), ln_composed)
         for bf16 in (False, True):
             o = ops.with_bf16(bf16)
             cases = [  # (op, what, M x N x K, fused, composed)
@@ -68,12 +80,13 @@ def main():
                  lambda: Ops._matmul_add(o, x, w_attn, None, res, y)),
                 ("matmul_add", "mlp.c_proj: x + fc W", (R, C, 4 * C),
                  lambda: o.matmul_add(fc, w_proj, None, res, y),
-                 lambda: Ops._matmul_add(o, fc, w_proj, None, res, y))]
+                 lambda: Ops._matmul_add(o, fc, w_proj, None, res, y))] + ([] if bf16 else [ln])
             for op, what, (M, N, K), fused, composed in cases:
-                reps = max(1, int(2e8 // (2 * M * N * K)))                          # small shapes: several a timing
+                reps = max(1, int(2e8 // (2 * M * N * max(K, 64))))                 # small shapes: several a timing
                 t_c, t_f = side_by_side([lambda: [composed() for _ in range(reps)],
                                          lambda: [fused() for _ in range(reps)]], a.calls)
-                rows.append((cfg, op, what, f"{M}x{N}x{K}", "bf16" if bf16 else "float32", t_c / reps, t_f / reps))
+                rows.append((cfg, op, what, f"{M}x{N}x{K}" if K else f"{M}x{N}", "-" if not K else "bf16" if bf16
+                             else "float32", t_c / reps, t_f / reps))
                 print(rows[-1], flush=True)
     lines = ["# Fused ops against their compositions", "",
              f"Command: `{command('bench_fused.py')}` on {cpu_line()}, {a.threads} threads, native backend "
@@ -84,7 +97,9 @@ def main():
              "block of the product gets the op while it is still in cache, so the result is written once and not "
              "read back (`matmul_gelu`: out = gelu(x W + b), gelu' kept for the backward; `matmul_mul`: the "
              "MLP's backward, d loss / d z = (dy W^T) gelu'; `matmul_add`: a projection and the residual add, out "
-             "= x + y W). Same bits (tests/test_native_isa.py).", "",
+             "= x + y W). `layernorm_backward` with acc adds its dx into the residual stream's gradient as it writes "
+             "it, instead of writing an array of its own that numpy then adds (no product: M x N is the array). Same "
+             "bits (tests/test_native_isa.py, tests/test_ops.py).", "",
              "| config | op | where | product (M x N x K) | products | composed ms | fused ms | speed-up |",
              "|---|---|---|---|---|---:|---:|---:|"]
     for cfg, op, what, shape, dt, tc, tf in rows:
