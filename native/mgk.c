@@ -39,7 +39,6 @@
 #endif
 #include "mgk.h"
 #include "mgk_job.h"   /* job_t, and what this file lends the fused attention (mgk_attention.c) */
-#include "mgk_ops.h"   /* the epilogues' blocks: mgk_gelu_block, mgk_ep_block */
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(MGK_NO_SIMD)
 #include <immintrin.h>     /* each intrinsic carries its own target attribute: used only under target pragmas */
 #ifdef MGK_EMULATE_AVX512  /* the test build (tests/test_native_emulated.py): AVX-512 intrinsics as scalar lanes */
@@ -424,24 +423,11 @@ static void split(int n, int unit, int parts, int p, int *lo, int *hi)
 void mgk_epilogue(const job_t *g, float *C, int i0, int i1, int j0, int j1)
 {
     if (!g->ep || i0 >= i1 || j0 >= j1) return;
-    float *c = C + (long)i0 * g->ldc + j0, *d = g->ep_d + (long)i0 * g->ldd + j0;
-    const float *b = g->ep_bias ? g->ep_bias + j0 : NULL;
 #ifdef MGK_X86
     unsigned int own = _mm_getcsr();
     _mm_setcsr(g->csr);                        /* the composition's bits: it computes in the caller's mode */
 #endif
-    if (g->ep == EP_GELU)
-        mgk_gelu_block(i1 - i0, j1 - j0, c, g->ldc, b, d, g->ldd);
-    else if (g->ep == EP_MUL)
-        mgk_ep_block(MGK_EPB_MUL, i1 - i0, j1 - j0, c, g->ldc, NULL, d, g->ldd);
-    else if (!g->drop)
-        mgk_ep_block(MGK_EPB_ADD, i1 - i0, j1 - j0, c, g->ldc, b, d, g->ldd);
-    else {                                     /* the composition's three steps, on the block while it is in cache */
-        if (b) mgk_ep_block(MGK_EPB_BIAS, i1 - i0, j1 - j0, c, g->ldc, b, NULL, 0);
-        mgk_dropout_rows(i1 - i0, j1 - j0, j1 - j0, (unsigned int)((long long)i0 * g->N + j0), (unsigned int)g->N,
-                         g->k1, g->k2, g->keep_from, g->drop_scale, c, g->ldc, c, g->ldc);
-        mgk_ep_block(MGK_EPB_ADD, i1 - i0, j1 - j0, c, g->ldc, NULL, d, g->ldd);
-    }
+    g->ep(g, C, i0, i1, j0, j1);
 #ifdef MGK_X86
     _mm_setcsr(own);
 #endif
@@ -751,37 +737,18 @@ int mgk_bgemm(int ta, int tb, int M, int N, int K, const float *A, int lda, cons
     return mgk_bgemm_batched(1, 1, ta, tb, M, N, K, A, lda, 0, 0, B, ldb, 0, 0, beta, C, ldc, 0, 0);
 }
 
-int mgk_gemm_gelu(int bf16, int M, int N, int K, const float *A, int lda, const float *B, int ldb, const float *bias,
-                  float *C, int ldc, float *dgelu, int ldd)
+job_t mgk_product_job(int bf16, int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B,
+                      int ldb, float *C, int ldc)
 {
-    if (bad_args(0, 0, M, N, K, A, lda, B, ldb, C, ldc) || (M > 0 && N > 0 && (!dgelu || ldd < N)))
-        return MGK_EBADARG;
-    job_t g = {NULL, 0, 0, M, N, K, lda, ldb, ldc, 1, A, B, C, 0.0f, 0, 0, 0, 1, 0, 0, 0, 0, 1, M <= SMALL_M, 0,
-               bf16 != 0, 0, 0, EP_GELU, bias, dgelu, ldd, 0};
-    return run(&g);
+    job_t g = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc, .L = 1, .A = A,
+               .B = B, .C = C, .L2 = 1, .small = M <= SMALL_M && !(ta && tb), .bf16 = bf16 != 0};
+    return g;
 }
 
-int mgk_gemm_mul(int bf16, int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
-                 const float *D, int ldd, float *C, int ldc)
+int mgk_run_job(job_t *g)
 {
-    if (bad_args(ta, tb, M, N, K, A, lda, B, ldb, C, ldc) || (M > 0 && N > 0 && (!D || ldd < N)))
-        return MGK_EBADARG;
-    job_t g = {NULL, ta, tb, M, N, K, lda, ldb, ldc, 1, A, B, C, 0.0f, 0, 0, 0, 1, 0, 0, 0, 0, 1,
-               M <= SMALL_M && !(ta && tb), 0, bf16 != 0, 0, 0, EP_MUL, NULL, (float *)D, ldd, 0};
-    return run(&g);
-}
-
-int mgk_gemm_add(int bf16, int M, int N, int K, const float *A, int lda, const float *B, int ldb, const float *bias,
-                 const float *R, int ldr, float *C, int ldc,
-                 int drop, unsigned long long seed, unsigned int keep_from, float drop_scale)
-{
-    if (bad_args(0, 0, M, N, K, A, lda, B, ldb, C, ldc) || (M > 0 && N > 0 && (!R || ldr < N)) ||
-        (drop && (long long)M * N > 0xffffffffLL))
-        return MGK_EBADARG;
-    job_t g = {NULL, 0, 0, M, N, K, lda, ldb, ldc, 1, A, B, C, 0.0f, 0, 0, 0, 1, 0, 0, 0, 0, 1, M <= SMALL_M, 0,
-               bf16 != 0, 0, 0, EP_ADD, bias, (float *)R, ldr, 0, drop != 0, 0, 0, keep_from, drop_scale};
-    if (drop) mgk_dropout_keys(seed, &g.k1, &g.k2);
-    return run(&g);
+    if (bad_args(g->ta, g->tb, g->M, g->N, g->K, g->A, g->lda, g->B, g->ldb, g->C, g->ldc)) return MGK_EBADARG;
+    return run(g);
 }
 
 int mgk_emulate_amx(int on)

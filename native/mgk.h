@@ -1,5 +1,5 @@
 /* mgk.h: the C API of the GEMM, the fused attention built on it, and the thread pool (native/mgk.c, mgk_attention.c,
-   mgk_pool.c; the other ops: mgk_ops.h), loaded by minigpt/backends/native.py. Row-major float32 GEMM: C = op(A) @
+   mgk_pool.c; the other ops, and the products with one of them fused: mgk_ops.h), loaded by minigpt/backends/native.py. Row-major float32 GEMM: C = op(A) @
    op(B) + beta*C, op(X) = X or X^T by flag (ta, tb); beta == 0 never reads C. Every function that does work or sets
    a value returns MGK_OK (0) or a negative MGK_E* code (the queries return their value, and the peak loops GFLOP/s,
    0.0 on failure); nothing here allocates per call (packing buffers are allocated once per thread, on first use; the
@@ -19,24 +19,6 @@
 /* A is (M,K) (or (K,M) stored if ta), B is (K,N) (or (N,K) stored if tb), C is (M,N); ld* = row strides in floats */
 int mgk_sgemm(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
               float beta, float *C, int ldc);
-/* the MLP's first product with its GELU: C = gelu(A B + bias) and dgelu = gelu'(A B + bias), A (M,K), B (K,N),
-   bias (N,) or NULL, dgelu (M,N) with rows ldd apart; bf16: operands rounded as mgk_bgemm's. The same bits as
-   mgk_sgemm (mgk_bgemm) then mgk_gelu_fwd on C; fused, each block of C gets its GELU while it is in cache, so C is
-   written once and not read back */
-int mgk_gemm_gelu(int bf16, int M, int N, int K, const float *A, int lda, const float *B, int ldb, const float *bias,
-                  float *C, int ldc, float *dgelu, int ldd);
-/* a Linear's backward into the output of an elementwise op whose derivative the forward kept (the MLP's GELU):
-   C = (op(A) @ op(B)) * D elementwise, D (M, N) with rows ldd apart; bf16 as mgk_bgemm. The bits of mgk_sgemm
-   (mgk_bgemm) then C *= D; fused, C is written once and not read back */
-int mgk_gemm_mul(int bf16, int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
-                 const float *D, int ldd, float *C, int ldc);
-/* a Linear and the residual add after it: C = R + drop(A @ B + bias), R (M, N) with rows ldr apart (it must not
-   overlap C), bias (N,) or NULL; bf16 as mgk_bgemm; drop != 0: dropout between them, mgk_dropout's mask of seed,
-   keep_from and drop_scale over C's elements numbered as those of an (M, N) array (fewer than 2**32), else none.
-   The bits of mgk_sgemm (mgk_bgemm), C += bias, mgk_dropout on C, then C = R + C; fused, as mgk_gemm_mul */
-int mgk_gemm_add(int bf16, int M, int N, int K, const float *A, int lda, const float *B, int ldb, const float *bias,
-                 const float *R, int ldr, float *C, int ldc,
-                 int drop, unsigned long long seed, unsigned int keep_from, float drop_scale);
 /* L1*L2 independent products over a two-level batch (e.g. batch x head); item (i, j) uses A + i*sA1 + j*sA2,
    B + i*sB1 + j*sB2, C + i*sC1 + j*sC2 (strides in floats, >= 0), so attention reads its heads in place out of
    a (B, T, 3, n_head, hs) array. One level: L2 = 1. The C items must not overlap one another. */

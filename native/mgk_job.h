@@ -1,7 +1,8 @@
 /* mgk_job.h: internal to the native library, not its API (mgk.h). One product as mgk.c's paths run it (job_t), and
-   what mgk.c lends the fused attention (mgk_attention.c), which runs each head's products on the batched products'
-   own blocks: a job for one item's product, one block of it on a thread, the lock that every product and fused
-   attention runs under, and the per-thread pack buffers. */
+   what mgk.c lends the code built on it: to the fused attention (mgk_attention.c), which runs each head's products
+   on the batched products' own blocks, a job for one item's product, one block of it on a thread, the lock that
+   every product and fused attention runs under, and the per-thread pack buffers; to the products with an op fused
+   (mgk_ops.c), a product's job, whose epilogue they set, and its run. */
 #ifndef MGK_JOB_H
 #define MGK_JOB_H
 #ifdef __GNUC__
@@ -11,7 +12,8 @@
 #endif
 
 struct isa_gemm;
-typedef struct {
+typedef struct job job_t;
+struct job {
     const struct isa_gemm *isa;  /* the path that runs this job: its tile and its block function */
     int ta, tb, M, N, K, lda, ldb, ldc, L;
     const float *A, *B; float *C; float beta;
@@ -23,18 +25,16 @@ typedef struct {
     int ksplit;    /* small, one product, op(B) = B: threads split K, each its own partial sum (see run) */
     int bf16;      /* round both operands to bfloat16 while packing, or reading on the few rows path (mgk_bgemm*) */
     int causal, start;   /* 0, or MGK_CAUSAL_OUT / MGK_CAUSAL_A with the diagonal's offset (mgk_gemm_causal) */
-    int ep;        /* 0, or what happens to a block of C once it holds its final sums, while it is still in cache
-                      (mgk_epilogue): EP_GELU (mgk_gemm_gelu) C = gelu(C + ep_bias), ep_d = gelu'(C + ep_bias);
-                      EP_MUL (mgk_gemm_mul) C = C * ep_d; EP_ADD (mgk_gemm_add) C = ep_d + drop(C + ep_bias) */
+    /* the epilogue: NULL, or the op that a block of C gets once it holds its final sums, while it is still in
+       cache (rows i0..i1, columns j0..j1 of the item's result C), with the operands below: the products with an op
+       fused (mgk_ops.c: mgk_gemm_gelu, mgk_gemm_mul, mgk_gemm_add) set them; the GEMM only calls it */
+    void (*ep)(const job_t *g, float *C, int i0, int i1, int j0, int j1);
     const float *ep_bias;        /* (N,) or NULL */
-    float *ep_d; int ldd;        /* (M, N), rows ldd apart: EP_GELU's output, EP_MUL's and EP_ADD's input */
+    float *ep_d; int ldd;        /* (M, N), rows ldd apart: GELU's derivative (written), the scale or the residual */
     unsigned int csr;            /* the caller's FP mode, which the epilogue computes in (the tiles run flush-to-zero) */
-    int drop;                    /* EP_ADD: dropout between the product (+ bias) and the add, mgk_dropout's mask of */
-    unsigned int k1, k2, keep_from; float drop_scale;   /* the keys of its seed, numbering C's elements i*N + j */
-} job_t;
-#define EP_GELU 1
-#define EP_MUL  2
-#define EP_ADD  3
+    int drop;                    /* mgk_gemm_add: dropout before the add, mgk_dropout's mask of the seed whose */
+    unsigned int k1, k2, keep_from; float drop_scale;   /* keys are k1, k2, numbering C's elements i*N + j */
+};
 
 /* the job of one item's product op(A) (M x K) @ op(B), beta 0, causal 0, MGK_CAUSAL_OUT or MGK_CAUSAL_A (diagonal
    offset start), operands rounded to bf16 or not, with the path that runs it chosen as the batched products choose
@@ -51,6 +51,12 @@ MGK_INTERNAL void mgk_item_block(const job_t *g, const float *A, const float *B,
 /* the epilogue of g (job_t.ep) over rows i0..i1, columns j0..j1 of C, the item's result (rows g->ldc apart): each
    block loop calls it once per block of C, after the block's last k block */
 MGK_INTERNAL void mgk_epilogue(const job_t *g, float *C, int i0, int i1, int j0, int j1);
+/* one product op(A) (M x K) @ op(B) -> C, beta 0, with no epilogue yet: the job a product with an op fused starts
+   from (mgk_ops.c), which sets its ep fields and runs it with mgk_run_job */
+MGK_INTERNAL job_t mgk_product_job(int bf16, int ta, int tb, int M, int N, int K, const float *A, int lda,
+                                   const float *B, int ldb, float *C, int ldc);
+/* run a job of mgk_product_job: MGK_OK, MGK_EBADARG for the arguments mgk_sgemm refuses, MGK_ENOMEM, MGK_ETHREAD */
+MGK_INTERNAL int mgk_run_job(job_t *g);
 /* one product or fused attention at a time: the pack buffers (and the attention's scratch) are per thread id */
 MGK_INTERNAL void mgk_call_lock(void);
 MGK_INTERNAL void mgk_call_unlock(void);

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "mgk.h"
+#include "mgk_job.h"   /* job_t: the products with an op fused run on mgk.c's GEMM, the op in its epilogue */
 #include "mgk_ops.h"
 
 /* a*b+c stays two roundings: the same bits on every ISA path. (The build also passes -fno-math-errno, without
@@ -462,7 +463,7 @@ int mgk_gelu_fwd(long long N, int H, const float *x, const float *b, float *y, f
     return MGK_OK;
 }
 
-/* the GEMM's epilogue: a block of rows, each one row of gelu_fwd_body (so the same bits) */
+/* mgk_gemm_gelu's epilogue: a block of rows, each one row of gelu_fwd_body (so the same bits) */
 typedef struct { int rows, n; float *y; long long ldy; const float *b; float *d; long long ldd; } gelu_block_t;
 
 BODY void gelu_block_body(const gelu_block_t *a, int tid, int nt)
@@ -475,14 +476,17 @@ BODY void gelu_block_body(const gelu_block_t *a, int tid, int nt)
 }
 VARIANTS(gelu_block, gelu_block_t)
 
-void mgk_gelu_block(int rows, int n, float *y, long long ldy, const float *b, float *d, long long ldd)
+static void gelu_block(int rows, int n, float *y, long long ldy, const float *b, float *d, long long ldd)
 {
     int isa = mgk_isa();
     gelu_block_t a = {rows, n, y, ldy, b, d, ldd};
     gelu_block_fns[isa < MGK_ISA_AVX512 ? isa : MGK_ISA_AVX512](&a, 0, 1);
 }
 
-/* the GEMM's other epilogues: a block of rows, each read and written once while the product's block is in cache */
+/* the other epilogues' steps: a block of rows, each read and written once while the product's block is in cache.
+   MUL y = y * d (mgk_gelu_bwd's bits, without db); BIAS y = y + b (numpy's out += b); ADD y = d + (y + b), or
+   d + y without b (out += b, then np.add(d, out)) */
+enum { EPB_MUL, EPB_BIAS, EPB_ADD };
 typedef struct { int kind, rows, n; float *y; long long ldy; const float *b, *d; long long ldd; } ep_block_t;
 
 BODY void ep_block_body(const ep_block_t *a, int tid, int nt)
@@ -490,9 +494,9 @@ BODY void ep_block_body(const ep_block_t *a, int tid, int nt)
     for (int i = 0; i < a->rows; i++) {
         float *restrict y = a->y + i * a->ldy;
         const float *restrict d = a->d + i * a->ldd, *b = a->b;
-        if (a->kind == MGK_EPB_MUL)
+        if (a->kind == EPB_MUL)
             for (int j = 0; j < a->n; j++) y[j] = y[j] * d[j];               /* dz = (dout w^T) act'(z) */
-        else if (a->kind == MGK_EPB_BIAS)
+        else if (a->kind == EPB_BIAS)
             for (int j = 0; j < a->n; j++) y[j] = y[j] + b[j];               /* z + b */
         else if (b)
             for (int j = 0; j < a->n; j++) y[j] = d[j] + (y[j] + b[j]);      /* x + (z + b) */
@@ -503,7 +507,7 @@ BODY void ep_block_body(const ep_block_t *a, int tid, int nt)
 }
 VARIANTS(ep_block, ep_block_t)
 
-void mgk_ep_block(int kind, int rows, int n, float *y, long long ldy, const float *b, const float *d, long long ldd)
+static void ep_block(int kind, int rows, int n, float *y, long long ldy, const float *b, const float *d, long long ldd)
 {
     int isa = mgk_isa();
     ep_block_t a = {kind, rows, n, y, ldy, b, d, ldd};
@@ -974,4 +978,67 @@ int mgk_exp(long long n, const float *x, float *y)
     exp_t a = {n, x, y};
     run(exp_fns, &a, n * PS_EXP, (n + LANES - 1) / LANES);
     return MGK_OK;
+}
+
+/* ----------------------------------------------------------------------------
+   products with an op fused (mgk_ops.h): a job of mgk.c's GEMM whose epilogue (job_t.ep) runs the op on each block
+   of the result once its sums are final, in the caller's FP mode (mgk_epilogue), with the bits of the product and
+   the op called one after the other */
+
+static void gelu_ep(const job_t *g, float *C, int i0, int i1, int j0, int j1)      /* C = gelu(C + b), d = gelu' */
+{
+    gelu_block(i1 - i0, j1 - j0, C + (long long)i0 * g->ldc + j0, g->ldc, g->ep_bias ? g->ep_bias + j0 : NULL,
+               g->ep_d + (long long)i0 * g->ldd + j0, g->ldd);
+}
+
+static void mul_ep(const job_t *g, float *C, int i0, int i1, int j0, int j1)       /* C = C * d */
+{
+    ep_block(EPB_MUL, i1 - i0, j1 - j0, C + (long long)i0 * g->ldc + j0, g->ldc, NULL,
+             g->ep_d + (long long)i0 * g->ldd + j0, g->ldd);
+}
+
+static void add_ep(const job_t *g, float *C, int i0, int i1, int j0, int j1)       /* C = d + dropout(C + b) */
+{
+    float *c = C + (long long)i0 * g->ldc + j0;
+    const float *d = g->ep_d + (long long)i0 * g->ldd + j0, *b = g->ep_bias ? g->ep_bias + j0 : NULL;
+    if (!g->drop) {
+        ep_block(EPB_ADD, i1 - i0, j1 - j0, c, g->ldc, b, d, g->ldd);
+        return;
+    }
+    if (b) ep_block(EPB_BIAS, i1 - i0, j1 - j0, c, g->ldc, b, NULL, 0);    /* the composition's three steps */
+    mgk_dropout_rows(i1 - i0, j1 - j0, j1 - j0, (unsigned int)((long long)i0 * g->N + j0), (unsigned int)g->N,
+                     g->k1, g->k2, g->keep_from, g->drop_scale, c, g->ldc, c, g->ldc);
+    ep_block(EPB_ADD, i1 - i0, j1 - j0, c, g->ldc, NULL, d, g->ldd);
+}
+
+int mgk_gemm_gelu(int bf16, int M, int N, int K, const float *A, int lda, const float *B, int ldb, const float *bias,
+                  float *C, int ldc, float *dgelu, int ldd)
+{
+    if (M > 0 && N > 0 && (!dgelu || ldd < N)) return MGK_EBADARG;
+    job_t g = mgk_product_job(bf16, 0, 0, M, N, K, A, lda, B, ldb, C, ldc);
+    g.ep = gelu_ep, g.ep_bias = bias, g.ep_d = dgelu, g.ldd = ldd;
+    return mgk_run_job(&g);
+}
+
+int mgk_gemm_mul(int bf16, int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                 const float *D, int ldd, float *C, int ldc)
+{
+    if (M > 0 && N > 0 && (!D || ldd < N)) return MGK_EBADARG;
+    job_t g = mgk_product_job(bf16, ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
+    g.ep = mul_ep, g.ep_d = (float *)D, g.ldd = ldd;                  /* read only: the scale */
+    return mgk_run_job(&g);
+}
+
+int mgk_gemm_add(int bf16, int M, int N, int K, const float *A, int lda, const float *B, int ldb, const float *bias,
+                 const float *R, int ldr, float *C, int ldc,
+                 int drop, unsigned long long seed, unsigned int keep_from, float drop_scale)
+{
+    if ((M > 0 && N > 0 && (!R || ldr < N)) || (drop && (long long)M * N > 0xffffffffLL)) return MGK_EBADARG;
+    job_t g = mgk_product_job(bf16, 0, 0, M, N, K, A, lda, B, ldb, C, ldc);
+    g.ep = add_ep, g.ep_bias = bias, g.ep_d = (float *)R, g.ldd = ldr;    /* read only: the residual */
+    if (drop) {
+        g.drop = 1, g.keep_from = keep_from, g.drop_scale = drop_scale;
+        drop_keys(seed, &g.k1, &g.k2);
+    }
+    return mgk_run_job(&g);
 }

@@ -1,5 +1,5 @@
-/* mgk_ops.h: the C API of the non-matmul ops of a training step (native/mgk_ops.c), loaded by
-   minigpt/backends/native.py next to the GEMM of mgk.h. float32, row-major, C-contiguous arrays; every function
+/* mgk_ops.h: the C API of the non-matmul ops of a training step (native/mgk_ops.c), and of the products that run
+   one of them in their epilogue, loaded by minigpt/backends/native.py next to the GEMM of mgk.h. float32, row-major, C-contiguous arrays; every function
    returns MGK_OK (0) or MGK_EBADARG (-1: negative size, NULL array, an index out of range, V < 1, a dropout over
    2**32 elements or more, LayerNorm backward's dx partly over an input). Only mgk_layernorm_bwd allocates: a
    scratch of at most 64 x 2C floats per call (MGK_ENOMEM, -2, if it cannot); the other ops allocate nothing.
@@ -9,6 +9,29 @@
    mgk_ref_<op>, plain scalar loops with libm on one thread (the reference the tests hold the fast path to). */
 #ifndef MGK_OPS_H
 #define MGK_OPS_H
+
+/* ---- products with an op fused: mgk.c's GEMM, each block of whose result gets the op in the GEMM's epilogue (a
+   job_t.ep of mgk_ops.c) while it is still in cache. Errors as mgk_sgemm's (mgk.h) */
+/* the MLP's first product with its GELU: C = gelu(A B + bias) and dgelu = gelu'(A B + bias), A (M,K), B (K,N),
+   bias (N,) or NULL, dgelu (M,N) with rows ldd apart; bf16: operands rounded as mgk_bgemm's. The same bits as
+   mgk_sgemm (mgk_bgemm) then mgk_gelu_fwd on C; fused, each block of C gets its GELU while it is in cache, so C is
+   written once and not read back */
+int mgk_gemm_gelu(int bf16, int M, int N, int K, const float *A, int lda, const float *B, int ldb, const float *bias,
+                  float *C, int ldc, float *dgelu, int ldd);
+/* a Linear's backward into the output of an elementwise op whose derivative the forward kept (the MLP's GELU):
+   C = (op(A) @ op(B)) * D elementwise, D (M, N) with rows ldd apart; bf16 as mgk_bgemm. The bits of mgk_sgemm
+   (mgk_bgemm) then C *= D; fused, C is written once and not read back */
+int mgk_gemm_mul(int bf16, int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                 const float *D, int ldd, float *C, int ldc);
+/* a Linear and the residual add after it: C = R + drop(A @ B + bias), R (M, N) with rows ldr apart (it must not
+   overlap C), bias (N,) or NULL; bf16 as mgk_bgemm; drop != 0: dropout between them, mgk_dropout's mask of seed,
+   keep_from and drop_scale over C's elements numbered as those of an (M, N) array (fewer than 2**32), else none.
+   The bits of mgk_sgemm (mgk_bgemm), C += bias, mgk_dropout on C, then C = R + C; fused, as mgk_gemm_mul */
+int mgk_gemm_add(int bf16, int M, int N, int K, const float *A, int lda, const float *B, int ldb, const float *bias,
+                 const float *R, int ldr, float *C, int ldc,
+                 int drop, unsigned long long seed, unsigned int keep_from, float drop_scale);
+
+/* ---- the ops */
 
 /* LayerNorm over rows: x (N, C) -> y (N, C), mean and rstd (N,) kept for backward; b may be NULL (no bias) */
 int mgk_layernorm_fwd(long long N, int C, const float *x, const float *w, const float *b, double eps,
@@ -69,22 +92,6 @@ __attribute__((visibility("hidden")))
 #endif
 void mgk_softmax_item(int fwd, int T, int Tk, int start, float scale, const float *att, long long lda, float *g,
                       long long ldg);
-/* internal, for the GEMM's epilogue (mgk_gemm_gelu): y = gelu(y + b) in place and d = gelu'(y + b) over a block of
-   rows x n, rows ldy and ldd apart, on the calling thread, with mgk_gelu_fwd's bits; b (n,) or NULL */
-#ifdef __GNUC__
-__attribute__((visibility("hidden")))
-#endif
-void mgk_gelu_block(int rows, int n, float *y, long long ldy, const float *b, float *d, long long ldd);
-/* internal, for the GEMM's other epilogues over a block of rows x n, on the calling thread, b (n,) or NULL: kind
-   MGK_EPB_MUL y = y * d (the bits of mgk_gelu_bwd without db: mgk_gemm_mul); MGK_EPB_BIAS y = y + b (numpy's out +=
-   b); MGK_EPB_ADD y = d + (y + b) (out += b, then np.add(d, out): mgk_gemm_add) */
-#define MGK_EPB_MUL  0
-#define MGK_EPB_BIAS 1
-#define MGK_EPB_ADD  2
-#ifdef __GNUC__
-__attribute__((visibility("hidden")))
-#endif
-void mgk_ep_block(int kind, int rows, int n, float *y, long long ldy, const float *b, const float *d, long long ldd);
 /* internal, for the fused attention too: a seed's two keys (mgk_dropout's k1, k2), and one item's dropout on the
    calling thread: y[i, j] = x[i, j] times the mask value of element n0 + i*ldn + j (mgk_dropout's), for j <= upto + i,
    and 0 past it, where x is not read (the composition's x is 0 there; the fused backward's d(scores) holds what

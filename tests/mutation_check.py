@@ -218,16 +218,17 @@ M = [
         "if (!g->ep)", GELU_EP),
     ("native/mgk_gemm_generic.inc", "if (g->ep && pc + GV_KC >= g->K)", "if (g->ep && pc > g->K)", GELU_EP),
     ("native/mgk.c", "if (g->ep) mgk_epilogue(g, C, 0, g->M, n0, n1);", "", GELU_EP),
-    ("native/mgk.c", "g->ep_bias ? g->ep_bias + j0 : NULL", "g->ep_bias", GELU_EP),
+    ("native/mgk_ops.c", "gelu_block(i1 - i0, j1 - j0, C + (long long)i0 * g->ldc + j0, g->ldc, g->ep_bias ? g->ep_bias + j0",
+        "gelu_block(i1 - i0, j1 - j0, C + (long long)i0 * g->ldc + j0, g->ldc, g->ep_bias ? g->ep_bias", GELU_EP),
     ("native/mgk.c", "_mm_setcsr(g->csr);                        /* the composition's bits", "/* no", GELU_EP),
     # the multiply and the residual add in a product's epilogue (mgk_gemm_mul, mgk_gemm_add)
     ("native/mgk.c", "_mm_setcsr(g->csr);                        /* the composition's bits", "/* no", EPI),
-    ("native/mgk.c", "mgk_ep_block(MGK_EPB_MUL, i1 - i0", "mgk_ep_block(MGK_EPB_ADD, i1 - i0", EPI),
+    ("native/mgk_ops.c", "ep_block(EPB_MUL, i1 - i0", "ep_block(EPB_ADD, i1 - i0", EPI),
     ("native/mgk_ops.c", "y[j] = y[j] * d[j];", "y[j] = d[j];", EPI),
     ("native/mgk_ops.c", "y[j] = d[j] + (y[j] + b[j]);", "y[j] = d[j] + y[j];", EPI),
     ("native/mgk_ops.c", "y[j] = d[j] + y[j];               /* x + z */", "y[j] = y[j];", EPI),
-    ("native/mgk.c", "(unsigned int)((long long)i0 * g->N + j0)", "(unsigned int)((long long)i0 * g->N)", EPI),
-    ("native/mgk.c", "if (b) mgk_ep_block(MGK_EPB_BIAS,", "if (0) mgk_ep_block(MGK_EPB_BIAS,", EPI),
+    ("native/mgk_ops.c", "(unsigned int)((long long)i0 * g->N + j0)", "(unsigned int)((long long)i0 * g->N)", EPI),
+    ("native/mgk_ops.c", "if (b) ep_block(EPB_BIAS,", "if (0) ep_block(EPB_BIAS,", EPI),
     (BK, "self.dropout(out, *drop, out=out)                         # dropout(z + bias)", "None", f"{TL}::test_block_grad"),
     # every fast path rounds a subnormal operand to zero (vcvtneps2bf16's rule): the emulated amx copy, the packs
     # of generic/avx2/avx512 and the few-rows path (BF16_DAZ_VEC; the avx512bf16 packs: the emulated build's row)
