@@ -1,6 +1,7 @@
 /* mgk.h: the C API of the GEMM, the fused attention built on it, and the thread pool (native/mgk.c, mgk_attention.c,
-   mgk_pool.c; the other ops, and the products with one of them fused: mgk_ops.h), loaded by minigpt/backends/native.py. Row-major float32 GEMM: C = op(A) @
-   op(B) + beta*C, op(X) = X or X^T by flag (ta, tb); beta == 0 never reads C. Every function that does work or sets
+   mgk_pool.c; the other ops, and the products with one of them fused: mgk_ops.h), loaded by
+   minigpt/backends/native.py. Row-major float32 GEMM: C = op(A) @ op(B) + beta*C, op(X) = X or X^T by flag (ta,
+   tb); beta == 0 never reads C. Every function that does work or sets
    a value returns MGK_OK (0) or a negative MGK_E* code (the queries return their value, and the peak loops GFLOP/s,
    0.0 on failure); nothing here allocates per call (packing buffers are allocated once per thread, on first use; the
    fused attention's per-thread scratch, the backward's T x T d(scores) and under dropout attd, T x Tk, grows to the
@@ -106,8 +107,8 @@ int mgk_abi(void);                   /* MGK_ABI of this build */
 #define MGK_ISA_AMX     4            /* ... + AMX-BF16: bf16 products on AMX tiles (Linux must grant the tile state) */
 int mgk_cpu_isa(void);               /* the highest path this CPU (and OS) can run, from cpuid */
 int mgk_isa(void);                   /* the path in use: the fastest one (mgk_cpu_isa(), but avx512bf16 only where
-                                        vdpbf16ps measures at least 1.2x the fp32 FMA rate), unless mgk_set_isa chose
-                                        one */
+                                        vdpbf16ps measures clearly faster than the fp32 FMAs: mgk.c's
+                                        BF16_MIN_GAIN), unless mgk_set_isa chose one */
 int mgk_set_isa(int isa);            /* force a path <= mgk_cpu_isa() (tests, reports); MGK_EBADARG otherwise */
 const char *mgk_isa_name(int isa);   /* "generic", "avx2", "avx512", "avx512bf16", "amx"; "?" if this CPU cannot */
 int mgk_set_num_threads(int n);      /* n >= 1 threads including the caller */

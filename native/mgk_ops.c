@@ -1,9 +1,11 @@
 /* mgk_ops.c: the non-matmul ops of a training step (API in mgk_ops.h; semantics: minigpt/backends/numpy_ops.py):
    LayerNorm, bias + GELU, causal softmax and softmax cross-entropy (forward and backward each), AdamW, the
-   embedding scatter-add and dropout, float32. Each op has a fast path, mgk_<op>: ONE C body per op, compiled three
-   times (no target: any x86-64 or other CPU; AVX2+FMA; AVX-512) and picked at run time by mgk_isa(), so the file
-   needs no -march flag. Right after it comes its scalar reference, mgk_ref_<op>: numpy_ops.py's formula in plain
-   loops, one thread, libm, sums in index order (the algorithmic reference the tests hold the fast path to).
+   embedding scatter-add and dropout, float32; and at the end, the products that run one of them in the GEMM's
+   epilogue (mgk_gemm_gelu, mgk_gemm_mul, mgk_gemm_add). Each op has a fast path, mgk_<op>: ONE C body per op,
+   compiled three times (no target: any x86-64 or other CPU; AVX2+FMA; AVX-512) and picked at run time by mgk_isa(),
+   so the file needs no -march flag. Right after it comes its scalar reference, mgk_ref_<op>: numpy_ops.py's formula
+   in plain loops, one thread, libm, sums in index order (the algorithmic reference the tests hold the fast path
+   to).
    The bodies are plain loops for the auto-vectorizer (no -ffast-math): exp is an inline polynomial instead of a
    libm call, and row sums and maxima run in 16 independent lanes (GNU vectors of 4 floats) folded in a fixed
    order. FMA contraction is off in this file, so the three paths give the same bits; rows (or, for a bias's
@@ -364,7 +366,7 @@ BODY void ln_bwd_body(const ln_bwd_t *a, int tid, int nt)
             float ma = (float)(row_dot(dy, w, C) / (double)C);
             float mc = (float)(row_dot_xhat(dy, w, x, m, r, C) / (double)C);
             /* fwd: xhat = (x - mean) * rstd  ->  dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) */
-            if (a->acc)                                /* dx += ...: the residual stream's gradient (apart from dy, x) */
+            if (a->acc)                      /* dx += ...: the residual stream's gradient (apart from dy and x) */
                 for (long long j = 0; j < C; j++) dx[j] += r * (dy[j] * w[j] - ma - ((x[j] - m) * r) * mc);
             else
                 for (long long j = 0; j < C; j++) dx[j] = r * (dy[j] * w[j] - ma - ((x[j] - m) * r) * mc);

@@ -1,8 +1,9 @@
 /* mgk_ops.h: the C API of the non-matmul ops of a training step (native/mgk_ops.c), and of the products that run
-   one of them in their epilogue, loaded by minigpt/backends/native.py next to the GEMM of mgk.h. float32, row-major, C-contiguous arrays; every function
-   returns MGK_OK (0) or MGK_EBADARG (-1: negative size, NULL array, an index out of range, V < 1, a dropout over
-   2**32 elements or more, LayerNorm backward's dx partly over an input). Only mgk_layernorm_bwd allocates: a
-   scratch of at most 64 x 2C floats per call (MGK_ENOMEM, -2, if it cannot); the other ops allocate nothing.
+   one of them in their epilogue, loaded by minigpt/backends/native.py next to the GEMM of mgk.h. float32,
+   row-major, C-contiguous arrays; every op (the products: as mgk_sgemm) returns MGK_OK (0) or MGK_EBADARG (-1:
+   negative size, NULL array, an index out of range, V < 1, a dropout over 2**32 elements or more, LayerNorm
+   backward's dx partly over an input). Only mgk_layernorm_bwd allocates: a scratch of at most 64 x 2C floats per
+   call (MGK_ENOMEM, -2, if it cannot); the other ops allocate nothing.
    The exact semantics of each op are those of minigpt/backends/numpy_ops.py (the specification).
    Two implementations of each: mgk_<op>, the fast path (run-time ISA dispatch on mgk_isa(), rows split over
    mgk_get_num_threads() threads when the work is large; the same bits for any thread count and any ISA), and
